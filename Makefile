@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - the main job on an embedded default (local Kafka, generated demo model)
+#   make test   - the whole test suite (CPU only)
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install kafka-jars test test-fast demo lint schemas clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+kafka-jars:
+	bash ops/kafka/kafka.sh fetch
+
+lint: install
+	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests
+
+schemas: install
+	$(PY) -m schemas.export
+
+test: install kafka-jars
+	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests
+	$(PY) -m pytest
+
+test-fast: install kafka-jars
+	$(PY) -m pytest -m "not slow"
+
+demo: install kafka-jars
+	$(PY) -m prism_pipeline.cli demo $(ARGS)
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,455 @@
+"""`Engine`: load a StartLux-Decision GGUF and decide typed questions about evidence.
+
+`decide` runs in stages. Each stage is one packed forest: the evidence segments of the
+requests that still have reads pending (first stage only: later stages reuse the evidence
+states kept from the first), and one question segment per pending read. Stages exist for
+choice questions with more than 26 options (rounds) and for AutoThink (thought decoding
+and the second read-out). The system segment runs once, when the engine loads.
+
+`mode="per_question"` renders every read as its own full prompt with no sharing at all:
+the oracle the forest is tested against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+import torch
+
+from engine.answers import answer_for
+from engine.config import ModelConfig
+from engine.decision_config import DecisionConfig, load_decision_config
+from engine.executor import ForestCounters, ForestOutput, run_forest
+from engine.forest import Segment, SegmentState, build_forest
+from engine.gguf import GGUFFile, open_gguf
+from engine.loader import load_weights
+from engine.prompt import RENDER_VERSION, PromptEncoder, render_parts_for_state_text, render_state
+from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
+from engine.reference import forward
+from engine.sampling import sample_token, uniform
+from engine.tokenizer import Tokenizer
+from engine.types import DecideRequest, DecideResult
+from engine.weights import Weights
+from schemas.record import QuestionTrace, Readout, RoundReadout
+from schemas.systemone import Question, SystemOneRequest
+
+log = structlog.get_logger(__name__)
+
+Precision = Literal["fp32", "bf16", "int8"]
+Mode = Literal["forest", "per_question"]
+ENGINE_VERSION = "0.1.0"
+
+
+def file_digest(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
+    meta = file.metadata
+    return Tokenizer.from_gguf_metadata(
+        meta["tokenizer.ggml.tokens"],
+        meta.get("tokenizer.ggml.merges", []),
+        meta["tokenizer.ggml.token_type"],
+        meta.get("tokenizer.ggml.pre", "default"),
+        model=meta.get("tokenizer.ggml.model", "gpt2"),
+        eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+        bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+        pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
+@dataclass
+class _Question:
+    """One question's progress through the stages of a decide call."""
+
+    qid: str
+    question: Question
+    gate: float
+    seed: int
+    event_id: str
+    state_text: str
+    rounds: ChoiceRounds
+    budget: int
+    first: Readout | None = None
+    prompt_tokens: int = 0  # tokens of every read-out prompt, as if each ran on its own
+    # AutoThink
+    thinking: bool = False
+    thought_ids: list[int] = field(default_factory=list)
+    thought_truncated: bool = False
+    second: Readout | None = None
+
+    @property
+    def option_ids(self) -> list[str]:
+        if self.question.type == "noul":
+            return ["yes", "no"]
+        if self.question.type == "score":
+            return [str(i) for i in range(len(self.question.criteria))]  # type: ignore[arg-type]
+        return list(self.question.criteria)  # type: ignore[arg-type]
+
+
+class Engine:
+    engine_version = ENGINE_VERSION
+    render_version = RENDER_VERSION
+
+    def __init__(
+        self,
+        *,
+        weights: Weights,
+        tokenizer: Tokenizer,
+        decision_config: DecisionConfig,
+        precision: Precision = "fp32",
+        model_name: str = "model",
+        model_digest: str = "0" * 64,
+        device: str = "cpu",
+    ) -> None:
+        if precision not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+        self.weights = weights
+        self.config: ModelConfig = weights.config
+        self.tokenizer = tokenizer
+        self.decision_config = decision_config
+        self.precision = precision
+        self.model_name = model_name
+        self.model_digest = model_digest
+        self.device = torch.device(device)
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.prompts = PromptEncoder(tokenizer)
+        self.last_counters: list[ForestCounters] = []
+        t0 = time.perf_counter()
+        root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
+        self.root: SegmentState = run_forest(weights, root, dtype=self.dtype).states[0]
+        log.info("system_segment_ready", tokens=self.root.length, seconds=round(time.perf_counter() - t0, 3))
+
+    # ------------------------------------------------------------------------------ loading
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str = "cpu",
+        precision: Precision = "fp32",
+        decision_config: str | Path | DecisionConfig | None = None,
+    ) -> Engine:
+        path = Path(path)
+        t0 = time.perf_counter()
+        file = open_gguf(path)
+        tokenizer = tokenizer_from_gguf(file)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        weights = load_weights(file, dtype=dtype)
+        if isinstance(decision_config, DecisionConfig):
+            dc = decision_config
+        else:
+            dc = load_decision_config(decision_config if decision_config is not None else path)
+        name = str(file.metadata.get("general.name") or path.stem)
+        engine = cls(
+            weights=weights,
+            tokenizer=tokenizer,
+            decision_config=dc,
+            precision=precision,
+            model_name=name,
+            model_digest=file_digest(path),
+            device=device,
+        )
+        log.info(
+            "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)
+        )
+        return engine
+
+    # ------------------------------------------------------------------------------ plain API
+    def logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Full-sequence logits [len, vocab] float32: a plain forward from the sequence start."""
+        return forward(self.weights, [int(t) for t in token_ids], dtype=self.dtype)
+
+    def count_tokens(self, request: SystemOneRequest) -> int:
+        """Tokens the request adds to a forest batch: evidence once plus each question's own."""
+        state_text = render_state(request.state)
+        total = len(self.prompts.evidence_ids(state_text))
+        for question in request.questions.values():
+            parts = render_parts_for_state_text(state_text, question, _first_group(question))
+            total += len(self.prompts.question_ids(parts.question_text))
+        return total
+
+    # ------------------------------------------------------------------------------ decide
+    def decide(self, requests: list[DecideRequest], *, mode: Mode = "forest") -> list[DecideResult]:
+        if mode not in ("forest", "per_question"):
+            raise ValueError(f"mode must be 'forest' or 'per_question', got {mode!r}")
+        t0 = time.perf_counter()
+        self.last_counters = []
+        dc = self.decision_config
+        batch: list[list[_Question]] = []
+        state_texts: list[str] = []
+        for req in requests:
+            state_text = render_state(req.request.state)
+            state_texts.append(state_text)
+            event_gate = dc.gate if req.gate is None else req.gate
+            qs = []
+            for qid, question in req.request.questions.items():
+                gate = event_gate if question.gate is None else question.gate
+                qs.append(
+                    _Question(
+                        qid=qid,
+                        question=question,
+                        gate=gate,
+                        seed=req.seed,
+                        event_id=req.request_id,
+                        state_text=state_text,
+                        rounds=ChoiceRounds(_n_options(question)),
+                        budget=dc.thought_budget if req.thought_budget is None else req.thought_budget,
+                    )
+                )
+            batch.append(qs)
+        evidence_ids = [self.prompts.evidence_ids(s) for s in state_texts]
+        evidence_states: list[SegmentState | None] = [None] * len(requests)
+
+        # Stage loop 1: first read-outs (rounds for >26 options).
+        while True:
+            reads = [(r, q, group) for r, qs in enumerate(batch) for q in qs for group in q.rounds.pending()]
+            if not reads:
+                break
+            outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=False)
+            per_question: dict[int, list[LetterReadout]] = {}
+            for (_, q, group), (logits, _) in zip(reads, outs, strict=True):
+                per_question.setdefault(id(q), []).append(self._read_letters(q, logits, len(group)))
+            for _, q in _unique_questions(reads):
+                q.rounds.submit(per_question[id(q)])
+        for qs in batch:
+            for q in qs:
+                q.first = self._readout(q, q.rounds)
+
+        # AutoThink: questions whose top first probability is below their gate.
+        thinkers = [
+            (r, q)
+            for r, qs in enumerate(batch)
+            for q in qs
+            if q.gate > 0.0 and max(q.first.probabilities) < q.gate and len(q.option_ids) <= 26  # type: ignore[union-attr]
+        ]
+        if thinkers:
+            self._think(thinkers, evidence_ids, evidence_states, mode)
+
+        results = []
+        elapsed = time.perf_counter() - t0
+        for req, qs in zip(requests, batch, strict=True):
+            results.append(self._result(req, qs, elapsed))
+        return results
+
+    # ------------------------------------------------------------------------------ stages
+    def _question_tokens(self, q: _Question, group: list[int], think: bool) -> list[int]:
+        option_ids = [q.option_ids[i] for i in group] if q.question.type == "choice" else None
+        parts = render_parts_for_state_text(q.state_text, q.question, option_ids)
+        return self.prompts.question_ids(parts.question_text, think=think)
+
+    def _run(self, segments: list[Segment]) -> tuple[ForestOutput, dict[int, int], dict[int, int]]:
+        """Run a forest; also return caller index -> packed index, and packed index -> logits row."""
+        forest = build_forest(segments)
+        out = run_forest(self.weights, forest, dtype=self.dtype)
+        self.last_counters.append(out.counters)
+        rows = {seg: row for row, seg in enumerate(forest.read_segments)}
+        return out, forest.packed_index, rows
+
+    def _read_stage(
+        self,
+        reads: list[tuple[int, _Question, list[int]]],
+        evidence_ids: list[list[int]],
+        evidence_states: list[SegmentState | None],
+        mode: Mode,
+        *,
+        think: bool,
+    ) -> list[tuple[torch.Tensor, SegmentState]]:
+        """One forest for `reads`: (next-token logits, state after the prompt) per read.
+
+        Evidence runs once per request, in the first stage; later stages start from the kept
+        evidence states.
+        """
+        segments: list[Segment] = []
+        evidence_index: dict[int, int] = {}
+        read_index: list[int] = []
+        for r, q, group in reads:
+            q_tokens = self._question_tokens(q, group, think)
+            if not think:
+                q.prompt_tokens += len(self.prompts.prefix_ids) + len(evidence_ids[r]) + len(q_tokens)
+            if mode == "per_question":
+                read_index.append(len(segments))
+                segments.append(
+                    Segment(tuple(self.prompts.prefix_ids + evidence_ids[r] + q_tokens), None, True)
+                )
+                continue
+            parent: int | SegmentState
+            kept = evidence_states[r]
+            if kept is not None:
+                parent = kept
+            else:
+                if r not in evidence_index:
+                    evidence_index[r] = len(segments)
+                    segments.append(Segment(tuple(evidence_ids[r]), self.root))
+                parent = evidence_index[r]
+            read_index.append(len(segments))
+            segments.append(Segment(tuple(q_tokens), parent, read=True))
+        out, packed, rows = self._run(segments)
+        for r, idx in evidence_index.items():
+            evidence_states[r] = out.states[packed[idx]]
+        return [(out.logits[rows[packed[i]]], out.states[packed[i]]) for i in read_index]
+
+    def _read_letters(self, q: _Question, logits: torch.Tensor, n: int) -> LetterReadout:
+        dc = self.decision_config
+        return read_letters(
+            logits, self.prompts.letter_token_ids(n), dc.temperature(q.question.type), coverage=dc.coverage
+        )
+
+    def _readout(self, q: _Question, rounds: ChoiceRounds) -> Readout:
+        letters_all = [chr(ord("A") + i) for i in range(26)]
+        round_records = []
+        for stage in rounds.stages:
+            for group, ro in zip(stage.groups, stage.readouts, strict=True):
+                round_records.append(
+                    RoundReadout(
+                        options=[q.option_ids[i] for i in group],
+                        letters=letters_all[: len(group)],
+                        logits=list(ro.logits),
+                        coverage=_unit(ro.coverage if ro.coverage is not None else 1.0),
+                    )
+                )
+        final = rounds.stages[-1].readouts[0]
+        return Readout(
+            options=q.option_ids,
+            probabilities=rounds.probabilities,
+            coverage=_unit(final.coverage if final.coverage is not None else 1.0),
+            temperature=self.decision_config.temperature(q.question.type),
+            rounds=round_records,
+        )
+
+    def _think(
+        self,
+        thinkers: list[tuple[int, _Question]],
+        evidence_ids: list[list[int]],
+        evidence_states: list[SegmentState | None],
+        mode: Mode,
+    ) -> None:
+        """Seeded thought decoding for every thinking question at once, then the second read-out.
+
+        Each step is a forest of one-token segments, one per active question, each hanging from
+        its own question's state; every draw is keyed by (seed, event, question, step).
+        """
+        dc = self.decision_config
+        end_think = self.tokenizer.special.end_think
+        reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
+        outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
+        active: list[tuple[_Question, torch.Tensor, SegmentState]] = []
+        for (_, q, _), (logits, state) in zip(reads, outs, strict=True):
+            q.thinking = True
+            active.append((q, logits, state))
+        closing = tuple(self.prompts.think_close_ids)
+        while active:
+            feeds: list[tuple[_Question, tuple[int, ...], bool, SegmentState]] = []
+            for q, logits, state in active:
+                if len(q.thought_ids) >= q.budget:
+                    q.thought_truncated = True
+                    feeds.append((q, closing, True, state))
+                    continue
+                u = uniform(q.seed, q.event_id, q.qid, len(q.thought_ids))
+                token = sample_token(
+                    logits,
+                    u,
+                    temperature=dc.thought_temperature,
+                    top_p=dc.thought_top_p,
+                    top_k=dc.thought_top_k,
+                )
+                if token == end_think:
+                    feeds.append((q, closing, True, state))
+                else:
+                    q.thought_ids.append(token)
+                    feeds.append((q, (token,), False, state))
+            segments = [Segment(tokens, state, read=True) for _, tokens, _, state in feeds]
+            out, packed, rows = self._run(segments)
+            active = []
+            for i, (q, _, is_closing, _) in enumerate(feeds):
+                logits = out.logits[rows[packed[i]]]
+                if is_closing:
+                    second = ChoiceRounds(len(q.option_ids))
+                    second.submit([self._read_letters(q, logits, len(q.option_ids))])
+                    q.second = self._readout(q, second)
+                else:
+                    active.append((q, logits, _fold_into_parent(out.states[packed[i]])))
+
+    def _result(self, req: DecideRequest, qs: list[_Question], elapsed: float) -> DecideResult:
+        answers: dict[str, Any] = {}
+        traces: dict[str, QuestionTrace] = {}
+        input_tokens = 0
+        output_tokens = 0
+        for q in qs:
+            assert q.first is not None
+            final = list(q.first.probabilities)
+            if q.second is not None:
+                final = list(
+                    mix_probabilities(
+                        q.first.probabilities, q.second.probabilities, self.decision_config.second_weight
+                    )
+                )
+            answers[q.qid] = answer_for(q.question, final, confidence=self.decision_config.confidence)
+            input_tokens += q.prompt_tokens
+            output_tokens += len(q.thought_ids)
+            traces[q.qid] = QuestionTrace(
+                prompt_tokens=q.prompt_tokens,
+                first=q.first,
+                second=q.second,
+                thought=self.tokenizer.decode(q.thought_ids) if q.thinking else None,
+                thought_tokens=len(q.thought_ids),
+                thought_truncated=q.thought_truncated,
+                final_probabilities=final,
+            )
+        return DecideResult(
+            request_id=req.request_id,
+            answers=answers,
+            traces=traces,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            timings={"decide_s": elapsed},
+        )
+
+
+def _n_options(question: Question) -> int:
+    if question.type == "noul":
+        return 2
+    return len(question.criteria)  # type: ignore[arg-type]
+
+
+def _first_group(question: Question) -> list[str] | None:
+    if question.type != "choice":
+        return None
+    ids = list(question.criteria)  # type: ignore[arg-type]
+    return ids[: min(len(ids), 25)] if len(ids) > 26 else None
+
+
+def _unit(x: float) -> float:
+    return min(1.0, max(0.0, float(x)))
+
+
+def _unique_questions(reads: list[tuple[int, _Question, list[int]]]) -> list[tuple[int, _Question]]:
+    seen: dict[int, tuple[int, _Question]] = {}
+    for r, q, _ in reads:
+        seen.setdefault(id(q), (r, q))
+    return list(seen.values())
+
+
+def _fold_into_parent(state: SegmentState) -> SegmentState:
+    """Fold a one-token thought segment into its parent, the question's own think segment.
+
+    That parent belongs to this question alone (a thought has no siblings), so folding keeps
+    the chain at [root, evidence, question + thought] however long the thought gets, and the
+    attention pieces a question reduces never depend on other questions.
+    """
+    parent = state.parent
+    assert parent is not None
+    merged = SegmentState(parent=parent.parent, start=parent.start, length=parent.length + state.length)
+    merged.recurrent, merged.conv = state.recurrent, state.conv
+    for i in state.keys:
+        merged.keys[i] = torch.cat([parent.keys[i], state.keys[i]], dim=1)
+        merged.values[i] = torch.cat([parent.values[i], state.values[i]], dim=1)
+    return merged

@@ -1,0 +1,487 @@
+"""Letter read-out: from the next-token logits at the read position to option probabilities.
+
+StartLux's protocol (DESIGN §1): take the logits of the listed letters (A, B, ...) at the
+last prompt position, divide by the per-type temperature, softmax over the listed letters
+only. We also report `coverage`, the mass the full vocabulary (temperature 1) puts on the
+listed letters; 1 − coverage is what the model wanted to say instead of a letter.
+
+Precision: the letter part runs in float64 in plain Python over at most 26 numbers. Every
+float32 logit is exact in float64, `math.fsum` rounds the normaliser once, so the result is
+independent of letter order, of torch's kernels and of the device, and the probabilities
+sum to 1 within a few ulp (far inside the 1e-6 contract). Coverage's full-vocabulary sum runs
+in torch float64 on the logits' device, shifted by the vocabulary max (no overflow).
+
+Choice questions with more than 26 options run in rounds; see `ChoiceRounds`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+MAX_LETTERS = 26  # A..Z, each a single token in the Qwen3.5 vocabulary
+GROUP_SIZE = 25  # options per first-round group (StartLux)
+FINALISTS_PER_GROUP = 3  # each group's top 3 go on (StartLux)
+SUM_TOLERANCE = 1e-6
+_TINY = sys.float_info.min  # smallest positive normal float64: the floor for round results
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _check_temperature(temperature: float) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise ValueError(f"temperature must be a number, got {temperature!r}")
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0.0:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    return t
+
+
+def _check_letter_logits(letter_logits: Sequence[float]) -> list[float]:
+    values = [float(x) for x in letter_logits]
+    if not values:
+        raise ValueError("no letter logits: a read-out needs at least one listed letter")
+    if len(values) > MAX_LETTERS:
+        raise ValueError(f"{len(values)} letters listed; at most {MAX_LETTERS} (A..Z) fit in one read-out")
+    bad = [i for i, x in enumerate(values) if not math.isfinite(x)]
+    if bad:
+        raise ValueError(f"letter logits must be finite; positions {bad} are {[values[i] for i in bad]}")
+    return values
+
+
+def check_probabilities(name: str, probabilities: Sequence[float]) -> list[float]:
+    """The values as floats; ValueError naming `name` unless finite, >= 0 and summing to 1
+    within SUM_TOLERANCE."""
+    values = [float(p) for p in probabilities]
+    if not values:
+        raise ValueError(f"{name}: empty probability list")
+    if any(not math.isfinite(p) or p < 0.0 for p in values):
+        raise ValueError(f"{name}: probabilities must be finite and >= 0, got {values}")
+    total = math.fsum(values)
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise ValueError(f"{name}: probabilities sum to {total!r}, not 1 within {SUM_TOLERANCE}")
+    return values
+
+
+def _first_argmax(values: Sequence[float]) -> int:
+    """Index of the largest value; ties go to the earliest (display order)."""
+    best = 0
+    for i in range(1, len(values)):
+        if values[i] > values[best]:
+            best = i
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# one read-out
+
+
+@dataclass(frozen=True)
+class LetterReadout:
+    """One read of the listed letters.
+
+    `logits` are the raw values from the logits tensor (float32 values held exactly as
+    Python floats); `probabilities` are softmax(logits / temperature) over the listed letters
+    in float64; `coverage` is the temperature-1 full-vocabulary mass on the listed letters
+    (None when not computed).
+    """
+
+    letter_ids: tuple[int, ...]
+    logits: tuple[float, ...]
+    temperature: float
+    probabilities: tuple[float, ...]
+    coverage: float | None = None
+
+    @property
+    def top(self) -> int:
+        """Position of the most probable letter; ties go to the earliest."""
+        return _first_argmax(self.probabilities)
+
+    @property
+    def top_probability(self) -> float:
+        """What the AutoThink gate compares against."""
+        return self.probabilities[self.top]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "letter_ids": list(self.letter_ids),
+            "logits": list(self.logits),
+            "temperature": self.temperature,
+            "probabilities": list(self.probabilities),
+            "coverage": self.coverage,
+        }
+
+
+def letter_probabilities(letter_logits: Sequence[float], temperature: float) -> tuple[float, ...]:
+    """softmax(letter_logits / temperature) in float64, max-shifted, normaliser by `fsum`."""
+    t = _check_temperature(temperature)
+    z = [x / t for x in _check_letter_logits(letter_logits)]
+    m = max(z)
+    e = [math.exp(v - m) for v in z]
+    s = math.fsum(e)  # >= 1: the max term is exp(0)
+    return tuple(v / s for v in e)
+
+
+def coverage_from_logsumexp(letter_logits: Sequence[float], log_normalizer: float) -> float:
+    """Mass on the listed letters given the full vocabulary's logsumexp at temperature 1
+    (for an engine that reduces the vocabulary itself): exp(logsumexp(letters) −
+    logsumexp(vocab)), clamped to 1. Absolute error about |logsumexp|·1e-16."""
+    values = _check_letter_logits(letter_logits)
+    lse_all = float(log_normalizer)
+    if not math.isfinite(lse_all):
+        raise ValueError(f"log_normalizer must be finite, got {log_normalizer!r}")
+    m = max(values)
+    lse_letters = m + math.log(math.fsum(math.exp(v - m) for v in values))
+    return min(1.0, math.exp(lse_letters - lse_all))
+
+
+def vocab_logsumexp(logits: torch.Tensor) -> float:
+    """Stable logsumexp of the full-vocabulary logits in float64."""
+    return float(torch.logsumexp(logits.detach().to(torch.float64), dim=0).item())
+
+
+def _check_logits_tensor(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 1:
+        raise ValueError(
+            f"logits must be 1-D (the vocabulary at one position), got shape {tuple(logits.shape)}"
+        )
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+    if logits.numel() == 0:
+        raise ValueError("logits tensor is empty")
+    if bool(torch.isnan(logits).any()):
+        n = int(torch.isnan(logits).sum())
+        raise ValueError(f"logits contain {n} NaN value(s)")
+    if bool(torch.isposinf(logits).any()):
+        raise ValueError("logits contain +inf")
+
+
+def _check_letter_ids(letter_ids: Sequence[int], vocab_size: int) -> list[int]:
+    raw = list(letter_ids)
+    if not raw:
+        raise ValueError("letter_ids is empty: a read-out needs at least one listed letter")
+    if len(raw) > MAX_LETTERS:
+        raise ValueError(f"{len(raw)} letter ids; at most {MAX_LETTERS} (A..Z) fit in one read-out")
+    ids = []
+    for i in raw:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            ids.append(operator.index(i))  # ints, numpy and 0-d torch integers
+        except TypeError:
+            raise ValueError(f"letter ids must be integers, got {i!r}") from None
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"letter id {i} outside the vocabulary [0, {vocab_size})")
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"duplicate letter ids {dupes}")
+    return ids
+
+
+def readout_from_letter_logits(
+    letter_ids: Sequence[int],
+    letter_logits: Sequence[float],
+    temperature: float,
+    log_normalizer: float | None = None,
+) -> LetterReadout:
+    """Build a read-out when the engine computed only the letter rows of the LM head, plus
+    (optionally) the full-vocabulary logsumexp for coverage."""
+    ids = list(letter_ids)
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate letter ids {sorted({i for i in ids if ids.count(i) > 1})}")
+    values = _check_letter_logits(letter_logits)
+    if len(ids) != len(values):
+        raise ValueError(f"{len(ids)} letter ids but {len(values)} letter logits")
+    probs = letter_probabilities(values, temperature)
+    cov = None if log_normalizer is None else coverage_from_logsumexp(values, log_normalizer)
+    return LetterReadout(tuple(ids), tuple(values), float(temperature), probs, cov)
+
+
+def read_letters(
+    logits: torch.Tensor,
+    letter_ids: Sequence[int],
+    temperature: float,
+    *,
+    coverage: bool = True,
+) -> LetterReadout:
+    """Read the listed letters from the full-vocabulary next-token logits at one position.
+
+    `letter_ids[i]` is the token of the i-th displayed letter (A, B, ...). Raises ValueError
+    on an empty/duplicate/out-of-range id list, more than 26 letters, temperature <= 0, or
+    NaN/+inf logits.
+    """
+    _check_logits_tensor(logits)
+    ids = _check_letter_ids(letter_ids, logits.numel())
+    _check_temperature(temperature)
+    index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+    letter_logits = logits.detach().index_select(0, index).cpu().tolist()
+    readout = readout_from_letter_logits(ids, letter_logits, temperature)
+    if not coverage:
+        return readout
+    # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
+    # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
+    wide = logits.detach().to(torch.float64)
+    m = float(wide.max().item())
+    total = float(torch.exp(wide - m).sum().item())
+    mass = math.fsum(math.exp(x - m) for x in readout.logits)
+    return replace(readout, coverage=min(1.0, mass / total))
+
+
+def mix_probabilities(first: Sequence[float], second: Sequence[float], weight: float) -> tuple[float, ...]:
+    """AutoThink mixing: (1 − weight)·first + weight·second. weight 1.0 returns `second`."""
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
+        raise ValueError(f"mixing weight must be in [0, 1], got {weight!r}")
+    a = check_probabilities("first read-out", first)
+    b = check_probabilities("second read-out", second)
+    if len(a) != len(b):
+        raise ValueError(f"read-outs differ in length: {len(a)} vs {len(b)}")
+    if weight == 1.0:
+        return tuple(b)
+    if weight == 0.0:
+        return tuple(a)
+    return tuple((1.0 - weight) * x + weight * y for x, y in zip(a, b, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# rounds: choice questions with more than 26 options
+
+
+def needs_rounds(n_options: int) -> bool:
+    return n_options > MAX_LETTERS
+
+
+def _partition(candidates: Sequence[int]) -> list[list[int]]:
+    """The fewest contiguous groups of at most GROUP_SIZE, sizes differing by at most one
+    (larger groups first). Balanced rather than 25, 25, ..., remainder: a trailing group of
+    one or two options would send them to the final unopposed."""
+    n = len(candidates)
+    k = -(-n // GROUP_SIZE)
+    base, extra = divmod(n, k)
+    groups, start = [], 0
+    for g in range(k):
+        size = base + (1 if g < extra else 0)
+        groups.append(list(candidates[start : start + size]))
+        start += size
+    return groups
+
+
+def plan_rounds(options: Sequence[str]) -> list[list[int]]:
+    """First-round groups of option indices, in the given order.
+
+    Up to 26 options: one group holding all of them (a single read is the final). More:
+    ceil(n / 25) contiguous groups of near-equal size, each at most 25.
+    """
+    names = list(options)
+    if not names:
+        raise ValueError("options is empty: a choice needs at least one option")
+    if len(set(names)) != len(names):
+        dupes = sorted({o for o in names if names.count(o) > 1})
+        raise ValueError(f"duplicate options {dupes}")
+    n = len(names)
+    return [list(range(n))] if not needs_rounds(n) else _partition(range(n))
+
+
+def _check_groups(groups: Sequence[Sequence[int]], group_probabilities: Sequence[Sequence[float]]):
+    if not groups:
+        raise ValueError("no groups")
+    if len(groups) != len(group_probabilities):
+        raise ValueError(f"{len(groups)} groups but {len(group_probabilities)} group read-outs")
+    seen: set[int] = set()
+    probs = []
+    for g, (members, p) in enumerate(zip(groups, group_probabilities, strict=True)):
+        if not members:
+            raise ValueError(f"group {g} is empty")
+        if len(members) != len(p):
+            raise ValueError(f"group {g} has {len(members)} options but {len(p)} probabilities")
+        if seen.intersection(members) or len(set(members)) != len(members):
+            raise ValueError(f"group {g} repeats an option index")
+        seen.update(members)
+        probs.append(check_probabilities(f"group {g}", p))
+    return probs
+
+
+def _group_top(probabilities: Sequence[float]) -> list[int]:
+    """Positions of a group's finalists (top 3 by probability, ties → earlier), in display order."""
+    order = sorted(range(len(probabilities)), key=lambda i: (-probabilities[i], i))
+    return sorted(order[:FINALISTS_PER_GROUP])
+
+
+def select_finalists(
+    groups: Sequence[Sequence[int]], group_probabilities: Sequence[Sequence[float]]
+) -> list[int]:
+    """Option indices going to the final: each group's top 3 (ties → earlier option), kept
+    in display order (group by group, order within the group)."""
+    probs = _check_groups(groups, group_probabilities)
+    return [groups[g][i] for g, p in enumerate(probs) for i in _group_top(p)]
+
+
+def combine_rounds(
+    groups: Sequence[Sequence[int]],
+    group_probabilities: Sequence[Sequence[float]],
+    final_probabilities: Sequence[float],
+) -> list[float]:
+    """Probabilities for every option of `groups`, aligned with the groups concatenated.
+
+    Notation: q_g(o) is o's probability in its group's read-out (sums to 1 over group g);
+    F_g is the group's finalists (`select_finalists`); r(f) is f's probability in the final
+    read-out over all finalists (sums to 1), aligned with `select_finalists(...)`.
+
+        rate     ρ_g  = min over f in F_g with q_g(f) > 0 of  r(f) / q_g(f)
+        strength s(f) = r(f)                     for a finalist f
+                 s(o) = ρ_g · q_g(o)             for a non-finalist o of group g
+        p(o)    = s(o) / Z,   Z = 1 + ε,   ε = Σ_g ρ_g · (1 − Σ_{f in F_g} q_g(f))
+
+    So the finalists keep their final-round probability scaled by the finalists' share 1/Z,
+    and the non-finalists share ε/Z in proportion to their group score.
+
+    Why: if each option had a fixed strength w and every read-out were w normalised over the
+    options shown (a Luce model, which a softmax of context-free logits is), then
+    r(f)/q_g(f) = W(G_g)/W(F) for every finalist of g, s(o) = w(o)/W(F) exactly, and p is w
+    normalised over all options: uniform strengths give exactly uniform p. Real read-outs
+    are not exactly Luce; the minimum takes the most conservative rate, which guarantees
+    s(o) <= r(f) for every finalist f of o's group.
+
+    Guarantees (float64): sums to 1 within 1e-12; within a group the non-finalists keep their
+    group order and each is strictly below every finalist of its group; finalists keep their
+    final-round order; so the argmax (ties → display order) is the final round's; every
+    option is > 0 (an underflowed value is floored at the smallest normal float64).
+    """
+    probs = _check_groups(groups, group_probabilities)
+    finals_at = [_group_top(p) for p in probs]
+    n_final = sum(len(f) for f in finals_at)
+    r_all = check_probabilities("final round", final_probabilities)
+    if len(r_all) != n_final:
+        raise ValueError(f"the final round has {n_final} finalists but {len(r_all)} probabilities")
+
+    strengths: list[list[float]] = []
+    k = 0
+    for q, tops in zip(probs, finals_at, strict=True):
+        r = {i: r_all[k + j] for j, i in enumerate(tops)}
+        k += len(tops)
+        rates = [r[i] / q[i] for i in tops if q[i] > 0.0]
+        rho = min(rates) if rates else 0.0
+        strengths.append([r[i] if i in r else rho * q[i] for i in range(len(q))])
+    z = math.fsum(s for group in strengths for s in group)
+    out: list[float] = []
+    for s_group, tops in zip(strengths, finals_at, strict=True):
+        p = [max(s / z, _TINY) for s in s_group]
+        # Rounding (ρ·q and the division by Z) could lift a non-finalist onto a finalist of its
+        # group; keep it strictly below, as the exact formula has it.
+        ceiling = math.nextafter(min(p[i] for i in tops), 0.0)
+        finalist = set(tops)
+        out.extend(v if i in finalist else min(v, ceiling) for i, v in enumerate(p))
+    return out
+
+
+@dataclass(frozen=True)
+class RoundStage:
+    """One stage of a rounds run, for the decision record: the groups read (option indices,
+    display order) and their read-outs. The last stage is the final (a single group)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    readouts: tuple[LetterReadout, ...]
+    final: bool
+
+
+@dataclass
+class ChoiceRounds:
+    """Drives a choice question through its read-outs; works for any number of options.
+
+    Up to 26 options: a single stage, one group with every option. More: first-round groups
+    (`plan_rounds`), then each group's top 3 go on. If the finalists still exceed 26
+    (more than 8 groups, i.e. over 200 options), they are grouped again the same way;
+    otherwise they form the final. Probabilities are then combined back level by level with
+    `combine_rounds`, so the final read-out's argmax is the answer.
+
+    The engine calls `pending()` for the groups to read (it may batch them with other
+    questions' reads), renders each group's options in the given order as A, B, ..., and
+    hands the read-outs back through `submit()` in the same order.
+    """
+
+    n_options: int
+    stages: list[RoundStage] = field(default_factory=list)
+    _pending: list[list[int]] = field(default_factory=list, repr=False)
+    _pending_final: bool = field(default=False, repr=False)
+    _probabilities: list[float] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_options, bool) or not isinstance(self.n_options, int) or self.n_options < 1:
+            raise ValueError(f"n_options must be a positive int, got {self.n_options!r}")
+        self._schedule(list(range(self.n_options)))
+
+    def _schedule(self, candidates: list[int]) -> None:
+        if needs_rounds(len(candidates)):
+            self._pending, self._pending_final = _partition(candidates), False
+        else:
+            self._pending, self._pending_final = [candidates], True
+
+    @property
+    def done(self) -> bool:
+        return self._probabilities is not None
+
+    def pending(self) -> list[list[int]]:
+        """Groups (option indices in display order) to read next; empty when done."""
+        return [list(g) for g in self._pending]
+
+    def submit(self, readouts: Sequence[LetterReadout]) -> None:
+        if self.done:
+            raise ValueError("all rounds are already read")
+        if len(readouts) != len(self._pending):
+            raise ValueError(f"expected {len(self._pending)} read-outs, got {len(readouts)}")
+        for g, (group, ro) in enumerate(zip(self._pending, readouts, strict=True)):
+            if len(ro.probabilities) != len(group):
+                raise ValueError(
+                    f"group {g} has {len(group)} options but its read-out has {len(ro.probabilities)} letters"
+                )
+        stage = RoundStage(tuple(tuple(g) for g in self._pending), tuple(readouts), self._pending_final)
+        self.stages.append(stage)
+        if stage.final:
+            self._pending = []
+            self._probabilities = self._combine()
+        else:
+            self._schedule(select_finalists(stage.groups, [r.probabilities for r in stage.readouts]))
+
+    def _combine(self) -> list[float]:
+        final = self.stages[-1]
+        p = dict(zip(final.groups[0], final.readouts[0].probabilities, strict=True))
+        for stage in reversed(self.stages[:-1]):
+            group_probs = [r.probabilities for r in stage.readouts]
+            finalists = select_finalists(stage.groups, group_probs)
+            combined = combine_rounds(stage.groups, group_probs, [p[i] for i in finalists])
+            p = dict(zip((i for g in stage.groups for i in g), combined, strict=True))
+        return [p[i] for i in range(self.n_options)]
+
+    @property
+    def probabilities(self) -> list[float]:
+        if self._probabilities is None:
+            raise ValueError("rounds not finished: read the pending groups first")
+        return list(self._probabilities)
+
+    @property
+    def final_choice(self) -> int:
+        """Option index the final read-out ranks first (ties → display order)."""
+        if self._probabilities is None:
+            raise ValueError("rounds not finished: read the pending groups first")
+        final = self.stages[-1]
+        return final.groups[0][final.readouts[0].top]
+
+
+def run_choice_rounds(
+    n_options: int, read: Callable[[list[list[int]]], Sequence[LetterReadout]]
+) -> ChoiceRounds:
+    """Run every stage with `read(groups) -> one read-out per group` until done."""
+    rounds = ChoiceRounds(n_options)
+    while not rounds.done:
+        rounds.submit(read(rounds.pending()))
+    return rounds

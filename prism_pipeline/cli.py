@@ -1,0 +1,60 @@
+"""The `prism` command line. Subcommands register themselves in `COMMANDS`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+
+from prism_pipeline.logs import configure_logging
+
+
+def package_version() -> str:
+    try:
+        return version("prism")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    import torch
+
+    sys.stdout.write(f"prism {package_version()} (torch {torch.__version__})\n")
+    return 0
+
+
+def _add_version(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("version", help="print the Prism version")
+    p.set_defaults(func=_cmd_version)
+
+
+# Each entry adds one subcommand parser; later modules append their own.
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prism",
+        description="Prism: fast, exact typed decisions with StartLux-Decision models, from Kafka events.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+    parser.add_argument("--log-json", action="store_true", default=None, help="force JSON log lines")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    configure_logging(args.log_level, args.log_json)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Worker configuration: CLI flags win over `PRISM_*` environment variables, which win over defaults."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prism_pipeline.seeds import SeedPolicy
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRISM_", extra="forbid")
+
+    brokers: str = Field("localhost:9092", description="Kafka bootstrap servers, comma separated")
+    input_topic: str = "prism.evidence"
+    output_topic: str = "prism.decisions"
+    dlq_topic: str = "prism.dead-letters"
+    group_id: str = "prism-workers"
+
+    model: Path | None = Field(None, description="GGUF model file")
+    decision_config: Path | None = Field(None, description="decision_config.json (default: beside the model)")
+    device: str = "cpu"
+    precision: Literal["auto", "int8", "bf16", "fp32"] = "auto"
+
+    batch_tokens: int = Field(8192, ge=1, description="token budget of one engine batch")
+    max_wait_ms: float = Field(20.0, ge=0, description="longest an event waits for its batch to fill")
+    max_batch_events: int = Field(64, ge=1)
+    max_queued_batches: int = Field(4, ge=1, description="batches waiting for the engine before pausing")
+
+    gate: float | None = Field(None, ge=0, le=1, description="AutoThink gate (default: the model's config)")
+    thought_budget: int | None = Field(None, ge=0, description="AutoThink thought token budget")
+    seed_policy: SeedPolicy = "event"
+    fixed_seed: int = Field(0, ge=0)
+
+    max_questions: int = Field(64, ge=1, description="questions per event before it is dead-lettered")
+    max_state_chars: int = Field(1_000_000, ge=1, description="state size before it is dead-lettered")
+
+    exactly_once: bool = False
+    transactional_id_prefix: str = "prism"
+
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port (unset: off)")
+    worker_id: str = Field(default_factory=default_worker_id)
+    commit_interval_ms: float = Field(200.0, gt=0)
+    revoke_timeout_s: float = Field(30.0, gt=0, description="how long a revoke waits for in-flight work")
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    max_poll_records: int = Field(500, ge=1)
+    session_timeout_ms: int = Field(10000, ge=1000)
+    max_poll_interval_ms: int = Field(300000, ge=1000)
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
+        if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
+            raise ValueError("input, output and dead-letter topics must be three different topics")
+        return self
+
+    def resolved_precision(self) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "int8" if self.device.startswith("cuda") else "fp32"
+
+    def bootstrap_servers(self) -> list[str]:
+        return [s.strip() for s in self.brokers.split(",") if s.strip()]

@@ -1,0 +1,73 @@
+"""Prism's wire contract: SystemOne requests/answers, evidence events, decision records, dead letters."""
+
+from schemas.codec import dumps, loads
+from schemas.deadletter import (
+    DeadLetter,
+    ErrorDetail,
+    InvalidEvent,
+    ReasonCode,
+    classify_invalid,
+    dead_letter,
+    parse_event,
+)
+from schemas.event import EvidenceEvent, Source
+from schemas.record import (
+    DecisionRecord,
+    InputRef,
+    Precision,
+    Provenance,
+    QuestionTrace,
+    Readout,
+    RoundReadout,
+    record_key,
+)
+from schemas.systemone import (
+    DEFAULT_LIMITS,
+    Answer,
+    ChoiceAnswer,
+    Limits,
+    NoulAnswer,
+    Question,
+    QuestionType,
+    ScoreAnswer,
+    SystemOneRequest,
+    SystemOneResponse,
+    Usage,
+    decode_image,
+    validation_context,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Answer",
+    "ChoiceAnswer",
+    "DeadLetter",
+    "DecisionRecord",
+    "ErrorDetail",
+    "EvidenceEvent",
+    "InputRef",
+    "InvalidEvent",
+    "Limits",
+    "NoulAnswer",
+    "Precision",
+    "Provenance",
+    "Question",
+    "QuestionTrace",
+    "QuestionType",
+    "Readout",
+    "ReasonCode",
+    "RoundReadout",
+    "ScoreAnswer",
+    "Source",
+    "SystemOneRequest",
+    "SystemOneResponse",
+    "Usage",
+    "classify_invalid",
+    "dead_letter",
+    "decode_image",
+    "dumps",
+    "loads",
+    "parse_event",
+    "record_key",
+    "validation_context",
+]
