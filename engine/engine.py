@@ -22,13 +22,20 @@ import structlog
 import torch
 
 from engine.answers import answer_for
+from engine.cache import PrefixCache, default_budget, prefix_key
 from engine.config import ModelConfig
 from engine.decision_config import DecisionConfig, load_decision_config
 from engine.executor import ForestCounters, ForestOutput, run_forest
 from engine.forest import Segment, SegmentState, build_forest
 from engine.gguf import GGUFFile, open_gguf
 from engine.loader import load_weights
-from engine.prompt import RENDER_VERSION, PromptEncoder, render_parts_for_state_text, render_state
+from engine.prompt import (
+    MAX_LETTERS,
+    RENDER_VERSION,
+    PromptEncoder,
+    render_parts_for_state_text,
+    render_state,
+)
 from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
 from engine.reference import forward
 from engine.sampling import sample_token, uniform
@@ -110,6 +117,7 @@ class Engine:
         model_name: str = "model",
         model_digest: str = "0" * 64,
         device: str = "cpu",
+        cache_bytes: int | None = None,
     ) -> None:
         if precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
@@ -124,6 +132,7 @@ class Engine:
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prompts = PromptEncoder(tokenizer)
         self.last_counters: list[ForestCounters] = []
+        self.cache = PrefixCache(default_budget(self.device) if cache_bytes is None else cache_bytes)
         t0 = time.perf_counter()
         root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
         self.root: SegmentState = run_forest(weights, root, dtype=self.dtype).states[0]
@@ -137,6 +146,7 @@ class Engine:
         device: str = "cpu",
         precision: Precision = "fp32",
         decision_config: str | Path | DecisionConfig | None = None,
+        cache_bytes: int | None = None,
     ) -> Engine:
         path = Path(path)
         t0 = time.perf_counter()
@@ -157,6 +167,7 @@ class Engine:
             model_name=name,
             model_digest=file_digest(path),
             device=device,
+            cache_bytes=cache_bytes,
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)
@@ -184,9 +195,14 @@ class Engine:
         t0 = time.perf_counter()
         self.last_counters = []
         dc = self.decision_config
+        rejected = {
+            r: reason for r, req in enumerate(requests) if (reason := self._unsupported(req)) is not None
+        }
+        live = [r for r in range(len(requests)) if r not in rejected]
         batch: list[list[_Question]] = []
         state_texts: list[str] = []
-        for req in requests:
+        for r in live:
+            req = requests[r]
             state_text = render_state(req.request.state)
             state_texts.append(state_text)
             event_gate = dc.gate if req.gate is None else req.gate
@@ -207,8 +223,45 @@ class Engine:
                 )
             batch.append(qs)
         evidence_ids = [self.prompts.evidence_ids(s) for s in state_texts]
-        evidence_states: list[SegmentState | None] = [None] * len(requests)
+        # Exact-prefix cache: a hit starts the questions from the kept evidence state. Keys
+        # are pinned for the whole call, so nothing this batch reads is evicted under it.
+        keys = [prefix_key(self.prompts.prefix_ids + ids) for ids in evidence_ids]
+        evidence_states: list[SegmentState | None] = [None] * len(live)
+        if mode == "forest":
+            for i, key in enumerate(keys):
+                evidence_states[i] = self.cache.get(key)
+                self.cache.pin(key)
+        try:
+            self._decide_stages(batch, evidence_ids, evidence_states, mode)
+            if mode == "forest":
+                for key, state in zip(keys, evidence_states, strict=True):
+                    if state is not None:
+                        self.cache.put(key, state)
+        finally:
+            if mode == "forest":
+                for key in keys:
+                    self.cache.unpin(key)
 
+        elapsed = time.perf_counter() - t0
+        by_request = dict(zip(live, batch, strict=True))
+        return [
+            _rejected_result(req, rejected[r]) if r in rejected else self._result(req, by_request[r], elapsed)
+            for r, req in enumerate(requests)
+        ]
+
+    def _unsupported(self, req: DecideRequest) -> str | None:
+        """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
+        if req.request.images:
+            return "images are not supported by this engine build (text-only forward)"
+        return None
+
+    def _decide_stages(
+        self,
+        batch: list[list[_Question]],
+        evidence_ids: list[list[int]],
+        evidence_states: list[SegmentState | None],
+        mode: Mode,
+    ) -> None:
         # Stage loop 1: first read-outs (rounds for >26 options).
         while True:
             reads = [(r, q, group) for r, qs in enumerate(batch) for q in qs for group in q.rounds.pending()]
@@ -225,20 +278,9 @@ class Engine:
                 q.first = self._readout(q, q.rounds)
 
         # AutoThink: questions whose top first probability is below their gate.
-        thinkers = [
-            (r, q)
-            for r, qs in enumerate(batch)
-            for q in qs
-            if q.gate > 0.0 and max(q.first.probabilities) < q.gate and len(q.option_ids) <= 26  # type: ignore[union-attr]
-        ]
+        thinkers = [(r, q) for r, qs in enumerate(batch) for q in qs if _should_think(q)]
         if thinkers:
             self._think(thinkers, evidence_ids, evidence_states, mode)
-
-        results = []
-        elapsed = time.perf_counter() - t0
-        for req, qs in zip(requests, batch, strict=True):
-            results.append(self._result(req, qs, elapsed))
-        return results
 
     # ------------------------------------------------------------------------------ stages
     def _question_tokens(self, q: _Question, group: list[int], think: bool) -> list[int]:
@@ -269,7 +311,7 @@ class Engine:
         evidence states.
         """
         segments: list[Segment] = []
-        evidence_index: dict[int, int] = {}
+        evidence_index: dict[tuple[int, ...], int] = {}
         read_index: list[int] = []
         for r, q, group in reads:
             q_tokens = self._question_tokens(q, group, think)
@@ -286,15 +328,19 @@ class Engine:
             if kept is not None:
                 parent = kept
             else:
-                if r not in evidence_index:
-                    evidence_index[r] = len(segments)
-                    segments.append(Segment(tuple(evidence_ids[r]), self.root))
-                parent = evidence_index[r]
+                # identical evidence within one batch runs once: key on the tokens
+                key = tuple(evidence_ids[r])
+                if key not in evidence_index:
+                    evidence_index[key] = len(segments)
+                    segments.append(Segment(key, self.root))
+                parent = evidence_index[key]
             read_index.append(len(segments))
             segments.append(Segment(tuple(q_tokens), parent, read=True))
         out, packed, rows = self._run(segments)
-        for r, idx in evidence_index.items():
-            evidence_states[r] = out.states[packed[idx]]
+        for r, ids in enumerate(evidence_ids):
+            idx = evidence_index.get(tuple(ids))
+            if idx is not None and evidence_states[r] is None:
+                evidence_states[r] = out.states[packed[idx]]
         return [(out.logits[rows[packed[i]]], out.states[packed[i]]) for i in read_index]
 
     def _read_letters(self, q: _Question, logits: torch.Tensor, n: int) -> LetterReadout:
@@ -412,6 +458,25 @@ class Engine:
             output_tokens=output_tokens,
             timings={"decide_s": elapsed},
         )
+
+
+def _should_think(q: _Question) -> bool:
+    """The AutoThink gate: think when the first read-out's top probability is below the gate.
+
+    The boundary is inclusive for the answer: top == gate stands. Gate 0 never thinks, gate 1
+    always does. Choice questions answered in rounds (more than 26 options) do not think: their
+    second read-out would need the rounds again.
+    """
+    assert q.first is not None
+    if q.gate <= 0.0 or len(q.option_ids) > MAX_LETTERS:
+        return False
+    return q.gate >= 1.0 or max(q.first.probabilities) < q.gate
+
+
+def _rejected_result(req: DecideRequest, reason: str) -> DecideResult:
+    return DecideResult(
+        request_id=req.request_id, answers={}, traces={}, input_tokens=0, output_tokens=0, error=reason
+    )
 
 
 def _n_options(question: Question) -> int:

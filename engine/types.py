@@ -29,3 +29,4 @@ class DecideResult:
     input_tokens: int  # prompt tokens over all questions (as if each were its own prompt)
     output_tokens: int  # thought tokens generated
     timings: dict[str, float] = field(default_factory=dict)  # seconds; run metadata, never in records
+    error: str | None = None  # set when the engine cannot answer the request (answers then empty)

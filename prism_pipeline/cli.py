@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
+from prism_pipeline.commands import add_demo, add_run
 from prism_pipeline.logs import configure_logging
 
 
@@ -30,7 +31,7 @@ def _add_version(sub: argparse._SubParsersAction) -> None:
 
 
 # Each entry adds one subcommand parser; later modules append their own.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version, add_run, add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

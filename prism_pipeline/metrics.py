@@ -53,6 +53,7 @@ class WorkerMetrics:
             "prism_cache_hit_rate", "Share of prompt tokens served from the prefix cache", registry=r
         )
         self.paused = Gauge("prism_partitions_paused", "1 while fetching is paused for backpressure", registry=r)
+        self.pauses = Counter("prism_backpressure_pauses", "Times fetching was paused for backpressure", registry=r)
         self.queued_batches = Gauge("prism_queued_batches", "Batches waiting for the engine", registry=r)
         self._questions_total = 0
         self._thought_total = 0

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from engine.types import DecideRequest, DecideResult
+from prism_pipeline.seeds import SeedPolicy, choose_seed
 from schemas.codec import dumps
 from schemas.deadletter import DeadLetter, ReasonCode, dead_letter
 from schemas.event import EvidenceEvent
 from schemas.record import DecisionRecord, InputRef, Provenance, record_key
 from schemas.systemone import SystemOneRequest, Usage
-
-from prism_pipeline.seeds import SeedPolicy, choose_seed
 
 RECORD_VERSION = 1
 Header = tuple[str, bytes]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from engine.types import DecideRequest, DecideResult
 from prism_pipeline.batcher import Batch, Batcher
@@ -131,6 +131,7 @@ class Worker:
         self._commit_lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None  # at-least-once only
+        self._batch_seq = 0
         self.published = 0  # outcomes acknowledged (records + dead letters)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -272,10 +273,12 @@ class Worker:
         # Parsing and tokenizing are CPU work: off the loop, beside (not behind) the engine thread.
         prepared = await asyncio.to_thread(self._prepare, [m.value for _, m in msgs])
         now = time.monotonic()
+        skipped: dict[TopicPartition, int] = {}
         for (tp, msg), prep in zip(msgs, prepared, strict=True):
             part = self._parts.get(tp)
             if part is None or part is not owners[tp] or not part.active or part.revoking:
-                continue  # revoked meanwhile: the owner reads it again from the committed offset
+                skipped.setdefault(tp, msg.offset)
+                continue
             try:
                 part.tracker.track(msg.offset)
             except ValueError:
@@ -297,6 +300,22 @@ class Worker:
             item = _Item(part, msg, event, request, tokens)
             for batch in self._batcher.add(item, tokens, now):
                 self._dispatch(batch)
+        self._rewind(skipped)
+
+    def _rewind(self, skipped: dict[TopicPartition, int]) -> None:
+        """Seek back over messages fetched while their partition was changing hands.
+
+        Skipping them silently would move the fetch position past them; if the partition stays
+        (or comes back) here, they must be read again. A partition that is gone refuses the
+        seek, and its next owner starts from the committed offset anyway.
+        """
+        assert self._consumer is not None
+        for tp, offset in skipped.items():
+            try:
+                self._consumer.seek(tp, offset)
+            except (IllegalStateError, AssertionError, KafkaError):
+                continue
+            log.debug("consumer.rewind", partition=tp.partition, offset=offset)
 
     def _prepare(self, values: list[bytes]) -> list[InvalidEvent | tuple[EvidenceEvent, DecideRequest, int]]:
         out: list[InvalidEvent | tuple[EvidenceEvent, DecideRequest, int]] = []
@@ -324,6 +343,7 @@ class Worker:
             self._consumer.pause(*self._consumer.assignment())
             self._paused = True
             self.metrics.paused.set(1)
+            self.metrics.pauses.inc()
             log.info("backpressure.pause", queued_batches=queued)
         elif self._paused and queued <= self.s.max_queued_batches // 2:
             self._consumer.resume(*self._consumer.assignment())
@@ -379,18 +399,29 @@ class Worker:
                     done.append((it, r, 2, seconds))
                 except Exception as e1:
                     done.append((it, e1, 2, 0.0))
-        outs = await asyncio.to_thread(self._outcomes, done, len(items))
+        self._batch_seq += 1
+        outs = await asyncio.to_thread(self._outcomes, done, f"{self.s.worker_id}/{self._batch_seq}")
         for it, out in outs:
             await self._emit(it.part, it.msg.offset, out, it.msg.timestamp_ms)
 
     def _outcomes(
-        self, done: list[tuple[_Item, DecideResult | BaseException, int, float]], batch_events: int
+        self, done: list[tuple[_Item, DecideResult | BaseException, int, float]], batch_id: str
     ) -> list[tuple[_Item, Outgoing]]:
         outs: list[tuple[_Item, Outgoing]] = []
-        for it, res, attempt, seconds in done:
+        for pos, (it, res, attempt, seconds) in enumerate(done):
             tp = it.part.tp
             headers = run_headers(self.s.worker_id, attempt, {"engine": seconds})
-            headers.append(("prism-batch-events", str(batch_events).encode()))
+            # Which engine call decided it, with whom: replays of a path that is not batch
+            # invariant (fp32/bf16) must re-form the same batches to compare bytes.
+            if attempt == 1:
+                batch, pos_in, size = batch_id, pos, len(done)
+            else:  # decided alone after its batch failed
+                batch, pos_in, size = f"{batch_id}/{it.msg.offset}", 0, 1
+            headers += [
+                ("prism-batch", batch.encode()),
+                ("prism-batch-pos", str(pos_in).encode()),
+                ("prism-batch-events", str(size).encode()),
+            ]
             if not isinstance(res, BaseException):
                 try:
                     record = build_record(
@@ -415,8 +446,7 @@ class Worker:
             return  # revoked while in flight: the next owner decides it again
         if self.s.exactly_once:
             part.ready[offset] = (out, timestamp_ms)
-            if part.txn_task is None or part.txn_task.done():
-                part.txn_task = asyncio.create_task(self._txn_loop(part))
+            self._schedule_txn(part)
             return
         assert self._producer is not None
         try:
@@ -449,6 +479,10 @@ class Worker:
             m.dead_letters.labels(reason=out.reason or "unknown").inc()
         if timestamp_ms > 0:
             m.end_to_end_seconds.observe(max(0.0, time.time() - timestamp_ms / 1000.0))
+
+    def _schedule_txn(self, part: _Partition) -> None:
+        if part.producer is not None and (part.txn_task is None or part.txn_task.done()):
+            part.txn_task = asyncio.create_task(self._txn_loop(part))
 
     async def _txn_loop(self, part: _Partition) -> None:
         """Exactly-once: publish ready outcomes in offset order, one transaction per contiguous run."""
@@ -507,22 +541,26 @@ class Worker:
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         assert self._consumer is not None
-        for tp in sorted(assigned, key=lambda t: (t.topic, t.partition)):
-            if tp in self._parts:
-                continue
-            part = _Partition(tp)
-            if self.s.exactly_once:
-                # Starting a producer with this id fences any zombie still holding the partition.
-                part.producer = AIOKafkaProducer(
-                    bootstrap_servers=self.s.bootstrap_servers(),
-                    client_id=f"prism-{self.s.worker_id}-{tp.partition}",
-                    transactional_id=f"{self.s.transactional_id_prefix}-{tp.topic}-{tp.partition}",
-                    acks="all",
-                )
-                await part.producer.start()
-            self._parts[tp] = part
+        # Register every partition before the first await: the fetcher may already be returning
+        # their messages to the fetch loop.
+        new = [_Partition(tp) for tp in sorted(assigned, key=lambda t: (t.topic, t.partition)) if tp not in self._parts]
+        for part in new:
+            self._parts[part.tp] = part
         if self._paused and assigned:
             self._consumer.pause(*assigned)
+        if self.s.exactly_once:
+            for part in new:
+                # Starting a producer with this id fences any zombie still holding the partition.
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.s.bootstrap_servers(),
+                    client_id=f"prism-{self.s.worker_id}-{part.tp.partition}",
+                    transactional_id=f"{self.s.transactional_id_prefix}-{part.tp.topic}-{part.tp.partition}",
+                    acks="all",
+                )
+                await producer.start()
+                part.producer = producer
+                if part.ready:
+                    self._schedule_txn(part)
         log.info("partitions.assigned", partitions=sorted(tp.partition for tp in assigned))
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -59,7 +59,10 @@ free_port() {
 is_our_broker() {
   local pid="$1" dir="$2"
   [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
-  tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "kafka.Kafka $dir/server.properties"
+  # No pipe into grep -q here: under pipefail its early exit fails the pipe with SIGPIPE.
+  local cmdline
+  cmdline="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" || return 1
+  [[ "$cmdline" == *"kafka.Kafka $dir/server.properties"* ]]
 }
 
 write_config() {

@@ -21,7 +21,9 @@ def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     root = tmp_path_factory.mktemp("gguf_models")
     cache: dict[tuple, Path] = {}
 
-    def get(quant: str = "F32", dims: str = "tiny", seed: int = 0, mtp: bool = False, outliers: int = 0) -> Path:
+    def get(
+        quant: str = "F32", dims: str = "tiny", seed: int = 0, mtp: bool = False, outliers: int = 0
+    ) -> Path:
         key = (quant, dims, seed, mtp, outliers)
         if key not in cache:
             name = f"{dims}-{quant}-s{seed}{'-mtp' if mtp else ''}-o{outliers}.gguf"

@@ -67,7 +67,9 @@ def test_dequantize_accepts_torch_bytes_and_chunks(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(dq, "CHUNK_ELEMENTS", 512)
     raw = random_blocks(Q.Q6_K, 11, np.random.default_rng(5))
     got = dequantize(torch.from_numpy(raw.reshape(-1)), Q.Q6_K, (11 * 256,))
-    assert np.array_equal(got.numpy().view(np.uint32), gguf.quants.dequantize(raw, Q.Q6_K).reshape(-1).view(np.uint32))
+    assert np.array_equal(
+        got.numpy().view(np.uint32), gguf.quants.dequantize(raw, Q.Q6_K).reshape(-1).view(np.uint32)
+    )
 
 
 def test_dequantize_rejects_bad_input() -> None:

@@ -199,7 +199,9 @@ def test_misshaped_tensor(tmp_path: Path) -> None:
     w = canonical_random_weights(tiny_small_vocab_config(), seed=1)
     w.layers[1]["ffn_up"] = w.layers[1]["ffn_up"][:96]
     path = write_small(tmp_path / "shape.gguf", w)
-    with pytest.raises(GGUFError, match=r"tensor blk\.1\.ffn_up\.weight has shape \[96, 64\], expected \[128, 64\]"):
+    with pytest.raises(
+        GGUFError, match=r"tensor blk\.1\.ffn_up\.weight has shape \[96, 64\], expected \[128, 64\]"
+    ):
         load_weights(path)
 
 

@@ -14,7 +14,6 @@ from gguf import GGMLQuantizationType as Q
 from engine.gguf import open_gguf
 from engine.loader import is_zero_copy, load_raw_tensor, load_tensor, load_weights, tensor_name, v_reorder
 from engine.testing.make_model import (
-    canonical_random_weights,
     dims_config,
     main,
     quantize,
@@ -62,7 +61,8 @@ def expected_loaded(weights: Weights, path: Path) -> Weights:
         output_norm=through("output_norm.weight", "output_norm", weights.output_norm, False),
         output=embd if c.tied_embeddings else through("output.weight", "output", weights.output, False),
         layers=[
-            {k: through(tensor_name(i, k), k, t, True) for k, t in layer.items()} for i, layer in enumerate(weights.layers)
+            {k: through(tensor_name(i, k), k, t, True) for k, t in layer.items()}
+            for i, layer in enumerate(weights.layers)
         ],
     )
 
@@ -231,7 +231,10 @@ def small_q4_k_m_expected() -> dict[str, Q]:
         else:
             want |= {f"blk.{i}.{k}.weight": Q.Q4_K for k in ("attn_gate", "ssm_beta", "ssm_alpha")}
             want |= {f"blk.{i}.attn_qkv.weight": more, f"blk.{i}.ssm_out.weight": Q.Q5_0}
-            want |= {f"blk.{i}.{k}": Q.F32 for k in ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_norm.weight")}
+            want |= {
+                f"blk.{i}.{k}": Q.F32
+                for k in ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_norm.weight")
+            }
     return want
 
 

@@ -1,0 +1,196 @@
+"""The asyncio side of engine batching for the HTTP server.
+
+Requests arrive one by one on the event loop; `EngineDispatcher` groups them with the pipeline's
+pure `Batcher` (token budget, max wait, max requests) and runs each closed batch as ONE
+`engine.decide` call on ONE dedicated thread, so the loop keeps accepting connections while the
+engine works and the engine never sees two calls at once. Each request's future gets its own
+`DecideResult` back.
+
+Dispatch rule: while the engine is busy, arrivals keep filling the open batch (up to the budget)
+instead of being cut into many small batches at each deadline; when the engine is idle, the open
+batch goes as soon as its oldest request has waited `max_wait_s`.
+
+A batch that raises is retried request by request, so one request the engine cannot handle
+fails alone and its companions still get answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from engine.types import DecideRequest, DecideResult
+from prism_pipeline.batcher import Batch, Batcher
+
+log = structlog.get_logger(__name__)
+
+
+class Decider(Protocol):
+    def decide(self, requests: list[DecideRequest]) -> list[DecideResult]: ...
+
+
+class Overloaded(RuntimeError):
+    """More requests are waiting than the server accepts; the client should retry later."""
+
+
+class DispatcherClosed(RuntimeError):
+    """The server is shutting down and takes no new requests."""
+
+
+@dataclass
+class _Pending:
+    request: DecideRequest
+    tokens: int
+    future: asyncio.Future[DecideResult]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one engine call did (reported to the metrics hook)."""
+
+    requests: int
+    tokens: int
+    engine_seconds: float
+    queue_seconds: list[float]  # per request: arrival to the start of its engine call
+
+
+class EngineDispatcher:
+    def __init__(
+        self,
+        engine: Decider,
+        *,
+        max_tokens: int,
+        max_wait_s: float,
+        max_requests: int | None = None,
+        max_pending: int = 1024,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.engine = engine
+        self.max_pending = max_pending
+        self._batcher: Batcher[_Pending] = Batcher(max_tokens, max_wait_s, max_requests)
+        self._ready: deque[Batch[_Pending]] = deque()
+        self._wake = asyncio.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-engine")
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._pending = 0
+        self._on_batch = on_batch
+
+    @property
+    def pending(self) -> int:
+        """Requests accepted and not yet answered (waiting or in the engine)."""
+        return self._pending
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="prism-http-dispatch")
+
+    async def stop(self) -> None:
+        """Answer everything already accepted, then stop the engine thread."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        self._pool.shutdown(wait=True)
+
+    async def decide(self, request: DecideRequest, tokens: int) -> DecideResult:
+        if self._closing:
+            raise DispatcherClosed("the server is shutting down")
+        if self._pending >= self.max_pending:
+            raise Overloaded(f"{self._pending} requests are already waiting (limit {self.max_pending})")
+        fut: asyncio.Future[DecideResult] = asyncio.get_running_loop().create_future()
+        self._pending += 1
+        try:
+            self._ready.extend(self._batcher.add(_Pending(request, tokens, fut), tokens, time.monotonic()))
+            self._wake.set()
+            return await fut
+        finally:
+            self._pending -= 1
+
+    # ---- the dispatch loop ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is not None:
+                await self._execute(batch)
+                continue
+            if self._closing:
+                return
+            deadline = self._batcher.deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _next_batch(self) -> Batch[_Pending] | None:
+        if self._ready:
+            return self._ready.popleft()
+        if self._closing:
+            return self._batcher.flush()
+        return self._batcher.due(time.monotonic())
+
+    async def _execute(self, batch: Batch[_Pending]) -> None:
+        items = [p for p in batch.items if not p.future.done()]  # a cancelled client is skipped
+        if not items:
+            return
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            results = await loop.run_in_executor(self._pool, _decide_isolated, self.engine, [p.request for p in items])
+        except BaseException as e:  # the thread itself failed: every waiter learns why
+            for p in items:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        engine_seconds = time.monotonic() - started
+        for p, outcome in zip(items, results, strict=True):
+            if p.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                p.future.set_exception(outcome)
+            else:
+                p.future.set_result(outcome)
+        if self._on_batch is not None:
+            self._on_batch(
+                BatchStats(
+                    requests=len(items),
+                    tokens=sum(p.tokens for p in items),
+                    engine_seconds=engine_seconds,
+                    queue_seconds=[started - p.enqueued for p in items],
+                )
+            )
+
+
+def _decide_isolated(engine: Decider, requests: list[DecideRequest]) -> list[DecideResult | Exception]:
+    """Runs on the engine thread: the whole batch, or, if it raises, each request on its own."""
+    try:
+        results = engine.decide(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
+        return list(results)
+    except Exception as e:
+        if len(requests) == 1:
+            return [e]
+        log.warning("engine.batch_failed_isolating", requests=len(requests), error=f"{type(e).__name__}: {e}")
+    out: list[DecideResult | Exception] = []
+    for r in requests:
+        try:
+            out.append(engine.decide([r])[0])
+        except Exception as e:
+            out.append(e)
+    return out

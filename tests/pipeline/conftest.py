@@ -1,0 +1,48 @@
+"""Fixtures of the pipeline tests: a generated tiny model and one engine per session."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.decision_config import DecisionConfig
+
+# Thinking is off unless an event asks for it (gate 1.0), and then short: the tiny model's
+# reference forward decodes slowly on CPU and the tests are about the pipeline.
+TEST_GATE = 0.0
+TEST_THOUGHT_BUDGET = 3
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pipeline-model") / "tiny-q8_0.gguf"
+    subprocess.run(
+        [sys.executable, "-m", "engine.testing.make_model", "--out", str(out), "--quant", "Q8_0", "--dims", "tiny"],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model: Path):  # -> engine.Engine
+    from engine.engine import Engine
+
+    return Engine.load(
+        tiny_model,
+        device="cpu",
+        precision="fp32",
+        decision_config=DecisionConfig(gate=TEST_GATE, thought_budget=TEST_THOUGHT_BUDGET),
+    )
+
+
+@pytest.fixture
+def worker_args(tiny_model: Path) -> list[str]:
+    """CLI flags that make a `prism run` subprocess match `tiny_engine`."""
+    return [
+        "--model", str(tiny_model), "--device", "cpu", "--precision", "fp32",
+        "--gate", str(TEST_GATE), "--thought-budget", str(TEST_THOUGHT_BUDGET),
+    ]
