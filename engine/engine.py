@@ -23,6 +23,7 @@ import torch
 
 from engine.answers import answer_for
 from engine.cache import PrefixCache, default_budget, prefix_key
+from engine.calibration import DEFAULT_ALPHA, QuantReport, is_int8, requantize
 from engine.config import ModelConfig
 from engine.decision_config import DecisionConfig, load_decision_config
 from engine.executor import ForestCounters, ForestOutput, run_forest
@@ -50,6 +51,11 @@ log = structlog.get_logger(__name__)
 Precision = Literal["fp32", "bf16", "int8"]
 Mode = Literal["forest", "per_question"]
 ENGINE_VERSION = "0.1.0"
+
+
+def default_precision(device: str | torch.device) -> Precision:
+    """int8 on CUDA (the batch-invariant serving path), fp32 elsewhere (the CPU oracle)."""
+    return "int8" if torch.device(device).type == "cuda" else "fp32"
 
 
 def file_digest(path: Path, chunk: int = 1 << 24) -> str:
@@ -113,14 +119,22 @@ class Engine:
         weights: Weights,
         tokenizer: Tokenizer,
         decision_config: DecisionConfig,
-        precision: Precision = "fp32",
+        precision: Precision | None = None,
         model_name: str = "model",
         model_digest: str = "0" * 64,
         device: str = "cpu",
         cache_bytes: int | None = None,
+        smooth_alpha: float = DEFAULT_ALPHA,
     ) -> None:
+        precision = default_precision(device) if precision is None else precision
         if precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
+        # int8: requantize once at startup (calibrate, smooth, quantize); see engine.calibration.
+        self.quant_report: QuantReport | None = None
+        if precision == "int8" and not is_int8(weights):
+            weights, self.quant_report = requantize(
+                weights, PromptEncoder(tokenizer), alpha=smooth_alpha, device=device
+            )
         self.weights = weights
         self.config: ModelConfig = weights.config
         self.tokenizer = tokenizer
@@ -144,11 +158,14 @@ class Engine:
         cls,
         path: str | Path,
         device: str = "cpu",
-        precision: Precision = "fp32",
+        precision: Precision | None = None,
         decision_config: str | Path | DecisionConfig | None = None,
         cache_bytes: int | None = None,
+        smooth_alpha: float = DEFAULT_ALPHA,
     ) -> Engine:
+        """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only)."""
         path = Path(path)
+        precision = default_precision(device) if precision is None else precision
         t0 = time.perf_counter()
         file = open_gguf(path)
         tokenizer = tokenizer_from_gguf(file)
@@ -168,6 +185,7 @@ class Engine:
             model_digest=file_digest(path),
             device=device,
             cache_bytes=cache_bytes,
+            smooth_alpha=smooth_alpha,
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)

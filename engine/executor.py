@@ -10,13 +10,24 @@ else is in the batch.
 The last layer computes queries, attention output, MLP and the final norm only at read
 positions; the LM head runs only there.
 
+Segment-wise mode (the int8 path, `segmentwise=True`, automatic for int8 weights): every
+floating-point op other than the linears also runs per segment, on a fresh contiguous copy
+of the segment's rows, so its shapes and memory layout are the same whatever else shares
+the level. That matters because torch's elementwise kernels (exp, sigmoid, softplus, silu,
+cos...) compute a vectorized body and a scalar tail, and CPU `parallel_for` / GPU reduction
+configs split work by the *total* size: in a level-wide tensor the same element can land in
+a different code path and come out 1 ulp apart. The int8 linears need no such care: their
+integer products are exact and the rest of them is row-local (`engine.quant`).
+
 Linear layers go through `linear()`: a weight is either a float tensor `[out, in]` or an
 object with `__call__(x) -> y` (the int8 path's quantized linear).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,15 +71,24 @@ def linear(x: torch.Tensor, weight: object) -> torch.Tensor:
     return weight(x)  # type: ignore[operator]
 
 
-def run_forest(weights: Weights, forest: Forest, *, dtype: torch.dtype = torch.float32) -> ForestOutput:
+def run_forest(
+    weights: Weights,
+    forest: Forest,
+    *,
+    dtype: torch.dtype = torch.float32,
+    segmentwise: bool | None = None,
+) -> ForestOutput:
+    """Run every level of `forest`; `segmentwise` None means: on when the weights are int8."""
     config = weights.config
+    if segmentwise is None:
+        segmentwise = not isinstance(weights.output, torch.Tensor)
     states: list[SegmentState | None] = [None] * len(forest.segments)
     read_hidden: dict[int, torch.Tensor] = {}
     counters = ForestCounters(read_positions=len(forest.read_segments))
     device = weights.output_norm.device
     for level in range(forest.num_levels):
         segs = forest.level_segments(level)
-        _run_level(weights, forest, segs, states, read_hidden, dtype, device)
+        _run_level(weights, forest, segs, states, read_hidden, dtype, device, segmentwise)
         counters.tokens_per_level.append(sum(len(forest.segments[s].tokens) for s in segs))
         counters.segments_per_level.append(len(segs))
     if forest.read_segments:
@@ -95,6 +115,7 @@ def _run_level(
     read_hidden: dict[int, torch.Tensor],
     dtype: torch.dtype,
     device: torch.device,
+    segmentwise: bool,
 ) -> None:
     config = weights.config
     lengths = [len(forest.segments[s].tokens) for s in segs]
@@ -117,23 +138,30 @@ def _run_level(
     # rows (in level-local order) whose output the last layer must produce
     read_local = [hi - 1 for (lo, hi), s in zip(ranges, segs, strict=True) if forest.segments[s].read]
 
+    # Spans the non-linear float ops run over: per segment (segment-wise) or all rows at once.
+    spans = ranges if segmentwise else None
+    read_spans = [(k, k + 1) for k in range(len(read_local))] if segmentwise else None
+    eps = config.rms_norm_eps
+
     h = weights.token_embd[tokens].to(dtype)
     last = config.num_layers - 1
     for i, layer in enumerate(weights.layers):
-        x = rms_norm(h, layer["attn_norm"], config.rms_norm_eps)
+        x = _spanwise(rms_norm, spans, h, weight=layer["attn_norm"], eps=eps)
         rows = read_local if i == last else None
         if config.is_full_attention(i):
-            out = _attention(config, i, layer, x, positions, ranges, level_states, rows)
+            out = _attention(config, i, layer, x, positions, ranges, level_states, rows, spans)
         else:
-            out = _deltanet(config, i, layer, x, ranges, level_states)
+            out = _deltanet(config, i, layer, x, ranges, level_states, spans)
             if rows is not None:
                 out = out[rows]
         if rows is not None:
             h = h[rows]
         h = h + out
-        h = h + _mlp(layer, rms_norm(h, layer["post_attention_norm"], config.rms_norm_eps))
+        mlp_spans = read_spans if rows is not None else spans
+        x = _spanwise(rms_norm, mlp_spans, h, weight=layer["post_attention_norm"], eps=eps)
+        h = h + _mlp(layer, x, mlp_spans)
 
-    hidden = rms_norm(h, weights.output_norm, config.rms_norm_eps)
+    hidden = _spanwise(rms_norm, read_spans, h, weight=weights.output_norm, eps=eps)
     read_segs = [s for s in segs if forest.segments[s].read]
     for row, s in enumerate(read_segs):
         read_hidden[s] = hidden[row]
@@ -141,8 +169,54 @@ def _run_level(
         states[s] = st
 
 
-def _mlp(layer: dict, x: torch.Tensor) -> torch.Tensor:
-    return linear(F.silu(linear(x, layer["ffn_gate"])) * linear(x, layer["ffn_up"]), layer["ffn_down"])
+def _spanwise(
+    fn: Callable[..., torch.Tensor], spans: list[tuple[int, int]] | None, *xs: torch.Tensor, **kw: Any
+) -> torch.Tensor:
+    """fn over all rows of xs at once (spans None), or over each span's rows on their own.
+
+    Each span gets fresh contiguous copies, so fn sees the same shapes, strides and alignment
+    as when that segment is the only one in the batch.
+    """
+    if spans is None:
+        return fn(*xs, **kw)
+    if not spans:
+        return fn(*(x[:0].contiguous() for x in xs), **kw)
+    parts = [
+        fn(*(x[lo:hi].clone(memory_format=torch.contiguous_format) for x in xs), **kw) for lo, hi in spans
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    hidden = _spanwise(_swiglu, spans, linear(x, layer["ffn_gate"]), linear(x, layer["ffn_up"]))
+    return linear(hidden, layer["ffn_down"])
+
+
+def _beta(b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    return torch.sigmoid(b.to(acc))
+
+
+def _decay(a: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    return ssm_a.to(acc) * F.softplus(a.to(acc) + dt.to(acc))
+
+
+def _gated_norm(
+    o: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    shape: tuple[int, int],
+    acc: torch.dtype,
+) -> torch.Tensor:
+    return rms_norm(o, weight, eps) * F.silu(z.view(-1, *shape).to(acc))
+
+
+def _sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return o * torch.sigmoid(gate)
 
 
 def _deltanet(
@@ -152,14 +226,15 @@ def _deltanet(
     x: torch.Tensor,
     ranges: list[tuple[int, int]],
     level_states: list[SegmentState],
+    spans: list[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
     acc = torch.promote_types(x.dtype, torch.float32)
     qkv_all = linear(x, layer["attn_qkv"])
-    beta_all = torch.sigmoid(linear(x, layer["ssm_beta"]).to(acc))
-    g_all = layer["ssm_a"].to(acc) * F.softplus(
-        linear(x, layer["ssm_alpha"]).to(acc) + layer["ssm_dt"].to(acc)
+    beta_all = _spanwise(_beta, spans, linear(x, layer["ssm_beta"]), acc=acc)
+    g_all = _spanwise(
+        _decay, spans, linear(x, layer["ssm_alpha"]), ssm_a=layer["ssm_a"], dt=layer["ssm_dt"], acc=acc
     )
     o_all = torch.empty(x.shape[0], nv, dv, dtype=acc, device=x.device)
     for (lo, hi), st in zip(ranges, level_states, strict=True):
@@ -177,8 +252,17 @@ def _deltanet(
         o_all[lo:hi], st.recurrent[i] = gated_delta_rule(
             q, k, v.view(t, nv, dv).to(acc), g_all[lo:hi], beta_all[lo:hi], s0
         )
-    z = linear(x, layer["attn_gate"]).view(-1, nv, dv).to(acc)
-    o = rms_norm(o_all, layer["ssm_norm"], config.rms_norm_eps) * F.silu(z)
+    z = linear(x, layer["attn_gate"])
+    o = _spanwise(
+        _gated_norm,
+        spans,
+        o_all,
+        z,
+        weight=layer["ssm_norm"],
+        eps=config.rms_norm_eps,
+        shape=(nv, dv),
+        acc=acc,
+    )
     return linear(o.reshape(-1, nv * dv).to(x.dtype), layer["ssm_out"])
 
 
@@ -191,35 +275,60 @@ def _attention(
     ranges: list[tuple[int, int]],
     level_states: list[SegmentState],
     rows: list[int] | None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     """Gated attention over ancestors' K/V and the own segment; output rows = `rows` or all."""
     nh, nkv, hd = config.num_attention_heads, config.num_kv_heads, config.head_dim
-    cos, sin = rope_cos_sin(config, positions, x.dtype)
-    cos, sin = cos.to(x.device), sin.to(x.device)
-    k = rms_norm(linear(x, layer["attn_k"]).view(-1, nkv, hd), layer["attn_k_norm"], config.rms_norm_eps)
-    k = apply_partial_rope(k, cos, sin)
+    eps = config.rms_norm_eps
+    q_rows = torch.arange(x.shape[0]) if rows is None else torch.tensor(rows, dtype=torch.long)
+    row_list = q_rows.tolist()
+    k_raw = linear(x, layer["attn_k"]).view(-1, nkv, hd)
     v = linear(x, layer["attn_v"]).view(-1, nkv, hd)
+    xq = x[q_rows]
+    qg = linear(xq, layer["attn_q"]).view(-1, nh, 2 * hd)
+    q_spans: list[tuple[int, int]] | None = None
+    if spans is None:
+        cos, sin = rope_cos_sin(config, positions, x.dtype)
+        cos, sin = cos.to(x.device), sin.to(x.device)
+        k = apply_partial_rope(rms_norm(k_raw, layer["attn_k_norm"], eps), cos, sin)
+        q = rms_norm(qg[..., :hd], layer["attn_q_norm"], eps)
+        q = apply_partial_rope(q, cos[q_rows], sin[q_rows])
+    else:
+        # Per segment: RoPE angles, norms and rotations see only the segment's own rows.
+        k_parts, q_parts, q_spans = [], [], []
+        for lo, hi in spans:
+            cos, sin = rope_cos_sin(config, positions[lo:hi], x.dtype)
+            cos, sin = cos.to(x.device), sin.to(x.device)
+            k_seg = rms_norm(_own(k_raw[lo:hi]), layer["attn_k_norm"], eps)
+            k_parts.append(apply_partial_rope(k_seg, cos, sin))
+            sel = [j for j, r in enumerate(row_list) if lo <= r < hi]  # a contiguous block of q rows
+            if not sel:
+                continue
+            local = torch.tensor([row_list[j] - lo for j in sel], dtype=torch.long)
+            q_seg = rms_norm(_own(qg[sel[0] : sel[-1] + 1, :, :hd]), layer["attn_q_norm"], eps)
+            q_parts.append(apply_partial_rope(q_seg, cos[local], sin[local]))
+            q_spans.append((sel[0], sel[-1] + 1))
+        k = torch.cat(k_parts)
+        q = torch.cat(q_parts) if q_parts else qg[:0, :, :hd].contiguous()
     for (lo, hi), st in zip(ranges, level_states, strict=True):
         st.keys[i] = k[lo:hi].transpose(0, 1).contiguous()
         st.values[i] = v[lo:hi].transpose(0, 1).contiguous()
-
-    q_rows = torch.arange(x.shape[0]) if rows is None else torch.tensor(rows, dtype=torch.long)
-    xq = x[q_rows]
-    qg = linear(xq, layer["attn_q"]).view(-1, nh, 2 * hd)
-    q = rms_norm(qg[..., :hd], layer["attn_q_norm"], config.rms_norm_eps)
-    q = apply_partial_rope(q, cos[q_rows], sin[q_rows])
     gate = qg[..., hd:].reshape(-1, nh * hd)
 
     out = torch.empty(len(q_rows), nh * hd, dtype=x.dtype, device=x.device)
-    row_list = q_rows.tolist()
     for (lo, hi), st in zip(ranges, level_states, strict=True):
         sel = [j for j, r in enumerate(row_list) if lo <= r < hi]
         if not sel:
             continue
         local = torch.tensor([row_list[j] - lo for j in sel], dtype=torch.long)
         out[sel] = _cascade(q[sel], local, st, i, nh // nkv)
-    out = out * torch.sigmoid(gate)
+    out = _spanwise(_sigmoid_gate, q_spans, out, gate)
     return linear(out, layer["attn_output"])
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous copy: the layout a segment's rows have when nothing else is in the batch."""
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _cascade(q: torch.Tensor, local_pos: torch.Tensor, st: SegmentState, i: int, group: int) -> torch.Tensor:

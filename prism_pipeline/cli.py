@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from prism_pipeline.commands import add_demo, add_run
 from prism_pipeline.logs import configure_logging
+from prism_pipeline.serve import add_serve
 
 
 def package_version() -> str:
@@ -31,7 +32,7 @@ def _add_version(sub: argparse._SubParsersAction) -> None:
 
 
 # Each entry adds one subcommand parser; later modules append their own.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version, add_run, add_demo]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version, add_run, add_demo, add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

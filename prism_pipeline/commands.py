@@ -38,8 +38,14 @@ def _add_settings_flags(p: argparse.ArgumentParser, skip: frozenset[str] = froze
         default = None if field.default_factory is not None else field.default
         desc = field.description or ""
         help_text = f"{desc} [{env}; default {default}]".strip()
-        p.add_argument(_flag(name), dest=name, default=None, choices=choices, metavar=None if choices else "V",
-                       help=help_text)
+        p.add_argument(
+            _flag(name),
+            dest=name,
+            default=None,
+            choices=choices,
+            metavar=None if choices else "V",
+            help=help_text,
+        )
 
 
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> WorkerSettings:
@@ -101,7 +107,14 @@ def _clip(text: str, width: int) -> str:
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
-    cols = [("event", 22), ("question", 13), ("type", 6), ("answer", 16), ("probabilities", 58), ("thought", 7)]
+    cols = [
+        ("event", 22),
+        ("question", 13),
+        ("type", 6),
+        ("answer", 16),
+        ("probabilities", 58),
+        ("thought", 7),
+    ]
     out = ["  ".join(name.ljust(w) for name, w in cols), "  ".join("-" * w for _, w in cols)]
     for r in rows:
         out.append("  ".join(_clip(str(r[name]), w).ljust(w) for name, w in cols))
@@ -119,6 +132,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             device=args.device,
             precision=args.precision,
             limit=args.limit,
+            gate=args.gate,
+            thought_budget=args.thought_budget,
         )
     except DemoError as e:
         sys.stderr.write(f"prism demo: {e}\n")
@@ -128,20 +143,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         for qid, answer in rec.answers.items():
             shown, probs = _fmt_answer(answer)
             trace = rec.questions[qid]
-            rows.append({
-                "event": rec.event_id, "question": qid, "type": answer.type, "answer": shown,
-                "probabilities": probs, "thought": "yes" if trace.second is not None else "no",
-            })
+            rows.append(
+                {
+                    "event": rec.event_id,
+                    "question": qid,
+                    "type": answer.type,
+                    "answer": shown,
+                    "probabilities": probs,
+                    "thought": "yes" if trace.second is not None else "no",
+                }
+            )
     w = sys.stdout.write
     w(render_table(rows))
     w(
-        f"\n{result.events} events, {len(result.records)} decision records, {result.dead_letters} dead letters, "
+        f"\n{result.events} events, {len(result.records)} decision records, "
+        f"{result.dead_letters} dead letters, "
         f"{sum(len(r.answers) for r in result.records)} answers in {result.pipeline_seconds:.1f} s "
         f"(model {result.model_name}, {result.precision}, digest {result.model_digest[:12]}…)\n"
     )
     if result.replay_mismatches:
-        w(f"REPLAY CHECK FAILED: {len(result.replay_mismatches)} record(s) differ: "
-          f"{', '.join(result.replay_mismatches[:10])}\n")
+        w(
+            f"REPLAY CHECK FAILED: {len(result.replay_mismatches)} record(s) differ: "
+            f"{', '.join(result.replay_mismatches[:10])}\n"
+        )
         return 1
     w(f"replay check: all {len(result.records)} records re-decided byte for byte identical\n")
     return 0
@@ -158,9 +182,17 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", help="a StartLux-Decision GGUF (default: generate a small demo model)")
     p.add_argument("--events", help="JSON-lines evidence events (default: the bundled samples)")
-    p.add_argument("--cache-dir", default=".cache", help="where the demo model and broker live (default .cache)")
+    p.add_argument(
+        "--cache-dir", default=".cache", help="where the generated demo model is kept (default .cache)"
+    )
     p.add_argument("--device", default="cpu", help="engine device (default cpu)")
     p.add_argument("--precision", default="auto", choices=["auto", "int8", "bf16", "fp32"])
     p.add_argument("--limit", type=int, default=None, help="use only the first N events")
+    p.add_argument("--gate", type=float, default=None, help="AutoThink gate (default: the model's config)")
+    p.add_argument(
+        "--thought-budget",
+        type=int,
+        default=None,
+        help="AutoThink budget in tokens (default: the model's config; 8 for the generated demo model)",
+    )
     p.set_defaults(func=_cmd_demo)
-

@@ -149,7 +149,9 @@ class EngineDispatcher:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         try:
-            results = await loop.run_in_executor(self._pool, _decide_isolated, self.engine, [p.request for p in items])
+            results = await loop.run_in_executor(
+                self._pool, _decide_isolated, self.engine, [p.request for p in items]
+            )
         except BaseException as e:  # the thread itself failed: every waiter learns why
             for p in items:
                 if not p.future.done():

@@ -42,7 +42,10 @@ class ServeMetrics:
             "prism_http_batch_tokens", "Prompt tokens per engine batch", buckets=_TOKEN_BUCKETS, registry=r
         )
         self.engine_seconds = Histogram(
-            "prism_http_engine_seconds", "Wall time of one engine.decide call", buckets=_LATENCY_BUCKETS, registry=r
+            "prism_http_engine_seconds",
+            "Wall time of one engine.decide call",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.questions = Counter("prism_http_questions", "Questions answered", ["type"], registry=r)
         self.in_flight = Gauge("prism_http_in_flight", "/v1/systemone requests being handled", registry=r)

@@ -31,7 +31,10 @@ class WorkerMetrics:
             "prism_batch_tokens", "Prompt tokens per engine batch", buckets=_TOKEN_BUCKETS, registry=r
         )
         self.engine_seconds = Histogram(
-            "prism_engine_seconds", "Wall time of one engine.decide call", buckets=_LATENCY_BUCKETS, registry=r
+            "prism_engine_seconds",
+            "Wall time of one engine.decide call",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.end_to_end_seconds = Histogram(
             "prism_end_to_end_seconds",
@@ -52,8 +55,12 @@ class WorkerMetrics:
         self.cache_hit_rate = Gauge(
             "prism_cache_hit_rate", "Share of prompt tokens served from the prefix cache", registry=r
         )
-        self.paused = Gauge("prism_partitions_paused", "1 while fetching is paused for backpressure", registry=r)
-        self.pauses = Counter("prism_backpressure_pauses", "Times fetching was paused for backpressure", registry=r)
+        self.paused = Gauge(
+            "prism_partitions_paused", "1 while fetching is paused for backpressure", registry=r
+        )
+        self.pauses = Counter(
+            "prism_backpressure_pauses", "Times fetching was paused for backpressure", registry=r
+        )
         self.queued_batches = Gauge("prism_queued_batches", "Batches waiting for the engine", registry=r)
         self._questions_total = 0
         self._thought_total = 0

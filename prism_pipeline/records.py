@@ -61,7 +61,9 @@ def provenance(engine: DecisionEngine) -> Provenance:
     )
 
 
-def decide_request(event: EvidenceEvent, seed_policy: SeedPolicy = "event", fixed_seed: int = 0) -> DecideRequest:
+def decide_request(
+    event: EvidenceEvent, seed_policy: SeedPolicy = "event", fixed_seed: int = 0
+) -> DecideRequest:
     """The engine request for an event: its SystemOne request, seed, and event-level overrides."""
     return DecideRequest(
         request_id=event.event_id,
@@ -163,4 +165,3 @@ def engine_dead_letter(
         offset=offset,
         key=key,
     )
-

@@ -43,7 +43,7 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
         raise ConfigError("no model: pass --model PATH or set PRISM_MODEL")
     if not settings.model.is_file():
         raise ConfigError(f"model file not found: {settings.model}")
-    from engine import Engine
+    from engine.engine import Engine
 
     return Engine.load(
         settings.model,

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from prism_pipeline.records import DecisionEngine, build_record, decide_request, provenance
+from prism_pipeline.seeds import SeedPolicy
 from schemas.codec import dumps
 from schemas.deadletter import parse_event
 from schemas.record import InputRef
 from schemas.systemone import Limits
-
-from prism_pipeline.records import DecisionEngine, build_record, decide_request, provenance
-from prism_pipeline.seeds import SeedPolicy
 
 
 @dataclass(frozen=True)

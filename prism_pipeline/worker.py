@@ -45,7 +45,7 @@ from prism_pipeline.records import (
     run_headers,
 )
 from prism_pipeline.settings import WorkerSettings
-from schemas.deadletter import InvalidEvent, parse_event
+from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
 from schemas.event import EvidenceEvent
 from schemas.record import InputRef
 from schemas.systemone import Limits
@@ -56,7 +56,8 @@ _POLL_MS = 100  # longest getmany wait, so stop requests and batch deadlines are
 
 
 class WorkerError(RuntimeError):
-    """The worker stopped because publishing failed; uncommitted input will be re-delivered."""
+    """The worker could not start, or stopped because publishing failed (uncommitted input is
+    re-delivered to the next worker)."""
 
 
 @dataclass
@@ -134,6 +135,11 @@ class Worker:
         self._batch_seq = 0
         self.published = 0  # outcomes acknowledged (records + dead letters)
 
+    @property
+    def assigned(self) -> list[TopicPartition]:
+        """Input partitions this worker currently owns."""
+        return [tp for tp, p in self._parts.items() if p.active and not p.revoking]
+
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -143,7 +149,11 @@ class Worker:
         self._stop.set()
 
     async def run(self) -> None:
-        await self._start()
+        try:
+            await self._start()
+        except KafkaError as e:
+            await self._shutdown()
+            raise WorkerError(f"cannot start on Kafka at {self.s.brokers}: {type(e).__name__}: {e}") from e
         tasks = [
             asyncio.create_task(self._fetch_loop(), name="prism-fetch"),
             asyncio.create_task(self._engine_loop(), name="prism-engine"),
@@ -162,7 +172,7 @@ class Worker:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown()
         if self._fatal is not None:
-            raise WorkerError(f"publishing failed: {self._fatal}") from self._fatal
+            raise WorkerError(f"worker failed: {type(self._fatal).__name__}: {self._fatal}") from self._fatal
 
     async def _start(self) -> None:
         s = self.s
@@ -206,7 +216,8 @@ class Worker:
             await self._commit()
         else:
             await self._wait_until(
-                lambda: all(p.txn_task is None or p.txn_task.done() for p in self._parts.values()), timeout=None
+                lambda: all(p.txn_task is None or p.txn_task.done() for p in self._parts.values()),
+                timeout=None,
             )
 
     def _idle(self) -> bool:
@@ -233,7 +244,7 @@ class Worker:
     def _fail(self, exc: BaseException) -> None:
         if self._fatal is None:
             self._fatal = exc
-            log.error("worker.publish_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("worker.failed", error=f"{type(exc).__name__}: {exc}")
         self._stop.set()
 
     @staticmethod
@@ -248,12 +259,22 @@ class Worker:
     # ---- consuming ----------------------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
+        try:
+            await self._fetch()
+        except Exception as e:  # a bug here must stop the worker, not leave it hanging
+            self._fail(e)
+
+    async def _fetch(self) -> None:
         assert self._consumer is not None
         while not self._stop.is_set():
             deadline = self._batcher.deadline()
-            wait_ms = _POLL_MS if deadline is None else max(0, min(_POLL_MS, (deadline - time.monotonic()) * 1e3))
+            wait_ms = (
+                _POLL_MS if deadline is None else max(0, min(_POLL_MS, (deadline - time.monotonic()) * 1e3))
+            )
             try:
-                fetched = await self._consumer.getmany(timeout_ms=int(wait_ms), max_records=self.s.max_poll_records)
+                fetched = await self._consumer.getmany(
+                    timeout_ms=int(wait_ms), max_records=self.s.max_poll_records
+                )
             except KafkaError as e:
                 log.warning("consumer.fetch_error", error=str(e))
                 await asyncio.sleep(0.1)
@@ -290,8 +311,11 @@ class Worker:
                     msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset, key=msg.key
                 )
                 log.info(
-                    "event.invalid", reason=str(prep.reason), message=prep.message,
-                    partition=tp.partition, offset=msg.offset,
+                    "event.invalid",
+                    reason=str(prep.reason),
+                    message=prep.message,
+                    partition=tp.partition,
+                    offset=msg.offset,
                 )
                 out = dead_letter_message(letter, self.s.dlq_topic, msg.key, run_headers(self.s.worker_id, 1))
                 await self._emit(part, msg.offset, out, msg.timestamp_ms)
@@ -326,7 +350,17 @@ class Worker:
                 out.append(e)
                 continue
             request = decide_request(event, self.s.seed_policy, self.s.fixed_seed)
-            out.append((event, request, self.engine.count_tokens(event.request)))
+            try:
+                tokens = self.engine.count_tokens(event.request)
+            except Exception as e:  # valid by the contract, yet the engine cannot render it
+                out.append(
+                    InvalidEvent(
+                        ReasonCode.engine_rejected,
+                        f"engine cannot tokenize it: {type(e).__name__}: {e}"[:2000],
+                    )
+                )
+                continue
+            out.append((event, request, tokens))
         return out
 
     def _dispatch(self, batch: Batch[_Item] | None) -> None:
@@ -425,16 +459,26 @@ class Worker:
             if not isinstance(res, BaseException):
                 try:
                     record = build_record(
-                        it.event, it.request, res, self._model,
+                        it.event,
+                        it.request,
+                        res,
+                        self._model,
                         InputRef(topic=tp.topic, partition=tp.partition, offset=it.msg.offset),
                     )
                     outs.append((it, record_message(record, self.s.output_topic, headers)))
                     continue
                 except Exception as e:  # an engine answer the contract refuses is an engine failure
                     res = e
-            log.warning("event.engine_rejected", event_id=it.event.event_id, error=f"{type(res).__name__}: {res}")
+            log.warning(
+                "event.engine_rejected", event_id=it.event.event_id, error=f"{type(res).__name__}: {res}"
+            )
             letter = engine_dead_letter(
-                it.msg.value, res, topic=tp.topic, partition=tp.partition, offset=it.msg.offset, key=it.msg.key
+                it.msg.value,
+                res,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=it.msg.offset,
+                key=it.msg.key,
             )
             outs.append((it, dead_letter_message(letter, self.s.dlq_topic, it.msg.key, headers)))
         return outs
@@ -456,7 +500,9 @@ class Worker:
             return
         fut.add_done_callback(lambda f: self._delivered(part, offset, out, timestamp_ms, f))
 
-    def _delivered(self, part: _Partition, offset: int, out: Outgoing, timestamp_ms: int, fut: asyncio.Future) -> None:
+    def _delivered(
+        self, part: _Partition, offset: int, out: Outgoing, timestamp_ms: int, fut: asyncio.Future
+    ) -> None:
         if fut.cancelled():
             self._fail(asyncio.CancelledError("send cancelled"))
             return
@@ -535,7 +581,9 @@ class Worker:
                 p = self._parts.get(tp)
                 if p is not None:
                     p.committed = c
-            log.debug("offsets.committed", offsets={f"{tp.topic}/{tp.partition}": c for tp, c in offsets.items()})
+            log.debug(
+                "offsets.committed", offsets={f"{tp.topic}/{tp.partition}": c for tp, c in offsets.items()}
+            )
 
     # ---- rebalances ---------------------------------------------------------------------------
 
@@ -543,7 +591,11 @@ class Worker:
         assert self._consumer is not None
         # Register every partition before the first await: the fetcher may already be returning
         # their messages to the fetch loop.
-        new = [_Partition(tp) for tp in sorted(assigned, key=lambda t: (t.topic, t.partition)) if tp not in self._parts]
+        new = [
+            _Partition(tp)
+            for tp in sorted(assigned, key=lambda t: (t.topic, t.partition))
+            if tp not in self._parts
+        ]
         for part in new:
             self._parts[part.tp] = part
         if self._paused and assigned:

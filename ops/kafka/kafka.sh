@@ -8,7 +8,7 @@
 #   kafka.sh stop DIR                       SIGTERM, wait, SIGKILL fallback
 #   kafka.sh topics DIR name:partitions[:compact] ...   create topics if missing
 #
-# Environment: KAFKA_HEAP_OPTS (default -Xms128m -Xmx512m), KAFKA_START_TIMEOUT (s, default 60),
+# Environment: KAFKA_HEAP_OPTS (default -Xms128m -Xmx512m), KAFKA_JVM_OPTS, KAFKA_START_TIMEOUT (s, default 60),
 # KAFKA_STOP_TIMEOUT (s, default 30), KAFKA_OWNER_PID (stop the broker when that process dies),
 # KAFKA_M2_REPO (Maven local repository; default ~/.m2/repository).
 set -euo pipefail
@@ -18,6 +18,9 @@ LIB="$HERE/lib"
 STAMP="$LIB/.fetched"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-60}"
 STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
+# C1 only: a test broker lives for minutes, and C2's compiler threads slow startup on 2 busy cores
+# (measured 8-10 s against 18 s under load). Serial GC: one small heap, no GC threads to spare.
+JVM_OPTS="-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 log() { echo "kafka.sh: $*" >&2; }
@@ -25,9 +28,13 @@ log() { echo "kafka.sh: $*" >&2; }
 pom_hash() { sha256sum "$HERE/pom.xml" | cut -d' ' -f1; }
 
 cmd_fetch() {
+  # Brokers started side by side (parallel test runs) must not swap lib/ under each other.
+  exec 9> "${TMPDIR:-/tmp}/prism-kafka-fetch.lock"
+  flock 9
   # The stamp holds the pom's hash: while it matches, lib/ is complete and mvn is not run at all.
   if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(pom_hash)" ]]; then
     log "lib/ is up to date ($(find "$LIB" -name '*.jar' | wc -l) jars); nothing to fetch"
+    exec 9>&-
     return 0
   fi
   command -v mvn >/dev/null || die "mvn not found: install Maven 3 (e.g. apt-get install maven)"
@@ -36,17 +43,22 @@ cmd_fetch() {
   [[ -n "${KAFKA_M2_REPO:-}" ]] && repo_opt=("-Dmaven.repo.local=$KAFKA_M2_REPO")
   log "fetching broker jars with Maven into $LIB"
   # Build into a scratch folder and swap it in, so an interrupted fetch never leaves a half lib/.
-  local tmp="$HERE/lib.tmp.$$"
-  rm -rf "$tmp"
-  if ! mvn -B -q -ntp -Dstyle.color=never -f "$HERE/pom.xml" "${repo_opt[@]}" dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$tmp" >&2; then
+  local tmp; tmp="$(mktemp -d "${TMPDIR:-/tmp}/prism-kafka-lib.XXXXXX")"
+  local mvn_args=(-B -q -ntp -Dstyle.color=never -f "$HERE/pom.xml" "${repo_opt[@]}"
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp/lib")
+  # Offline first: with the Maven repository already warm nothing is downloaded at all.
+  if mvn -o "${mvn_args[@]}" > "$tmp/offline.log" 2>&1; then
+    log "resolved from the local Maven repository (offline)"
+  elif ! mvn "${mvn_args[@]}" >&2; then
     rm -rf "$tmp"
     die "mvn dependency:copy-dependencies failed (see the output above)"
   fi
-  pom_hash > "$tmp/.fetched"
+  pom_hash > "$tmp/lib/.fetched"
   rm -rf "$LIB"
-  mv "$tmp" "$LIB"
+  mv "$tmp/lib" "$LIB"
+  rm -rf "$tmp"
   log "fetched $(find "$LIB" -name '*.jar' | wc -l) jars"
+  exec 9>&-
 }
 
 # A free loopback TCP port, chosen by the kernel. Another process may take it before the broker
@@ -55,12 +67,23 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# True when PID is alive and is the broker started for this DIR (guards against a recycled pid).
+# True while any thread of PID still runs. Neither kill -0 nor /proc/PID/cmdline tells: a zombie
+# (an exited child not yet reaped) answers kill -0, and the JVM's main thread exits first on
+# SIGTERM, which empties cmdline while the shutdown hooks still run in other threads.
+pid_alive() {
+  local stat line
+  for stat in /proc/"$1"/task/*/stat; do
+    [[ -e "$stat" ]] && read -r line 2>/dev/null < "$stat" || continue
+    line="${line##*) }"
+    [[ "${line:0:1}" != Z ]] && return 0
+  done
+  return 1
+}
+
+# True when PID is alive and is the broker started for DIR (guards against a recycled pid).
 is_our_broker() {
-  local pid="$1" dir="$2"
-  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
-  # No pipe into grep -q here: under pipefail its early exit fails the pipe with SIGPIPE.
-  local cmdline
+  local pid="$1" dir="$2" cmdline
+  [[ -n "$pid" ]] && pid_alive "$pid" || return 1
   cmdline="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" || return 1
   [[ "$cmdline" == *"kafka.Kafka $dir/server.properties"* ]]
 }
@@ -124,7 +147,7 @@ EOF
 wait_ready() {
   local dir="$1" pid="$2" port="$3" deadline=$((SECONDS + START_TIMEOUT))
   while (( SECONDS < deadline )); do
-    is_our_broker "$pid" "$dir" || return 1
+    pid_alive "$pid" || return 1
     if grep -q "Kafka Server started" "$dir/logs/server.log" 2>/dev/null \
         && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       return 0
@@ -137,9 +160,9 @@ wait_ready() {
 log_tail() {
   local dir="$1"
   echo "---- tail of $dir/logs/server.log ----" >&2
-  tail -n 40 "$dir/logs/server.log" 2>/dev/null >&2 || true
+  tail -n 40 "$dir/logs/server.log" >&2 2>/dev/null || true
   echo "---- tail of $dir/logs/stdout.log ----" >&2
-  tail -n 20 "$dir/logs/stdout.log" 2>/dev/null >&2 || true
+  tail -n 20 "$dir/logs/stdout.log" >&2 2>/dev/null || true
 }
 
 cmd_start() {
@@ -162,13 +185,13 @@ cmd_start() {
       local cluster_id
       # A cluster id is 16 random bytes in unpadded url-safe base64 (what `random-uuid` prints).
       cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
-      java -Xmx256m -cp "$LIB/*" -Dlog4j2.configurationFile="$dir/tools-log4j2.properties" \
+      java -Xmx256m $JVM_OPTS -cp "$LIB/*" -Dlog4j2.configurationFile="$dir/tools-log4j2.properties" \
         kafka.tools.StorageTool format --config "$dir/server.properties" --cluster-id="$cluster_id" \
         > "$dir/logs/format.log" 2>&1 || { cat "$dir/logs/format.log" >&2; die "formatting $dir failed"; }
     fi
     : > "$dir/logs/server.log"
     # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM flags
-    nohup java ${KAFKA_HEAP_OPTS:--Xms128m -Xmx512m} -XX:+UseSerialGC -Djava.awt.headless=true \
+    nohup java ${KAFKA_HEAP_OPTS:--Xms128m -Xmx512m} ${KAFKA_JVM_OPTS:-$JVM_OPTS} -Djava.awt.headless=true \
       -Dlog4j2.configurationFile="$dir/log4j2.properties" -Dkafka.logs.dir="$dir/logs" \
       -cp "$LIB/*" kafka.Kafka "$dir/server.properties" \
       > "$dir/logs/stdout.log" 2>&1 < /dev/null &
@@ -190,7 +213,7 @@ cmd_start() {
     fi
     if (( rc == 2 )); then
       log_tail "$dir"
-      stop_pid "$dir" "$pid"
+      stop_pid "$pid"
       die "broker did not become ready within ${START_TIMEOUT}s"
     fi
     wait "$pid" 2>/dev/null || true
@@ -206,15 +229,15 @@ cmd_start() {
   die "could not bind free ports after 3 attempts"
 }
 
+# Stops PID, known to be the broker: SIGTERM (controlled shutdown), then SIGKILL after the timeout.
 stop_pid() {
-  local dir="$1" pid="$2" deadline=$((SECONDS + STOP_TIMEOUT))
+  local pid="$1" deadline=$((SECONDS + STOP_TIMEOUT))
   kill -TERM "$pid" 2>/dev/null || return 0
-  # is_our_broker, not kill -0: an exited child of this shell stays a zombie until reaped.
-  while is_our_broker "$pid" "$dir" && (( SECONDS < deadline )); do sleep 0.2; done
-  if is_our_broker "$pid" "$dir"; then
+  while pid_alive "$pid" && (( SECONDS < deadline )); do sleep 0.1; done
+  if pid_alive "$pid"; then
     log "broker pid $pid ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
-    while is_our_broker "$pid" "$dir"; do sleep 0.1; done
+    while pid_alive "$pid"; do sleep 0.1; done
   fi
 }
 
@@ -229,7 +252,7 @@ cmd_stop() {
   if [[ -f "$dir/pid" ]]; then
     local pid; pid="$(cat "$dir/pid")"
     if is_our_broker "$pid" "$dir"; then
-      stop_pid "$dir" "$pid"
+      stop_pid "$pid"
       log "broker pid $pid stopped"
     else
       log "broker pid $pid is not running"
@@ -254,7 +277,7 @@ cmd_topics() {
       compact) extra=(--config cleanup.policy=compact) ;;
       *) die "bad topic spec '$spec': the third field may only be 'compact'" ;;
     esac
-    java -Xmx128m -cp "$LIB/*" -Dlog4j2.configurationFile="$dir/tools-log4j2.properties" \
+    java -Xmx128m $JVM_OPTS -cp "$LIB/*" -Dlog4j2.configurationFile="$dir/tools-log4j2.properties" \
       org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --create --if-not-exists \
       --topic "$name" --partitions "$parts" --replication-factor 1 "${extra[@]}" >&2
   done

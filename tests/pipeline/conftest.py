@@ -20,7 +20,17 @@ TEST_THOUGHT_BUDGET = 3
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("pipeline-model") / "tiny-q8_0.gguf"
     subprocess.run(
-        [sys.executable, "-m", "engine.testing.make_model", "--out", str(out), "--quant", "Q8_0", "--dims", "tiny"],
+        [
+            sys.executable,
+            "-m",
+            "engine.testing.make_model",
+            "--out",
+            str(out),
+            "--quant",
+            "Q8_0",
+            "--dims",
+            "tiny",
+        ],
         check=True,
         capture_output=True,
     )
@@ -43,6 +53,14 @@ def tiny_engine(tiny_model: Path):  # -> engine.Engine
 def worker_args(tiny_model: Path) -> list[str]:
     """CLI flags that make a `prism run` subprocess match `tiny_engine`."""
     return [
-        "--model", str(tiny_model), "--device", "cpu", "--precision", "fp32",
-        "--gate", str(TEST_GATE), "--thought-budget", str(TEST_THOUGHT_BUDGET),
+        "--model",
+        str(tiny_model),
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--gate",
+        str(TEST_GATE),
+        "--thought-budget",
+        str(TEST_THOUGHT_BUDGET),
     ]

@@ -102,9 +102,13 @@ async def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def event(i: int, *, prefix: str = "ev", questions: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+def event(
+    i: int, *, prefix: str = "ev", questions: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
     """A short, valid evidence event (few tokens, so the tiny model decides it quickly)."""
-    state: Any = {"host": f"web-{i:02d}", "disk_pct": 80 + i % 20} if i % 2 else f"Login failures for user{i}: {i * 3}"
+    state: Any = (
+        {"host": f"web-{i:02d}", "disk_pct": 80 + i % 20} if i % 2 else f"Login failures for user{i}: {i * 3}"
+    )
     return {
         "event_id": f"{prefix}-{i:04d}",
         "source": "alert" if i % 3 else "ticket",
@@ -131,7 +135,9 @@ def headers(msg: ConsumerRecord) -> dict[str, bytes]:
     return dict(msg.headers or ())
 
 
-def spawn_worker(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_worker(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """`prism run ...` as a real subprocess (its own process group, logs to a file)."""
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     log = log_path.open("ab")

@@ -15,7 +15,9 @@ from prism_pipeline.batcher import Batch, Batcher
     max_items=st.one_of(st.none(), st.integers(1, 6)),
     tokens=st.lists(st.integers(0, 80), max_size=60),
 )
-def test_batches_are_ordered_bounded_and_greedy(budget: int, max_items: int | None, tokens: list[int]) -> None:
+def test_batches_are_ordered_bounded_and_greedy(
+    budget: int, max_items: int | None, tokens: list[int]
+) -> None:
     b: Batcher[int] = Batcher(budget, max_wait_s=10.0, max_items=max_items)
     closed: list[Batch[int]] = []
     for i, n in enumerate(tokens):

@@ -13,7 +13,16 @@ from prism_pipeline.worker import Worker
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter
 from schemas.record import DecisionRecord
-from tests.pipeline.kafkautil import committed, create_topics, encode, event, produce, read_all, unique, wait_for
+from tests.pipeline.kafkautil import (
+    committed,
+    create_topics,
+    encode,
+    event,
+    produce,
+    read_all,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -21,7 +30,9 @@ pytestmark = pytest.mark.kafka
 def bad_inputs() -> list[tuple[str, bytes]]:
     """(expected reason, raw value) for each kind of bad input."""
     many_options = event(900)
-    many_options["request"]["questions"] = {"c": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}
+    many_options["request"]["questions"] = {
+        "c": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}
+    }
     big_state = event(901)
     big_state["request"]["state"] = "x" * 5000  # the worker runs with max_state_chars=4000
     unknown_type = event(902)
@@ -43,7 +54,9 @@ def bad_inputs() -> list[tuple[str, bytes]]:
     ]
 
 
-async def test_bad_input_is_dead_lettered_and_every_offset_has_one_outcome(kafka_bootstrap: str, tiny_engine) -> None:
+async def test_bad_input_is_dead_lettered_and_every_offset_has_one_outcome(
+    kafka_bootstrap: str, tiny_engine
+) -> None:
     tin, tout, tdlq, group = unique("in"), unique("out"), unique("dlq"), unique("g")
     await create_topics(kafka_bootstrap, {tin: 1, tout: 1, tdlq: 1})
     bad = bad_inputs()
@@ -56,8 +69,13 @@ async def test_bad_input_is_dead_lettered_and_every_offset_has_one_outcome(kafka
     await produce(kafka_bootstrap, tin, [(b"k%d" % i, raw, 0) for i, (_, raw) in enumerate(stream)])
 
     settings = WorkerSettings(
-        brokers=kafka_bootstrap, input_topic=tin, output_topic=tout, dlq_topic=tdlq, group_id=group,
-        max_wait_ms=20, max_state_chars=4000,
+        brokers=kafka_bootstrap,
+        input_topic=tin,
+        output_topic=tout,
+        dlq_topic=tdlq,
+        group_id=group,
+        max_wait_ms=20,
+        max_state_chars=4000,
     )
     worker = Worker(settings, tiny_engine)
     task = asyncio.create_task(worker.run())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,16 +16,37 @@ from prism_pipeline.verify import PublishedRecord, redecide
 from prism_pipeline.worker import Worker
 from schemas.codec import loads
 from schemas.record import DecisionRecord
-from tests.pipeline.kafkautil import create_topics, encode, event, headers, produce, read_all, unique, wait_for
+from tests.pipeline.kafkautil import (
+    create_topics,
+    encode,
+    event,
+    headers,
+    produce,
+    read_all,
+    unique,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
 
 def settings_for(bootstrap: str, tin: str, tout: str, tdlq: str, **kw) -> WorkerSettings:
     return WorkerSettings(
-        brokers=bootstrap, input_topic=tin, output_topic=tout, dlq_topic=tdlq,
-        group_id=unique("g"), max_wait_ms=20, worker_id="test-worker", **kw,
+        brokers=bootstrap,
+        input_topic=tin,
+        output_topic=tout,
+        dlq_topic=tdlq,
+        group_id=unique("g"),
+        max_wait_ms=20,
+        worker_id="test-worker",
+        **kw,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 async def test_events_in_records_out(kafka_bootstrap: str, tiny_engine, tiny_model: Path) -> None:
@@ -40,9 +63,13 @@ async def test_events_in_records_out(kafka_bootstrap: str, tiny_engine, tiny_mod
     )
     where = {e["event_id"]: (md.partition, md.offset) for e, md in zip(events, sent, strict=True)}
 
-    worker = Worker(settings_for(kafka_bootstrap, tin, tout, tdlq), tiny_engine)
+    port = free_port()
+    worker = Worker(settings_for(kafka_bootstrap, tin, tout, tdlq, metrics_port=port), tiny_engine)
     task = asyncio.create_task(worker.run())
     await wait_for(lambda: worker.published == len(events) or task.done(), 50, "all records")
+    scraped = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+    )
     worker.request_stop()
     await task
 
@@ -85,16 +112,24 @@ async def test_events_in_records_out(kafka_bootstrap: str, tiny_engine, tiny_mod
         h = headers(m)
         assert h["prism-worker"] == b"test-worker" and h["prism-attempt"] == b"1"
         assert float(h["prism-t-engine-ms"]) > 0
+    assert f"prism_records_out_total {float(len(events))}".encode() in scraped
+    assert b"prism_end_to_end_seconds_bucket" in scraped and b"prism_autothink_rate" in scraped
     assert worker.metrics.value("prism_records_out_total") == len(events)
     assert worker.metrics.value("prism_events_in_total") == len(events)
     assert worker.metrics.value("prism_questions_thought_total") == len(events[5]["request"]["questions"])
 
     # Replay: re-deciding each batch reproduces every record byte for byte.
-    raw = {(m.partition, m.offset): m.value for m in await read_all(kafka_bootstrap, [tin], len(events), settle=0)}
+    raw = {
+        (m.partition, m.offset): m.value
+        for m in await read_all(kafka_bootstrap, [tin], len(events), settle=0)
+    }
     published = [
         PublishedRecord(
-            value=m.value, event_raw=raw[(rec.input.partition, rec.input.offset)], input=rec.input,
-            batch=headers(m)["prism-batch"].decode(), batch_pos=int(headers(m)["prism-batch-pos"]),
+            value=m.value,
+            event_raw=raw[(rec.input.partition, rec.input.offset)],
+            input=rec.input,
+            batch=headers(m)["prism-batch"].decode(),
+            batch_pos=int(headers(m)["prism-batch-pos"]),
         )
         for rec, m in by_id.values()
     ]

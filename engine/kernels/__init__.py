@@ -1,0 +1,35 @@
+"""Batch-invariant Triton kernels for the int8 GPU path, each with a torch reference fallback.
+
+Every public function takes `backend="auto" | "triton" | "torch"`: "auto" runs the kernel on
+CUDA tensors and the torch reference elsewhere; "triton" on CPU runs the kernel body in
+Triton's interpreter (needs `TRITON_INTERPRET=1` before triton's first import; tests do that).
+Configs are fixed (never chosen by timing), so results never depend on batch composition.
+"""
+
+from engine.kernels.conv import causal_conv_reference, causal_conv_varlen
+from engine.kernels.deltanet import gated_delta_rule_reference, gated_delta_rule_varlen
+from engine.kernels.int8_gemm import GemmConfig, config_for, int8_gemm, int8_gemm_reference, int8_matmul_exact
+from engine.kernels.quant import (
+    quantize_rows,
+    quantize_rows_reference,
+    rms_norm_fp32,
+    rms_norm_quantize,
+    rms_norm_quantize_reference,
+)
+
+__all__ = [
+    "GemmConfig",
+    "causal_conv_reference",
+    "causal_conv_varlen",
+    "config_for",
+    "gated_delta_rule_reference",
+    "gated_delta_rule_varlen",
+    "int8_gemm",
+    "int8_gemm_reference",
+    "int8_matmul_exact",
+    "quantize_rows",
+    "quantize_rows_reference",
+    "rms_norm_fp32",
+    "rms_norm_quantize",
+    "rms_norm_quantize_reference",
+]

@@ -1,0 +1,168 @@
+"""Per-row symmetric int8 quantization, alone or fused after an RMSNorm; one program per row.
+
+    scale = absmax(v) / 127;  q = clamp(round_half_even(v / scale), -127, 127)   (scale 0 -> q 0)
+
+where v is a row of x, optionally divided elementwise by a per-channel SmoothQuant divisor, or
+(fused) rms_norm(x) * weight computed in fp32. Every row is reduced by one program with a
+block size fixed by K alone, so a row's bits never depend on how many rows the call has.
+The plain quantization uses only exact or correctly rounded steps (absmax is exact in any
+order, division is IEEE `div_rn`, rounding and clamping are exact), so it equals the torch
+reference bit for bit on any device. The fused norm's sum of squares is reduced in the
+kernel's own fixed order and `rsqrt` is the hardware's, so it matches torch only to ~1 ulp
+before rounding; what it guarantees is batch invariance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+INT8_MAX = 127
+MAX_BLOCK = 4096
+# 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
+_RINT_MAGIC = 12582912.0
+
+
+def _quant_row_kernel(
+    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
+    K, stride_x, stride_q, eps,
+    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    offs = tl.arange(0, BLOCK)
+
+    inv = 1.0
+    if NORM:
+        sq = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            sq += x * x
+        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
+        inv = tl.math.rsqrt(mean + eps)
+
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        m = k0 + offs < K
+        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        if NORM:
+            v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_DIV:
+            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        amax = tl.maximum(amax, tl.abs(v))
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+
+    for k0 in range(0, K, BLOCK):
+        m = k0 + offs < K
+        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        if NORM:
+            v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_DIV:
+            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        r = tl.math.div_rn(v, safe)
+        r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
+        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+        tl.store(q_row + k0 + offs, r.to(tl.int8), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+_kernel = kernel(_quant_row_kernel)
+
+
+# ------------------------------------------------------------------------ torch references
+def quantize_rows_reference(
+    x: torch.Tensor, divisor: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch form of the kernel's quantization: (q int8 [M, K], scale fp32 [M]).
+
+    Every step is exact or one correctly rounded fp32 division, so CPU and CUDA agree bit for bit.
+    """
+    v = x.float()
+    if divisor is not None:
+        v = v / divisor.float()
+    amax = v.abs().amax(dim=-1)
+    # divide by a tensor, not the number 127: on CUDA torch turns division by a Python scalar
+    # into a multiply by its rounded reciprocal, which is off by 1 ulp for ~4% of rows
+    scale = amax / torch.full_like(amax, float(INT8_MAX))
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(v / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * w in fp32, the value the fused kernel quantizes."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)) * weight.float()
+
+
+def rms_norm_quantize_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rows_reference(rms_norm_fp32(x, weight, eps))
+
+
+# ------------------------------------------------------------------------ public API
+def _check_rows(x: torch.Tensor, name: str, vec: torch.Tensor | None) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{name} expects x [M, K], got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{name} expects a float32/bfloat16/float16 x, got {x.dtype}")
+    if vec is not None:
+        if vec.shape != (x.shape[1],):
+            raise ValueError(f"{name}: per-channel vector must be [{x.shape[1]}], got {tuple(vec.shape)}")
+        if vec.device != x.device:
+            raise ValueError(f"{name}: per-channel vector is on {vec.device}, x on {x.device}")
+
+
+def _launch(
+    x: torch.Tensor, divisor: torch.Tensor | None, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, scale
+    if k == 0:
+        return q, scale.zero_()
+    block = min(next_pow2(k), MAX_BLOCK)
+    div = divisor.contiguous() if divisor is not None else scale  # unread placeholders
+    wgt = weight.contiguous() if weight is not None else scale
+    _kernel[(m,)](
+        x, div, wgt,
+        q, scale, k, x.stride(0), q.stride(0), float(eps),
+        HAS_DIV=divisor is not None, NORM=weight is not None, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
+    )  # fmt: skip
+    return q, scale
+
+
+def quantize_rows(
+    x: torch.Tensor, divisor: torch.Tensor | None = None, *, backend: Backend = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row int8 of x [M, K] (optionally x / divisor[K] first): (q int8 [M, K], scale fp32 [M])."""
+    _check_rows(x, "quantize_rows", divisor)
+    if not use_triton(backend, x):
+        return quantize_rows_reference(x, divisor)
+    return _launch(x, divisor, None, 0.0)
+
+
+def rms_norm_quantize(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, backend: Backend = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused RMSNorm(x) * weight (fp32) then per-row int8: (q int8 [M, K], scale fp32 [M])."""
+    _check_rows(x, "rms_norm_quantize", weight)
+    if not eps > 0:
+        raise ValueError(f"rms_norm_quantize needs eps > 0, got {eps}")
+    if not use_triton(backend, x):
+        return rms_norm_quantize_reference(x, weight, eps)
+    return _launch(x, None, weight, eps)

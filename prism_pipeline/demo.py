@@ -1,0 +1,257 @@
+"""`prism demo`: the whole pipeline on one machine, end to end.
+
+Starts the local Kafka broker, generates a small demo model (or uses `--model`), creates topics,
+publishes the bundled sample alerts and tickets, runs one worker until every event has its
+outcome, reads the decision records back, re-decides them and compares bytes, and shuts down.
+The CLI prints the result; this module only computes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from prism_pipeline.local_kafka import LocalKafka, LocalKafkaError, TopicSpec
+from prism_pipeline.records import DecisionEngine
+from prism_pipeline.settings import WorkerSettings
+from prism_pipeline.verify import PublishedRecord, redecide
+from prism_pipeline.worker import Worker, WorkerError
+from schemas.codec import loads
+from schemas.deadletter import parse_event
+from schemas.record import DecisionRecord
+
+log = structlog.get_logger(__name__)
+
+DEMO_DIMS = "small"
+DEMO_QUANT = "Q8_0"
+DEMO_THOUGHT_BUDGET = 8
+INPUT_PARTITIONS = 3
+
+
+class DemoError(RuntimeError):
+    """The demo could not run; the message says which step failed."""
+
+
+@dataclass
+class DemoResult:
+    events: int
+    records: list[DecisionRecord] = field(default_factory=list)  # in input order
+    dead_letters: int = 0
+    pipeline_seconds: float = 0.0
+    model_name: str = ""
+    model_digest: str = ""
+    precision: str = ""
+    replay_mismatches: list[str] = field(default_factory=list)
+
+
+def sample_events_path() -> Path:
+    return Path(str(resources.files("prism_pipeline") / "data" / "sample_events.jsonl"))
+
+
+def demo_model(cache_dir: Path) -> Path:
+    """The generated demo model, made once (random weights, the real Qwen3.5 vocabulary)."""
+    path = cache_dir / "models" / f"prism-demo-{DEMO_DIMS}-{DEMO_QUANT.lower()}.gguf"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("demo.generating_model", path=str(path), dims=DEMO_DIMS, quant=DEMO_QUANT)
+    tmp = path.with_suffix(".tmp")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.testing.make_model",
+            "--out",
+            str(tmp),
+            "--quant",
+            DEMO_QUANT,
+            "--dims",
+            DEMO_DIMS,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise DemoError(f"generating the demo model failed:\n{done.stderr[-2000:]}")
+    tmp.replace(path)
+    return path
+
+
+def read_events(path: Path, limit: int | None) -> list[bytes]:
+    try:
+        lines = [ln for ln in path.read_bytes().splitlines() if ln.strip()]
+    except OSError as e:
+        raise DemoError(f"cannot read events from {path}: {e}") from None
+    return lines[:limit] if limit is not None else lines
+
+
+@contextlib.asynccontextmanager
+async def local_broker() -> AsyncIterator[LocalKafka]:
+    """A fresh local Kafka broker (temp work dir) for the demo's lifetime."""
+    broker = LocalKafka()
+    try:
+        await asyncio.to_thread(broker.start)
+    except LocalKafkaError as e:
+        raise DemoError(f"starting the local Kafka broker failed: {e}") from None
+    try:
+        yield broker
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def _publish(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for v in values:
+            key = None
+            with contextlib.suppress(Exception):
+                key = parse_event(v).event_id.encode()
+            await producer.send(topic, v, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _read(bootstrap: str, topics: list[str], expected: int, timeout: float = 60.0) -> list:
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(out) < expected and time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=200)).values():
+                out.extend(msgs)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _run(engine: DecisionEngine, events: list[bytes], timeout: float) -> DemoResult:
+    run = uuid.uuid4().hex[:8]
+    tin, tout, tdlq = f"prism.evidence.{run}", f"prism.decisions.{run}", f"prism.dead-letters.{run}"
+    result = DemoResult(
+        events=len(events),
+        model_name=engine.model_name,
+        model_digest=engine.model_digest,
+        precision=engine.precision,
+    )
+    async with local_broker() as broker:
+        bootstrap = broker.bootstrap
+        await broker.create_topics(
+            [
+                TopicSpec(tin, INPUT_PARTITIONS),
+                TopicSpec(tout, 1, compact=True),  # one record per event id survives redelivery
+                TopicSpec(tdlq, 1),
+            ]
+        )
+        await _publish(bootstrap, tin, events)
+        settings = WorkerSettings(
+            brokers=bootstrap,
+            input_topic=tin,
+            output_topic=tout,
+            dlq_topic=tdlq,
+            group_id=f"prism-demo-{run}",
+            worker_id=f"demo-{run}",
+        )
+        worker = Worker(settings, engine)
+        t0 = time.monotonic()
+        task = asyncio.create_task(worker.run())
+        deadline = t0 + timeout
+        next_report = t0 + 5.0
+        while worker.published < len(events) and not task.done():
+            if time.monotonic() >= next_report:
+                log.info("demo.progress", decided=worker.published, events=len(events))
+                next_report += 5.0
+            if time.monotonic() > deadline:
+                worker.request_stop()
+                await task
+                raise DemoError(f"only {worker.published} of {len(events)} events decided in {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+        result.pipeline_seconds = time.monotonic() - t0
+        worker.request_stop()
+        await task  # a publishing failure surfaces here as WorkerError
+
+        outputs = await _read(bootstrap, [tout, tdlq], len(events))
+        inputs = {(m.partition, m.offset): m.value for m in await _read(bootstrap, [tin], len(events))}
+        published: list[PublishedRecord] = []
+        records: list[DecisionRecord] = []
+        for m in outputs:
+            if m.topic == tdlq:
+                result.dead_letters += 1
+                continue
+            rec = loads(m.value, DecisionRecord)
+            records.append(rec)
+            h = dict(m.headers or ())
+            published.append(
+                PublishedRecord(
+                    value=m.value,
+                    event_raw=inputs[(rec.input.partition, rec.input.offset)],
+                    input=rec.input,
+                    batch=h["prism-batch"].decode(),
+                    batch_pos=int(h["prism-batch-pos"]),
+                )
+            )
+        order = {raw: i for i, raw in enumerate(events)}
+        records.sort(key=lambda r: order.get(inputs[(r.input.partition, r.input.offset)], 0))
+        result.records = records
+        log.info("demo.replaying", records=len(published))
+        result.replay_mismatches = await asyncio.to_thread(redecide, engine, published)
+    return result
+
+
+def run_demo(
+    *,
+    model: Path | None = None,
+    events: Path | None = None,
+    cache_dir: Path = Path(".cache"),
+    device: str = "cpu",
+    precision: str = "auto",
+    limit: int | None = None,
+    gate: float | None = None,
+    thought_budget: int | None = None,
+    timeout: float = 900.0,
+) -> DemoResult:
+    """Run the demo end to end; raises DemoError with the failing step."""
+    from prism_pipeline.runner import ConfigError, load_engine
+
+    cache_dir = cache_dir.resolve()
+    raw = read_events(events or sample_events_path(), limit)
+    if not raw:
+        raise DemoError("no events to publish")
+    model_path = model if model is not None else demo_model(cache_dir)
+    if model is None and thought_budget is None:
+        # The generated model has random weights: its thoughts are noise, so keep them short.
+        thought_budget = DEMO_THOUGHT_BUDGET
+    settings = WorkerSettings(
+        model=model_path,
+        device=device,
+        precision=precision,
+        gate=gate,
+        thought_budget=thought_budget,  # type: ignore[arg-type]
+    )
+    try:
+        engine = load_engine(settings)
+    except ConfigError as e:
+        raise DemoError(str(e)) from None
+    try:
+        return asyncio.run(_run(engine, raw, timeout))
+    except (WorkerError, LocalKafkaError) as e:
+        raise DemoError(str(e)) from None

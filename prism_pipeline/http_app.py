@@ -1,0 +1,428 @@
+"""The TypeSafe-compatible HTTP front end: a FastAPI app over one `Engine`.
+
+Routes: `POST /v1/systemone` (the TypeSafe wire shape, `schemas.systemone`), `GET /v1/models`,
+`GET /health`, `GET /metrics`, and the OpenAPI document at `/openapi.json`.
+
+Every response carries an `x-typesafe-request-id` header. Every error body is
+`{"error": message, "detail": [{"loc", "msg", "type"}]}`:
+- 400: the body is not JSON, repeats a key, or breaks the schema (`detail` points at the fields);
+- 401: an API key is configured and the bearer token is missing or wrong;
+- 404: the request names a model this server does not serve (or an unknown path);
+- 413: the body is larger than the configured limit;
+- 415: a content type or content encoding other than (uncompressed) JSON;
+- 422: a valid request the model cannot answer (the engine rejected it);
+- 503: too many requests waiting, or shutting down (with `retry-after`).
+
+The body is parsed and validated here rather than by FastAPI, so it is checked exactly like a
+Kafka event (strict pydantic under the server's `Limits`, orjson, duplicate keys refused); the
+OpenAPI document still declares the request schema (see `_openapi`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import orjson
+import structlog
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.types import DecideRequest, DecideResult
+from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
+from prism_pipeline.http_metrics import ServeMetrics
+from prism_pipeline.records import DecisionEngine
+from schemas.deadletter import has_duplicate_keys
+from schemas.systemone import Limits, SystemOneRequest, SystemOneResponse, Usage, validation_context
+
+log = structlog.get_logger(__name__)
+
+REQUEST_ID_HEADER = "x-typesafe-request-id"
+JSON_TYPE = "application/json"
+API_VERSION = "1.0.0"
+# Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
+_BEARER = HTTPBearer(auto_error=False, description="The server's API key as a bearer token")
+
+
+# ---- wire models of this server's own responses ----------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: list[ErrorDetail] = []
+
+
+class ModelInfo(BaseModel):
+    name: str
+    description: str
+    release_date: str  # YYYY-MM-DD
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    model: str
+    precision: str
+    pending: int
+
+
+class APIError(Exception):
+    """An error response: status, message and field details (rendered by `_error_response`)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        detail: list[ErrorDetail] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.detail = detail or []
+        self.headers = headers or {}
+
+
+def _error(
+    status: int, code: str, message: str, loc: list[str | int] | None = None, **headers: str
+) -> APIError:
+    return APIError(status, message, [ErrorDetail(loc=loc or ["body"], msg=message, type=code)], headers)
+
+
+def _error_response(e: APIError, request_id: str) -> Response:
+    body = ErrorBody(error=e.message, detail=e.detail)
+    headers = {**e.headers, REQUEST_ID_HEADER: request_id}
+    return Response(
+        orjson.dumps(body.model_dump()), status_code=e.status, media_type=JSON_TYPE, headers=headers
+    )
+
+
+# ---- configuration ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the app needs besides the engine (the CLI builds it from flags)."""
+
+    model_names: tuple[str, ...] = ()  # accepted `model` values; the first is reported. () = engine name
+    api_key: str | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
+    limits: Limits = field(default_factory=Limits)
+    seed: int = 0
+    gate: float | None = None  # None: the engine's decision-config gate
+    batch_tokens: int = 8192
+    max_wait_ms: float = 5.0
+    max_batch_requests: int = 64
+    max_pending: int = 1024
+    release_date: str = "1970-01-01"
+    description: str = ""
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorBody,
+        "description": "Malformed body: not JSON, a repeated key, or a schema violation",
+    },
+    401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
+    404: {"model": ErrorBody, "description": "The requested model is not served here"},
+    413: {"model": ErrorBody, "description": "Body larger than the server's limit"},
+    415: {"model": ErrorBody, "description": "Not an uncompressed JSON body"},
+    422: {"model": ErrorBody, "description": "A valid request the model cannot answer"},
+    503: {"model": ErrorBody, "description": "Too many requests waiting, or shutting down; retry later"},
+}
+
+
+# ---- the app ---------------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: DecisionEngine, config: AppConfig | None = None, metrics: ServeMetrics | None = None
+) -> FastAPI:
+    cfg = config or AppConfig()
+    names = cfg.model_names or (engine.model_name,)
+    served = names[0]
+    metrics = metrics or ServeMetrics()
+    dispatcher = EngineDispatcher(
+        engine,
+        max_tokens=cfg.batch_tokens,
+        max_wait_s=cfg.max_wait_ms / 1000.0,
+        max_requests=cfg.max_batch_requests,
+        max_pending=cfg.max_pending,
+        on_batch=metrics.observe_batch,
+    )
+    # Tokenizing a large state takes a while: off the event loop, and off the engine thread so
+    # counting the next request overlaps the current batch (the HF tokenizer is thread-safe).
+    token_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-tokens")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await dispatcher.start()
+        log.info("serve.ready", model=served, precision=engine.precision, auth=cfg.api_key is not None)
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+            token_pool.shutdown(wait=True)
+            log.info("serve.stopped")
+
+    app = FastAPI(
+        title="Prism",
+        version=API_VERSION,
+        description="TypeSafe `/v1/systemone`-compatible typed decisions from a StartLux-Decision model.",
+        lifespan=lifespan,
+    )
+    app.state.dispatcher = dispatcher
+    app.state.metrics = metrics
+    app.state.engine = engine
+
+    async def check_key(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        given = creds.credentials if creds is not None else ""
+        # compare_digest on bytes: constant time, and no TypeError for non-ASCII tokens.
+        if not hmac.compare_digest(given.encode(), (cfg.api_key or "").encode()):
+            raise _error(
+                401,
+                "unauthorized",
+                "missing or invalid API key: send it as 'Authorization: Bearer <key>'",
+                ["header", "authorization"],
+                **{"www-authenticate": "Bearer"},
+            )
+
+    auth = [Depends(check_key)] if cfg.api_key is not None else []
+
+    # ---- middleware and error handlers ----
+
+    @app.middleware("http")
+    async def request_id_and_metrics(request: Request, call_next: Any) -> Response:
+        request_id = "req_" + uuid.uuid4().hex
+        request.state.request_id = request_id
+        route = request.url.path if request.url.path in _ROUTES else "other"
+        t0 = time.perf_counter()
+        try:
+            response: Response = await call_next(request)
+        except Exception as e:  # a bug: answer with the error shape, never a bare traceback
+            log.exception("serve.unhandled", request_id=request_id, error=f"{type(e).__name__}: {e}")
+            response = _error_response(_error(500, "internal_error", "internal server error"), request_id)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, e: APIError) -> Response:
+        return _error_response(e, _request_id(request))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        err = _error(e.status_code, code, str(e.detail), ["path"], **(e.headers or {}))
+        return _error_response(err, _request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, e: RequestValidationError) -> Response:
+        return _error_response(_validation_error(e.errors()), _request_id(request))
+
+    # ---- routes ----
+
+    @app.post(
+        "/v1/systemone",
+        response_model=SystemOneResponse,
+        responses=_ERRORS,
+        dependencies=auth,
+        summary="Answer typed questions (noul, choice, score) about a state",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {JSON_TYPE: {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}}},
+            }
+        },
+    )
+    async def systemone(request: Request) -> Response:
+        raw = await _read_body(request, cfg.max_body_bytes)
+        req = _parse_request(raw, cfg.limits)
+        if req.model is not None and req.model not in names:
+            raise _error(
+                404,
+                "model_not_found",
+                f"model {req.model!r} is not served here (serving: {', '.join(names)})",
+                ["body", "model"],
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            tokens = await loop.run_in_executor(token_pool, engine.count_tokens, req)
+        except ValueError as e:
+            raise _error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
+        decide_req = DecideRequest(request_id=_event_id(req), request=req, seed=cfg.seed, gate=cfg.gate)
+        metrics.in_flight.inc()
+        try:
+            result = await dispatcher.decide(decide_req, tokens)
+        except Overloaded as e:
+            raise _error(503, "overloaded", f"server busy: {e}", **{"retry-after": "1"}) from None
+        except DispatcherClosed as e:
+            raise _error(503, "shutting_down", str(e), **{"retry-after": "1"}) from None
+        except ValueError as e:
+            raise _error(422, "engine_rejected", f"the model cannot answer this request: {e}") from None
+        finally:
+            metrics.in_flight.dec()
+        return _answer(result, served, metrics)
+
+    @app.get(
+        "/v1/models",
+        response_model=ModelList,
+        responses={401: _ERRORS[401]},
+        dependencies=auth,
+        summary="The model names this server accepts",
+    )
+    async def models() -> ModelList:
+        desc = cfg.description or (
+            f"StartLux-Decision model {engine.model_name} ({engine.precision}, "
+            f"sha256 {engine.model_digest[:12]}) served by Prism"
+        )
+        return ModelList(
+            models=[ModelInfo(name=n, description=desc, release_date=cfg.release_date) for n in names]
+        )
+
+    @app.get("/health", response_model=Health, summary="Liveness: the engine is loaded")
+    async def health() -> Health:
+        return Health(status="ok", model=served, precision=engine.precision, pending=dispatcher.pending)
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}
+        },
+        summary="Prometheus metrics: request latency, batch sizes, engine time",
+    )
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+_ROUTES = frozenset({"/v1/systemone", "/v1/models", "/health", "/metrics", "/openapi.json", "/docs"})
+
+
+def _request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", None) or "req_" + uuid.uuid4().hex
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the request schema, which FastAPI cannot see (the body is read raw)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name, sub in schema.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components["SystemOneRequest"] = schema
+    app.openapi_schema = doc
+    return doc
+
+
+# ---- request handling ------------------------------------------------------------------------------
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise _error(
+            415,
+            "unsupported_encoding",
+            f"content-encoding {encoding!r} is not supported; send plain JSON",
+            ["header", "content-encoding"],
+        )
+    ctype = request.headers.get("content-type")
+    if ctype is not None:
+        mime = ctype.split(";", 1)[0].strip().lower()
+        if mime != JSON_TYPE and not mime.endswith("+json"):
+            raise _error(
+                415,
+                "unsupported_media_type",
+                f"content-type {mime!r} is not supported; send {JSON_TYPE}",
+                ["header", "content-type"],
+            )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _error(413, "body_too_large", f"body of {int(declared)} bytes is larger than the limit {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _error(413, "body_too_large", f"body is larger than the limit {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_request(raw: bytes, limits: Limits) -> SystemOneRequest:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _error(400, "json_invalid", f"body is not valid JSON: {e}") from None
+    if has_duplicate_keys(raw, obj):
+        raise _error(
+            400, "duplicate_keys", "an object in the body repeats a key (question ids must be unique)"
+        )
+    try:
+        return SystemOneRequest.model_validate(obj, context=validation_context(limits))
+    except ValidationError as e:
+        raise _validation_error(e.errors(include_url=False)) from None
+
+
+def _validation_error(errors: Any) -> APIError:
+    detail = []
+    for err in errors:
+        loc = [p if isinstance(p, int) else str(p) for p in err.get("loc", ())]
+        if not loc or loc[0] != "body":
+            loc = ["body", *loc]
+        detail.append(
+            ErrorDetail(loc=loc, msg=str(err.get("msg", "invalid")), type=str(err.get("type", "invalid")))
+        )
+    if not detail:
+        detail = [ErrorDetail(loc=["body"], msg="invalid request", type="invalid")]
+    first = detail[0]
+    where = ".".join(str(p) for p in first.loc[1:]) or "body"
+    more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+    return APIError(400, f"invalid request: {where}: {first.msg}{more}", detail)
+
+
+def _event_id(req: SystemOneRequest) -> str:
+    """The id that keys thought sampling: a digest of the evidence alone, so the same state gets the
+    same thoughts whatever its companions, its arrival time or its request id."""
+    return "http-" + hashlib.sha256(orjson.dumps([req.state, req.images])).hexdigest()[:32]
+
+
+def _answer(result: DecideResult, served: str, metrics: ServeMetrics) -> Response:
+    if result.error is not None:
+        raise _error(422, "engine_rejected", f"the model cannot answer this request: {result.error}")
+    body = SystemOneResponse(
+        model=served,
+        answers=result.answers,
+        usage=Usage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
+    )
+    for answer in result.answers.values():
+        metrics.questions.labels(answer.type).inc()
+    return Response(orjson.dumps(body.model_dump(mode="json")), media_type=JSON_TYPE)

@@ -1,0 +1,41 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from prism_pipeline.local_kafka import LocalKafka
+
+# ---- Kafka: one real local broker (ops/kafka) per test session, started on first use ----
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """The session's local broker; tests that use it are marked @pytest.mark.kafka."""
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: LocalKafka) -> str:
+    """host:port of the session's local broker."""
+    return kafka_broker.bootstrap
+
+
+@pytest.fixture
+def kafka_topic_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Makes topic (or group / transactional id) names unique to this test and call."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name)[:80]
+
+    def make(suffix: str = "t") -> str:
+        return f"{base}.{suffix}.{uuid.uuid4().hex[:8]}"
+
+    return make

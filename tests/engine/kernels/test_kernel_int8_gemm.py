@@ -1,0 +1,115 @@
+"""int8 GEMM kernel: exact integer product, epilogue bit-equal to the torch reference, row invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels.int8_gemm import (
+    CONFIG_TABLE,
+    GemmConfig,
+    config_for,
+    int8_gemm,
+    int8_gemm_reference,
+    int8_matmul_exact,
+)
+
+ON_CUDA = torch.cuda.is_available()
+SMALL = GemmConfig(16, 32, 32, 4, 2)  # many tiles and edge masks on tiny CPU shapes
+
+
+def _operands(gen: torch.Generator, m: int, k: int, n: int, dev: torch.device):
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    a_scale = torch.rand(m, generator=gen) * 0.05 + 1e-3
+    w_scale = torch.rand(n, generator=gen) * 0.01 + 1e-4
+    return a.to(dev), w.to(dev), a_scale.to(dev), w_scale.to(dev)
+
+
+def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
+    a, w, _, _ = _operands(gen, 19, 72, 40, dev)
+    oracle = a.cpu().long() @ w.cpu().long().T  # int64 product: exact by construction
+    assert torch.equal(int8_matmul_exact(a, w).cpu().long(), oracle)
+    a1 = a[:1]  # M = 1 goes through torch._int_mm's padding on CUDA
+    assert torch.equal(int8_matmul_exact(a1, w).cpu().long(), oracle[:1])
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "config"),
+    [
+        (1, 128, 128, None),  # decode row, table config, M far below the tile
+        (37, 200, 300, SMALL),  # K, N not multiples of the tile: masked edges
+        (64, 256, 96, SMALL),
+    ],
+)
+@pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_reference_bitwise(
+    gen: torch.Generator,
+    dev: torch.device,
+    m: int,
+    k: int,
+    n: int,
+    config: GemmConfig | None,
+    res: torch.dtype | None,
+    out_dtype: torch.dtype,
+) -> None:
+    a, w, a_scale, w_scale = _operands(gen, m, k, n, dev)
+    residual = None if res is None else (torch.randn(m, n, generator=gen) * 4).to(res).to(dev)
+    got = int8_gemm(a, w, a_scale, w_scale, residual, out_dtype, backend="triton", config=config)
+    want = int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    assert torch.equal(got, want)
+
+
+def test_reference_epilogue_order(gen: torch.Generator) -> None:
+    """The reference rounds row scale first, then column scale, then the residual add, in fp32."""
+    a, w, a_scale, w_scale = _operands(gen, 3, 64, 5, torch.device("cpu"))
+    residual = torch.randn(3, 5, generator=gen)
+    acc = (a.double() @ w.double().T).float()
+    step = [[0.0] * 5 for _ in range(3)]
+    for i in range(3):
+        for j in range(5):
+            x = torch.tensor(acc[i, j].item(), dtype=torch.float32) * a_scale[i]
+            x = x * w_scale[j]
+            step[i][j] = (x + residual[i, j]).item()
+    assert torch.equal(int8_gemm_reference(a, w, a_scale, w_scale, residual), torch.tensor(step))
+
+
+def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) -> None:
+    a, w, a_scale, w_scale = _operands(gen, 40, 256, 128, dev)
+    configs = [SMALL, GemmConfig(32, 64, 64, 4, 2), *[c for _, c in CONFIG_TABLE]]
+    outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+def test_rows_do_not_depend_on_batch(gen: torch.Generator, dev: torch.device) -> None:
+    big_m = 700 if ON_CUDA else 70  # on CUDA this crosses the config table's M thresholds
+    k, n = (512, 384) if ON_CUDA else (64, 48)
+    a, w, a_scale, w_scale = _operands(gen, big_m, k, n, dev)
+    full = int8_gemm(a, w, a_scale, w_scale, backend="triton")
+    for lo, hi in [(0, 1), (5, 22), (big_m - 64, big_m)]:
+        part = int8_gemm(a[lo:hi], w, a_scale[lo:hi], w_scale, backend="triton")
+        assert torch.equal(part, full[lo:hi])
+
+
+def test_config_table_is_fixed_by_m() -> None:
+    assert config_for(1) == config_for(64)
+    assert config_for(10**6) == CONFIG_TABLE[-1][1]
+
+
+def test_bad_inputs_are_named(dev: torch.device) -> None:
+    a = torch.zeros(4, 32, dtype=torch.int8, device=dev)
+    w = torch.zeros(8, 32, dtype=torch.int8, device=dev)
+    s4, s8 = torch.ones(4, device=dev), torch.ones(8, device=dev)
+    with pytest.raises(ValueError, match="int8 operands"):
+        int8_gemm(a.float(), w, s4, s8)
+    with pytest.raises(ValueError, match=r"a \[M, K\] and w \[N, K\]"):
+        int8_gemm(a, w[:, :16], s4, s8)
+    with pytest.raises(ValueError, match="scales"):
+        int8_gemm(a, w, s8, s8)
+    with pytest.raises(ValueError, match="residual"):
+        int8_gemm(a, w, s4, s8, torch.zeros(4, 7, device=dev))
+    with pytest.raises(ValueError, match="backend"):
+        int8_gemm(a, w, s4, s8, backend="cuda")  # type: ignore[arg-type]
