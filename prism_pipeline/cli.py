@@ -7,8 +7,10 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
+from prism_pipeline.backfill import add_backfill
 from prism_pipeline.commands import add_demo, add_run
 from prism_pipeline.logs import configure_logging
+from prism_pipeline.replay import add_replay
 from prism_pipeline.serve import add_serve
 
 
@@ -32,7 +34,14 @@ def _add_version(sub: argparse._SubParsersAction) -> None:
 
 
 # Each entry adds one subcommand parser; later modules append their own.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_version, add_run, add_demo, add_serve]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_version,
+    add_run,
+    add_demo,
+    add_serve,
+    add_replay,
+    add_backfill,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

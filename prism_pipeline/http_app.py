@@ -131,6 +131,7 @@ class AppConfig:
     limits: Limits = field(default_factory=Limits)
     seed: int = 0
     gate: float | None = None  # None: the engine's decision-config gate
+    thought_budget: int | None = None  # None: the engine's decision-config budget
     batch_tokens: int = 8192
     max_wait_ms: float = 5.0
     max_batch_requests: int = 64
@@ -272,7 +273,13 @@ def create_app(
             tokens = await loop.run_in_executor(token_pool, engine.count_tokens, req)
         except ValueError as e:
             raise _error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
-        decide_req = DecideRequest(request_id=_event_id(req), request=req, seed=cfg.seed, gate=cfg.gate)
+        decide_req = DecideRequest(
+            request_id=_event_id(req),
+            request=req,
+            seed=cfg.seed,
+            gate=cfg.gate,
+            thought_budget=cfg.thought_budget,
+        )
         metrics.in_flight.inc()
         try:
             result = await dispatcher.decide(decide_req, tokens)
@@ -317,7 +324,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app, cfg.limits)  # type: ignore[method-assign]
     return app
 
 
@@ -328,18 +335,64 @@ def _request_id(request: Request) -> str:
     return getattr(request.state, "request_id", None) or "req_" + uuid.uuid4().hex
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document plus the request schema, which FastAPI cannot see (the body is read raw)."""
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+
+
+def _openapi(app: FastAPI, limits: Limits) -> dict[str, Any]:
+    """FastAPI's document plus the request schema, which FastAPI cannot see (the body is read raw).
+
+    The schema is the wire contract's, with this server's size limits written in, so a client (or
+    a fuzzer) reading the document knows every bound the server enforces on counts.
+    """
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     schema = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     for name, sub in schema.pop("$defs", {}).items():
-        components.setdefault(name, sub)
+        components.setdefault(name, _typed_question(sub) if name == "Question" else sub)
+    props = schema["properties"]
+    props["questions"].update(minProperties=1, maxProperties=limits.max_questions)
+    props["questions"]["description"] = f"question id -> question; 1..{limits.max_questions}"
+    for branch in props["images"]["anyOf"]:
+        if branch.get("type") == "array":
+            branch["maxItems"] = limits.max_images
+            branch["items"]["pattern"] = rf"^(?:data:image/[A-Za-z0-9.+-]+;base64,)?{_BASE64}$"
+    props["images"]["description"] = f"at most {limits.max_images} images, base64 or data: URIs"
     components["SystemOneRequest"] = schema
     app.openapi_schema = doc
     return doc
+
+
+def _typed_question(question: dict[str, Any]) -> dict[str, Any]:
+    """The contract's Question schema, split by `type` so each type names the criteria it takes.
+
+    The pydantic schema lists every criteria shape for every type (the coupling lives in a
+    validator, which JSON Schema cannot see); one variant per type says what the server accepts.
+    The contract's schema is returned unchanged if its criteria shapes are not the expected three.
+    """
+    props = question.get("properties", {})
+    shapes: dict[str, dict[str, Any]] = {}
+    for branch in props.get("criteria", {}).get("anyOf", []):
+        if branch.get("type") == "array":
+            shapes["score"] = branch
+        elif branch.get("type") == "object" and "properties" in branch:
+            shapes["noul"] = {"anyOf": [branch, {"type": "null"}]}
+        elif branch.get("type") == "object":
+            shapes["choice"] = branch
+    if set(shapes) != {"noul", "choice", "score"}:
+        return question
+    variants = []
+    for qtype in ("noul", "choice", "score"):
+        variant_props = {**props, "type": {"type": "string", "const": qtype}, "criteria": shapes[qtype]}
+        variants.append({
+            "title": f"{qtype.capitalize()}Question",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": variant_props,
+            "required": ["type"] if qtype == "noul" else ["type", "criteria"],
+        })  # fmt: skip
+    return {"title": "Question", "oneOf": variants}
 
 
 # ---- request handling ------------------------------------------------------------------------------

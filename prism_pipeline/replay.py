@@ -194,12 +194,20 @@ def _consumer(bootstrap: str) -> Any:
     )
 
 
-async def _partitions(consumer: Any, topic: str) -> list[int]:
-    await consumer.topics()  # refresh metadata
-    parts = consumer.partitions_for_topic(topic)
-    if not parts:
+async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+    """The partition ids of `topic` (raises ReplayError when it does not exist)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (meta,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = sorted(p["partition"] for p in meta.get("partitions", ()))
+    if meta.get("error_code") or not parts:
         raise ReplayError(f"topic {topic!r} does not exist (or has no partitions)")
-    return sorted(parts)
+    return parts
 
 
 async def _read_ranges(consumer: Any, ranges: dict[tuple[str, int], tuple[int, int]]) -> list[Any]:
@@ -249,7 +257,7 @@ async def read_records(bootstrap: str, topic: str) -> RecordIndex:
     consumer = _consumer(bootstrap)
     await consumer.start()
     try:
-        parts = await _partitions(consumer, topic)
+        parts = await topic_partitions(bootstrap, topic)
         begin, end = await _end_offsets(consumer, topic, parts)
         msgs = await _read_ranges(consumer, {(topic, p): (begin[p], end[p]) for p in parts})
     finally:
@@ -295,11 +303,11 @@ class Selection:
                 raise ReplayError(f"--{name.replace('_', '-')} needs a timezone (e.g. 2026-11-28T08:00:00Z)")
 
 
-async def _range_positions(consumer: Any, sel: Selection) -> list[Position]:
+async def _range_positions(bootstrap: str, consumer: Any, sel: Selection) -> list[Position]:
     from aiokafka import TopicPartition
 
     assert sel.topic is not None
-    existing = await _partitions(consumer, sel.topic)
+    existing = await topic_partitions(bootstrap, sel.topic)
     parts = list(sel.partitions) if sel.partitions is not None else existing
     unknown = sorted(set(parts) - set(existing))
     if unknown:
@@ -678,7 +686,7 @@ async def replay(
     try:
         selected: list[Position] = []
         if selection.topic is not None:
-            selected = await _range_positions(consumer, selection)
+            selected = await _range_positions(bootstrap, consumer, selection)
         missing_ids: list[str] = []
         for eid in dict.fromkeys([*selection.event_ids, *([explain_event] if explain_event else [])]):
             found = index.by_event.get(eid)

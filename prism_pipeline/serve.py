@@ -26,13 +26,6 @@ log = structlog.get_logger(__name__)
 API_KEY_ENV = "PRISM_API_KEY"
 
 
-def resolve_precision(precision: str, device: str) -> str:
-    """`auto` is int8 (the batch-invariant path) on a GPU and fp32 (the reference) on CPU."""
-    if precision != "auto":
-        return precision
-    return "int8" if device.startswith("cuda") else "fp32"
-
-
 def _release_date(path: Path) -> str:
     """GGUF files carry no release date; the file's modification day stands in for it."""
     return dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC).date().isoformat()
@@ -48,7 +41,7 @@ def build_app(args: argparse.Namespace) -> Any:
     path = Path(args.model)
     if not path.is_file():
         raise ServeError(f"--model {path}: no such file")
-    precision = resolve_precision(args.precision, args.device)
+    precision = None if args.precision == "auto" else args.precision  # None: the engine's default
     try:
         engine = Engine.load(
             path, device=args.device, precision=precision, decision_config=args.decision_config
@@ -68,6 +61,7 @@ def build_app(args: argparse.Namespace) -> Any:
         limits=limits,
         seed=args.seed,
         gate=args.gate,
+        thought_budget=args.thought_budget,
         batch_tokens=args.batch_tokens,
         max_wait_ms=args.max_wait_ms,
         max_batch_requests=args.max_batch_requests,
@@ -215,6 +209,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         type=_unit_float,
         default=None,
         help="AutoThink gate for requests (default: the decision config's)",
+    )
+    p.add_argument(
+        "--thought-budget",
+        type=_positive_int,
+        default=None,
+        help="most thought tokens per question (default: the decision config's)",
     )
     p.add_argument("--seed", type=int, default=0, help="thought sampling seed (default 0)")
     p.add_argument("--batch-tokens", type=_positive_int, default=8192, help="token budget of one batch")

@@ -423,6 +423,13 @@ class Worker:
             results, seconds = await self._decide([it.request for it in items])
             self.metrics.engine_seconds.observe(seconds)
             done = [(it, r, 1, seconds) for it, r in zip(items, results, strict=True)]
+            log.info(
+                "batch.decided",
+                events=len(items),
+                tokens=tokens,
+                engine_s=round(seconds, 4),
+                event_ids=[it.event.event_id for it in items],
+            )
         except Exception as e:
             # Retry each event alone: one poison event must not take its batch-mates down with it.
             log.warning("engine.batch_failed", events=len(items), error=f"{type(e).__name__}: {e}")

@@ -130,13 +130,13 @@ def main() -> None:
             q8 = make_model(Path(tmp) / f"q8-{outliers}.gguf", "Q8_0", "tiny", 0, outliers=outliers)
             print(f"\n### tiny model, seed 0, outliers={outliers}: int8 (Q8_0 file) vs fp32 (F32 file)\n")
             print(
-                "| path | questions | argmax agree | margin>=0.1 questions | agree there | mean abs dp | max abs dp |"
+                "| path | questions | argmax agree | margin>=0.1 | agree there | mean abs dp | max abs dp |"
             )
             print("|---|---|---|---|---|---|---|")
             for name, a in measure(f32, q8).items():
                 print(
-                    f"| {name} | {a.questions} | {a.argmax_agree:.4f} | {a.confident} | {a.confident_agree:.4f} "
-                    f"| {a.mean_abs_dp:.5f} | {a.max_abs_dp:.5f} |"
+                    f"| {name} | {a.questions} | {a.argmax_agree:.4f} | {a.confident} "
+                    f"| {a.confident_agree:.4f} | {a.mean_abs_dp:.5f} | {a.max_abs_dp:.5f} |"
                 )
     sys.stdout.flush()
 

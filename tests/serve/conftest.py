@@ -1,0 +1,74 @@
+"""Session fixtures: one small generated model, one engine, and real uvicorn servers on free ports.
+
+The decision config beside the model keeps AutoThink on (serving gate 0.6) but caps thoughts at a
+few tokens, so a fuzzed question that thinks costs milliseconds, not a 4096-token thought.
+Servers share the engine; tests talk to one server at a time, so the engine never sees two callers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from engine.engine import Engine
+from engine.testing.make_model import make_model
+from prism_pipeline.http_app import AppConfig, create_app
+from prism_pipeline.http_metrics import ServeMetrics
+from prism_pipeline.serve import ServerThread
+from schemas.systemone import Limits
+
+API_KEY = "test-key-0123456789"
+
+
+@dataclass
+class Served:
+    url: str
+    config: AppConfig
+    metrics: ServeMetrics
+    engine: Engine
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("serve_model")
+    path = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny")
+    (root / "decision_config.json").write_text(json.dumps({"thought_budget": 6}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine(model_path: Path) -> Engine:
+    return Engine.load(model_path)
+
+
+@pytest.fixture(scope="session")
+def serve(engine: Engine) -> Iterator[Callable[[AppConfig], Served]]:
+    """`serve(config) -> Served`: start a server (stopped at the end of the session)."""
+    running: list[ServerThread] = []
+
+    def start(config: AppConfig) -> Served:
+        metrics = ServeMetrics()
+        thread = ServerThread(create_app(engine, config, metrics))
+        thread.start()
+        running.append(thread)
+        return Served(thread.url, config, metrics, engine)
+
+    yield start
+    for thread in running:
+        thread.stop()
+
+
+@pytest.fixture(scope="session")
+def open_server(serve: Callable[[AppConfig], Served]) -> Served:
+    """No API key, AutoThink off, and a batching window so concurrent requests share forests."""
+    return serve(AppConfig(max_wait_ms=20.0, gate=0.0))
+
+
+@pytest.fixture(scope="session")
+def auth_server(serve: Callable[[AppConfig], Served]) -> Served:
+    """API key, a 4 KiB body limit and at most 4 questions per request."""
+    return serve(AppConfig(api_key=API_KEY, max_body_bytes=4096, limits=Limits(max_questions=4)))
