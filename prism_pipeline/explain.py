@@ -40,11 +40,11 @@ def _answer_line(record: DecisionRecord, qid: str) -> str:
 
 
 def _readout_lines(name: str, r: Readout) -> list[str]:
-    lines = [f"  {name} read-out: temperature {r.temperature!r}, coverage {r.coverage!r}"]
+    lines = [f"  {name} read-out: temperature {r.temperature!r}, mass outside the letters {r.coverage!r}"]
     probs = dict(zip(r.options, r.probabilities, strict=True))
     for i, rnd in enumerate(r.rounds):
         if len(r.rounds) > 1:
-            lines.append(f"    round {i + 1} (coverage {rnd.coverage!r})")
+            lines.append(f"    round {i + 1} (mass outside its letters {rnd.coverage!r})")
         lines.append(f"    {'letter':<7}{'option':<20}{'logit':>22}  {'probability':>22}")
         for letter, opt, logit in zip(rnd.letters, rnd.options, rnd.logits, strict=True):
             lines.append(f"    {letter:<7}{opt[:19]:<20}{logit!r:>22}  {probs.get(opt, float('nan'))!r:>22}")

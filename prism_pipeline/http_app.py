@@ -324,7 +324,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.openapi = lambda: _openapi(app, cfg.limits)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app, cfg.limits, names)  # type: ignore[method-assign]
     return app
 
 
@@ -338,11 +338,11 @@ def _request_id(request: Request) -> str:
 _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 
 
-def _openapi(app: FastAPI, limits: Limits) -> dict[str, Any]:
+def _openapi(app: FastAPI, limits: Limits, names: tuple[str, ...]) -> dict[str, Any]:
     """FastAPI's document plus the request schema, which FastAPI cannot see (the body is read raw).
 
-    The schema is the wire contract's, with this server's size limits written in, so a client (or
-    a fuzzer) reading the document knows every bound the server enforces on counts.
+    The schema is the wire contract's, with this server's model names and size limits written in,
+    so a client (or a fuzzer) reading the document knows what the server accepts.
     """
     if app.openapi_schema:
         return app.openapi_schema
@@ -352,6 +352,11 @@ def _openapi(app: FastAPI, limits: Limits) -> dict[str, Any]:
     for name, sub in schema.pop("$defs", {}).items():
         components.setdefault(name, _typed_question(sub) if name == "Question" else sub)
     props = schema["properties"]
+    props["model"] = {
+        "anyOf": [{"type": "string", "enum": list(names)}, {"type": "null"}],
+        "default": None,
+        "description": "a model name from GET /v1/models (null: the served model)",
+    }
     props["questions"].update(minProperties=1, maxProperties=limits.max_questions)
     props["questions"]["description"] = f"question id -> question; 1..{limits.max_questions}"
     for branch in props["images"]["anyOf"]:

@@ -20,6 +20,9 @@ from schemas.record import DecisionRecord, InputRef, Provenance, record_key
 from schemas.systemone import SystemOneRequest, Usage
 
 RECORD_VERSION = 1
+# Original bytes kept in a dead letter: base64 (x4/3) plus the envelope must stay under the
+# producer's 1 MiB request cap, or one oversized poison message would fail the worker forever.
+MAX_DEAD_LETTER_ORIGINAL_BYTES = 256 * 1024
 Header = tuple[str, bytes]
 
 
@@ -153,7 +156,14 @@ def dead_letter_message(letter: DeadLetter, topic: str, key: bytes | None, heade
 
 
 def engine_dead_letter(
-    raw: bytes, error: BaseException, *, topic: str, partition: int, offset: int, key: bytes | None
+    raw: bytes,
+    error: BaseException,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    max_original_bytes: int | None = None,
 ) -> DeadLetter:
     """A valid event the engine could not decide (after a retry on its own)."""
     return dead_letter(
@@ -164,4 +174,5 @@ def engine_dead_letter(
         partition=partition,
         offset=offset,
         key=key,
+        max_original_bytes=max_original_bytes,
     )

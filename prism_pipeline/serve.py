@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import signal
 import sys
 import threading
 import time
@@ -161,7 +162,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port))
-    server.run()  # returns on SIGINT/SIGTERM after in-flight requests are answered
+    # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal under the handlers it found: make
+    # those no-ops so a graceful stop exits 0 (like `prism run`), not -15 or a KeyboardInterrupt.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run()
     return 0
 
 

@@ -34,6 +34,7 @@ from prism_pipeline.batcher import Batch, Batcher
 from prism_pipeline.metrics import WorkerMetrics
 from prism_pipeline.offsets import OffsetTracker
 from prism_pipeline.records import (
+    MAX_DEAD_LETTER_ORIGINAL_BYTES,
     DecisionEngine,
     Outgoing,
     build_record,
@@ -308,7 +309,12 @@ class Worker:
             self.metrics.events_in.inc()
             if isinstance(prep, InvalidEvent):
                 letter = prep.to_dead_letter(
-                    msg.value, topic=tp.topic, partition=tp.partition, offset=msg.offset, key=msg.key
+                    msg.value,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=msg.offset,
+                    key=msg.key,
+                    max_original_bytes=MAX_DEAD_LETTER_ORIGINAL_BYTES,
                 )
                 log.info(
                     "event.invalid",
@@ -486,6 +492,7 @@ class Worker:
                 partition=tp.partition,
                 offset=it.msg.offset,
                 key=it.msg.key,
+                max_original_bytes=MAX_DEAD_LETTER_ORIGINAL_BYTES,
             )
             outs.append((it, dead_letter_message(letter, self.s.dlq_topic, it.msg.key, headers)))
         return outs

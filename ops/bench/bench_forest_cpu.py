@@ -208,9 +208,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"{sh('nproc')} CPUs (nproc), {model}, torch {torch.__version__} with {torch.get_num_threads()} "
-        f"threads, Python {platform.python_version()}"
+        f"threads, Python {platform.python_version()}; load average at the end {load} (shared machine "
+        f"when above the CPU count)"
     )
 
 

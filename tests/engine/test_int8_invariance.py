@@ -215,7 +215,7 @@ def test_bits_survive_a_process_restart_and_the_prefix_cache(
         ],
     }
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD],
         input=json.dumps(payload),

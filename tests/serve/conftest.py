@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from serve_helpers import API_KEY, Served
 
 from engine.engine import Engine
 from engine.testing.make_model import make_model
@@ -20,16 +20,6 @@ from prism_pipeline.http_app import AppConfig, create_app
 from prism_pipeline.http_metrics import ServeMetrics
 from prism_pipeline.serve import ServerThread
 from schemas.systemone import Limits
-
-API_KEY = "test-key-0123456789"
-
-
-@dataclass
-class Served:
-    url: str
-    config: AppConfig
-    metrics: ServeMetrics
-    engine: Engine
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
+from serve_helpers import API_KEY, Served
 
 from schemas.systemone import SystemOneRequest
-from tests.serve.conftest import API_KEY, Served
 
 REQUEST_ID = re.compile(r"^req_[0-9a-f]{32}$")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 
 import pytest
+from serve_helpers import API_KEY, Served
 from typesafe_sdk import (
     AsyncTypeSafeClient,
     Choice,
@@ -28,7 +29,6 @@ from typesafe_sdk.constants import API_KEY_ENV, BASE_URL_ENV, DEFAULT_MODEL_ENV
 
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
-from tests.serve.conftest import API_KEY, Served
 
 FP32_BATCH_TOLERANCE = 1e-5  # fp32 forests of different sizes differ only by rounding
 

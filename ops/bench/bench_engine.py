@@ -1,0 +1,219 @@
+"""GPU engine benchmark at real StartLux-Decision shapes (4B, 9B, 27B) on the int8 path.
+
+Builds a qwen35 model of the given shape with random int8 weights directly on the GPU (no
+GGUF needed: the arithmetic and the bytes moved are what a real Q8_0 file requantized at
+startup gives), then runs the seed's workloads through the forest executor exactly as
+`Engine.decide` does (system root computed once, evidence segment, question segments, letter
+read-out over the full vocabulary):
+
+  (a) one question, ~256 tokens                      serial, mean latency
+  (b) three questions sharing ~256 tokens of evidence serial, mean latency
+  (c) one question, ~8,192 tokens                    serial, mean latency
+  (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
+  (e) thought decoding: 1 sequence and 64 sequences  tokens/s
+
+Serial workloads run 25 requests and discard the first 5; every request carries unique random
+evidence. Token ids are random: tokenization and prompt rendering (CPU, ~1 ms) are not timed.
+
+    python ops/bench/bench_engine.py --shape 27B --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+from engine.executor import run_forest
+from engine.forest import Segment, SegmentState, build_forest
+from engine.quant import QuantLinear
+from engine.readout import read_letters
+from engine.weights import Weights
+
+VOCAB = 248_320
+SHAPES: dict[str, dict] = {
+    "4B": dict(hidden_size=2560, num_layers=32, intermediate_size=9216, num_attention_heads=16,
+               num_kv_heads=4, linear_num_value_heads=32, tied_embeddings=True),
+    "9B": dict(hidden_size=4096, num_layers=32, intermediate_size=12288, num_attention_heads=16,
+               num_kv_heads=4, linear_num_value_heads=32, tied_embeddings=False),
+    "27B": dict(hidden_size=5120, num_layers=64, intermediate_size=17408, num_attention_heads=24,
+                num_kv_heads=4, linear_num_value_heads=48, tied_embeddings=False),
+}  # fmt: skip
+LETTERS = list(range(32, 32 + 26))  # token ids of A..Z in the Qwen3.5 vocabulary
+
+
+def shape_config(name: str) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=VOCAB,
+        head_dim=256,
+        rope_dims=64,
+        rope_theta=1e7,
+        rms_norm_eps=1e-6,
+        full_attention_interval=4,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        conv_kernel=4,
+        **SHAPES[name],
+    )
+
+
+def random_int8_linear(out_features: int, in_features: int, g: torch.Generator, device: str) -> QuantLinear:
+    q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, device=device, generator=g)
+    # uniform int8 has std ~73: scale so that y = x @ W.T keeps unit-variance inputs at unit variance
+    scale = torch.full((out_features,), 1.0 / (73.3 * in_features**0.5), device=device)
+    return QuantLinear(q, scale, None)
+
+
+def random_weights(config: ModelConfig, device: str, seed: int = 0) -> Weights:
+    g = torch.Generator(device=device).manual_seed(seed)
+    c = config
+    h = c.hidden_size
+
+    def lin(n: int, k: int) -> QuantLinear:
+        return random_int8_linear(n, k, g, device)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, device=device)
+
+    layers = []
+    for i in range(c.num_layers):
+        layer: dict = {
+            "attn_norm": ones(h),
+            "post_attention_norm": ones(h),
+            "ffn_gate": lin(c.intermediate_size, h),
+            "ffn_up": lin(c.intermediate_size, h),
+            "ffn_down": lin(h, c.intermediate_size),
+        }
+        if c.is_full_attention(i):
+            nh, nkv, hd = c.num_attention_heads, c.num_kv_heads, c.head_dim
+            layer |= {
+                "attn_q": lin(2 * nh * hd, h),
+                "attn_k": lin(nkv * hd, h),
+                "attn_v": lin(nkv * hd, h),
+                "attn_output": lin(h, nh * hd),
+                "attn_q_norm": ones(hd),
+                "attn_k_norm": ones(hd),
+            }
+        else:
+            nv = c.linear_num_value_heads
+            layer |= {
+                "attn_qkv": lin(c.conv_dim, h),
+                "attn_gate": lin(c.linear_value_dim, h),
+                "ssm_beta": lin(nv, h),
+                "ssm_alpha": lin(nv, h),
+                "ssm_conv1d": torch.randn(c.conv_dim, c.conv_kernel, device=device, generator=g) * 0.5,
+                "ssm_dt": torch.zeros(nv, device=device),
+                "ssm_a": -torch.rand(nv, device=device, generator=g) * 2.0 - 0.1,
+                "ssm_norm": ones(c.linear_value_head_dim),
+                "ssm_out": lin(h, c.linear_value_dim),
+            }
+        layers.append(layer)
+    embd = torch.randn(VOCAB, h, device=device, generator=g)
+    output = lin(VOCAB, h)
+    return Weights(config=c, token_embd=embd, output_norm=ones(h), output=output, layers=layers)
+
+
+@dataclass
+class Bench:
+    weights: Weights
+    root: SegmentState
+    device: str
+    g: torch.Generator
+
+    def tokens(self, n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, VOCAB - 512, (n,), generator=self.g).tolist())
+
+    def decide(self, evidence_tokens: int, questions: int, question_tokens: int = 36) -> float:
+        """One request: evidence + questions in one forest, letter read-outs; returns seconds."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        segs = [Segment(self.tokens(evidence_tokens), self.root)]
+        segs += [Segment(self.tokens(question_tokens), 0, read=True) for _ in range(questions)]
+        out = run_forest(self.weights, build_forest(segs))
+        for row in range(questions):
+            read_letters(out.logits[row], LETTERS[:4], 1.0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def batch(self, clients: int, evidence_tokens: int, question_tokens: int = 36) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        segs: list[Segment] = []
+        for _ in range(clients):
+            segs.append(Segment(self.tokens(evidence_tokens), self.root))
+            segs.append(Segment(self.tokens(question_tokens), len(segs) - 1, read=True))
+        out = run_forest(self.weights, build_forest(segs))
+        for row in range(clients):
+            read_letters(out.logits[row], LETTERS[:4], 1.0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
+        """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt."""
+        segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
+        states = run_forest(self.weights, build_forest(segs)).states
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            segs = [Segment(self.tokens(1), st, read=True) for st in states]
+            out = run_forest(self.weights, build_forest(segs))
+            states = out.states
+            out.logits.argmax(-1).tolist()  # the sampler needs the logits on the host each step
+        torch.cuda.synchronize()
+        return sequences * steps / (time.perf_counter() - t0)
+
+
+def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
+    times = [fn() for _ in range(n)][warmup:]
+    return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="27B", choices=sorted(SHAPES))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--skip-long", action="store_true", help="skip the 8,192-token workload")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    args = ap.parse_args()
+    device = "cuda"
+    config = shape_config(args.shape)
+    t0 = time.perf_counter()
+    weights = random_weights(config, device)
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(1)
+    root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
+    root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
+    bench = Bench(weights, root, device, g)
+    result: dict = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "build_s": build_s,
+                    "weights_gib": torch.cuda.memory_allocated() / 2**30}  # fmt: skip
+    result["a_one_question_256"] = serial(lambda: bench.decide(220, 1))
+    result["b_three_questions_256"] = serial(lambda: bench.decide(220, 3))
+    if not args.skip_long:
+        result["c_one_question_8192"] = serial(lambda: bench.decide(8156, 1), n=10, warmup=2)
+    bench.batch(64, 220)
+    times = [bench.batch(64, 220) for _ in range(3)]
+    result["d_64_clients_req_per_s"] = 64 / statistics.median(times)
+    bench.decode(1, 4)
+    result["e_decode_1_tok_per_s"] = bench.decode(1, args.decode_steps)
+    bench.decode(64, 2)
+    result["e_decode_64_tok_per_s"] = bench.decode(64, args.decode_steps)
+    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    rows = [(k, v) for k, v in result.items()]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        sys_out = json.dumps(v) if isinstance(v, dict) else (f"{v:.3f}" if isinstance(v, float) else str(v))
+        print(f"{k:<{width}}  {sys_out}")
+
+
+if __name__ == "__main__":
+    main()

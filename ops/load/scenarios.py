@@ -1,0 +1,518 @@
+"""Scripted, repeatable fault scenarios: load in, faults injected, every input offset reconciled.
+
+Each scenario creates fresh topics, runs real `prism run` worker processes against a real local
+broker, drives load with `ops.load.generate`, injects its fault, waits until every input offset
+has an outcome, stops the workers gracefully and returns the checker's report.
+
+    python -m ops.load.scenarios worker_kill --model m.gguf [--brokers 127.0.0.1:PORT] [--events 200]
+    python -m ops.load.scenarios soak --model small.gguf --duration 600 --rate 6 \
+        --faults kill@180,bounce@360 --out soak.json
+
+Scenarios: worker_kill, broker_restart, rebalance, poison_burst, slow_engine, hostile, soak.
+broker_restart and soak start their own broker (they bounce it); the others use --brokers or
+start one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import orjson
+import structlog
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from ops.load.check import Checker, CheckReport
+from ops.load.events import EventMix, Message, control_event, hostile_cases
+from ops.load.generate import MAX_MESSAGE_BYTES, LoadReport, generate, require_loopback
+from ops.load.procs import BounceableBroker, WorkerProc
+from prism_pipeline.local_kafka import LocalKafka
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ScenarioConfig:
+    model: Path
+    workdir: Path
+    events: int = 120
+    producers: int = 2
+    rate: float | None = None  # total messages/s; None: unpaced
+    partitions: int = 4
+    poison_fraction: float = 0.05
+    precision: str = "int8"  # batch invariant: redecided events give byte-identical records
+    thought_budget: int = 3
+    worker_args: list[str] = field(default_factory=list)
+    timeout_s: float = 180.0  # longest wait for all outcomes after the load ends
+    seed: int = 0
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    check: CheckReport
+    load: LoadReport
+    peak_rss_mib: float
+    worker_starts: int
+    worker_exits: dict[str, int | None]  # unexpected exits seen while running (name -> rc)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "scenario": self.name,
+            "check": self.check.summary(),
+            "load": self.load.summary(),
+            "peak_worker_rss_mib": round(self.peak_rss_mib, 1),
+            "worker_starts": self.worker_starts,
+            "worker_exits": self.worker_exits,
+            "notes": self.notes,
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create topics that take the hostile sizes (10 MB events, their dead letters)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(t, n, 1, topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
+                for t, n in topics.items()
+            ]
+        )
+    finally:
+        await admin.close()
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A worker's Prometheus metrics, summed over labels: {sample name: value}."""
+    text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+class Pipeline:
+    """Topics, workers and a checker for one scenario run."""
+
+    def __init__(self, cfg: ScenarioConfig, bootstrap: str, name: str) -> None:
+        require_loopback(bootstrap)
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.name = name
+        tag = f"{name}.{uuid.uuid4().hex[:8]}"
+        self.input_topic = f"load.{tag}.in"
+        self.output_topic = f"load.{tag}.out"
+        self.dlq_topic = f"load.{tag}.dlq"
+        self.group = f"load.{tag}"
+        self.workers: list[WorkerProc] = []
+        self.checker = Checker(bootstrap, self.input_topic, self.output_topic, self.dlq_topic)
+        self.exits: dict[str, int | None] = {}
+        cfg.workdir.mkdir(parents=True, exist_ok=True)
+
+    async def __aenter__(self) -> Pipeline:
+        await create_topics(
+            self.bootstrap, {self.input_topic: self.cfg.partitions, self.output_topic: 1, self.dlq_topic: 1}
+        )
+        await self.checker.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for w in self.workers:
+            if w.alive:
+                await asyncio.to_thread(w.stop)
+        await self.checker.__aexit__(*exc)
+
+    def worker_args(self, extra: list[str] | None = None) -> list[str]:
+        c = self.cfg
+        return [
+            *("--model", str(c.model), "--device", "cpu", "--precision", c.precision),
+            *("--gate", "0.0", "--thought-budget", str(c.thought_budget)),
+            *("--brokers", self.bootstrap, "--input-topic", self.input_topic),
+            *("--output-topic", self.output_topic, "--dlq-topic", self.dlq_topic, "--group-id", self.group),
+            *("--session-timeout-ms", "6000", "--max-wait-ms", "20"),
+            *c.worker_args,
+            *(extra or []),
+        ]
+
+    def worker(
+        self, name: str, extra: list[str] | None = None, module: str = "prism_pipeline.cli"
+    ) -> WorkerProc:
+        w = WorkerProc(
+            self.worker_args(extra), self.cfg.workdir / f"{self.name}.{name}.log", module=module, name=name
+        )
+        self.workers.append(w)
+        return w.start()
+
+    def watch(self) -> None:
+        """Note workers that exited without being told to (a crash is a finding)."""
+        for w in self.workers:
+            if w.proc is not None and w.proc.returncode is None and w.proc.poll() is not None:
+                self.exits[w.name] = w.proc.returncode
+                log.warning("load.worker_died", name=w.name, rc=w.proc.returncode, log=w.log_tail(1500))
+
+    async def outcomes(self) -> int:
+        await self.checker.update()
+        self.watch()
+        r = self.checker.report()
+        return r.inputs - len(r.lost)
+
+    async def wait_outcomes(self, n: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        got = 0
+        while time.monotonic() < deadline:
+            got = await self.outcomes()
+            if got >= n:
+                break
+            await asyncio.sleep(0.3)
+        return got
+
+    async def finish(self, load: LoadReport, notes: dict[str, Any] | None = None) -> ScenarioResult:
+        """Wait for every produced offset's outcome, stop the workers, settle, report."""
+        self.checker.set_manifest(load.produced)
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while time.monotonic() < deadline:
+            await self.checker.update()
+            self.watch()
+            rep = self.checker.report()
+            if rep.complete and rep.inputs >= len(load.produced):
+                break
+            await asyncio.sleep(0.5)
+        for w in self.workers:
+            if w.alive:
+                rc = await asyncio.to_thread(w.stop)
+                if rc != 0:
+                    self.exits[f"{w.name}.stop"] = rc
+        await asyncio.sleep(1.0)  # late duplicates from the drain
+        await self.checker.update()
+        return ScenarioResult(
+            self.name,
+            self.checker.report(),
+            load,
+            max((w.peak_rss_kib for w in self.workers), default=0) / 1024.0,
+            sum(w.starts for w in self.workers),
+            self.exits,
+            notes or {},
+        )
+
+
+def _mix(cfg: ScenarioConfig, name: str) -> Callable[[int], Message]:
+    return EventMix(f"{name}-{uuid.uuid4().hex[:6]}", cfg.poison_fraction, cfg.seed).message
+
+
+async def _load(
+    cfg: ScenarioConfig, bootstrap: str, topic: str, make: Callable[[int], Message]
+) -> LoadReport:
+    return await generate(
+        bootstrap, topic, count=cfg.events, producers=cfg.producers, rate=cfg.rate, messages=make
+    )
+
+
+@contextlib.asynccontextmanager
+async def _broker(bootstrap: str | None, workdir: Path) -> AsyncIterator[str]:
+    if bootstrap is not None:
+        yield bootstrap
+        return
+    kafka = LocalKafka(workdir / "kafka")
+    await asyncio.to_thread(kafka.start)
+    try:
+        yield kafka.bootstrap
+    finally:
+        await asyncio.to_thread(kafka.stop)
+
+
+# ---- the scenarios --------------------------------------------------------------------------------
+
+
+async def worker_kill(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
+    """SIGKILL the only worker once a third of the outcomes exist, restart it, finish the load."""
+    async with Pipeline(cfg, bootstrap, "worker_kill") as p:
+        # Rare commits: what the killed worker published after its last commit is decided again.
+        w = p.worker("w", ["--commit-interval-ms", "2000"])
+        load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "kill")))
+        seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
+        await asyncio.to_thread(w.kill)
+        w.start()
+        return await p.finish(await load, {"outcomes_at_kill": seen})
+
+
+async def rebalance(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
+    """Two workers share the group; one leaves (SIGTERM) mid-load and the other takes over."""
+    async with Pipeline(cfg, bootstrap, "rebalance") as p:
+        p.worker("a")
+        b = p.worker("b")
+        load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "rebalance")))
+        seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
+        rc = await asyncio.to_thread(b.stop)
+        return await p.finish(await load, {"outcomes_at_leave": seen, "leaver_rc": rc})
+
+
+async def poison_burst(cfg: ScenarioConfig, bootstrap: str, burst: int = 40) -> ScenarioResult:
+    """Good events, then `burst` poison messages in a row, then good events again."""
+    prefix = f"burst-{uuid.uuid4().hex[:6]}"
+    good = EventMix(prefix, 0.0, cfg.seed)
+    bad = EventMix(prefix, 1.0, cfg.seed)
+    lo = max(0, (cfg.events - burst) // 2)
+
+    def make(i: int) -> Message:
+        return bad.message(i) if lo <= i < lo + burst else good.message(i)
+
+    async with Pipeline(cfg, bootstrap, "poison_burst") as p:
+        p.worker("w")
+        load = await generate(
+            bootstrap,
+            p.input_topic,
+            count=cfg.events + burst,
+            producers=cfg.producers,
+            rate=cfg.rate,
+            messages=make,
+        )
+        return await p.finish(load, {"burst": burst})
+
+
+async def slow_engine(
+    cfg: ScenarioConfig,
+    bootstrap: str,
+    delay_ms: float = 100.0,
+    queued: int = 2,
+    batch: int = 4,
+    poll: int = 8,
+) -> ScenarioResult:
+    """An engine slower than the input: lag grows, fetching pauses, in-flight work stays bounded.
+
+    In-flight events (consumed, outcome not yet acknowledged) are bounded by the worker's settings:
+    the engine's batch, `queued` waiting batches, one overshoot of up to a fetch (`poll` records, cut
+    into batches of `batch`) past the pause threshold, and one partial batch in the batcher.
+    """
+    port = free_port()
+    bound = (queued + 2) * batch + 2 * poll
+    extra = [
+        *("--max-queued-batches", str(queued), "--max-batch-events", str(batch)),
+        *("--max-poll-records", str(poll), "--metrics-port", str(port)),
+        "--engine-delay-ms",
+        str(delay_ms),
+    ]
+    samples: list[dict[str, float]] = []
+    async with Pipeline(cfg, bootstrap, "slow_engine") as p:
+        w = p.worker("w", extra, module="ops.load.slow_worker")
+        stop = asyncio.Event()
+
+        async def sampler() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    m = await asyncio.to_thread(scrape, port)
+                    m["t"] = time.monotonic()
+                    m["rss_kib"] = float(w.rss_samples[-1][1]) if w.rss_samples else 0.0
+                    samples.append(m)
+                await asyncio.sleep(0.25)
+
+        task = asyncio.create_task(sampler())
+        load = await _load(cfg, bootstrap, p.input_topic, _mix(cfg, "slow"))
+        result = await p.finish(load)
+        stop.set()
+        await task
+
+    def inflight(m: dict[str, float]) -> float:
+        done = m.get("prism_records_out_total", 0.0) + m.get("prism_dead_letters_total", 0.0)
+        return m.get("prism_events_in_total", 0.0) - done
+
+    result.notes = {
+        "delay_ms": delay_ms,
+        "inflight_bound": bound,
+        "max_inflight": max((inflight(m) for m in samples), default=None),
+        "max_lag": max((m.get("prism_consumer_lag", 0.0) for m in samples), default=None),
+        "pauses": max((m.get("prism_backpressure_pauses_total", 0.0) for m in samples), default=None),
+        "samples": len(samples),
+        "rss_mib_first_last": (
+            [round(samples[0]["rss_kib"] / 1024, 1), round(samples[-1]["rss_kib"] / 1024, 1)]
+            if samples
+            else None
+        ),
+    }
+    return result
+
+
+async def hostile(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
+    """Hostile cases around a control event; the control is decided once alone, once among them.
+
+    Both control messages carry the same event id, so the checker's divergent-key check compares
+    their decisions (everything but the input position) byte for byte.
+    """
+    prefix = f"hostile-{uuid.uuid4().hex[:6]}"
+    cases = hostile_cases(prefix)
+    ctl = control_event(f"{prefix}-control")
+    control = Message(f"{prefix}-control".encode(), ctl, "event", "record", None, "control")
+    half = len(cases) // 2
+    async with Pipeline(cfg, bootstrap, "hostile") as p:
+        # A longer batching window, so the control shares engine batches with its neighbours.
+        p.worker("w", ["--max-wait-ms", "300"])
+        alone = await generate(bootstrap, p.input_topic, messages=[control])
+        await p.wait_outcomes(1, cfg.timeout_s)
+        mixed = await generate(bootstrap, p.input_topic, messages=[*cases[:half], control, *cases[half:]])
+        load = LoadReport(alone.produced + mixed.produced, alone.seconds + mixed.seconds, mixed.send_retries)
+        result = await p.finish(load, {"cases": [m.label for m in cases]})
+    return result
+
+
+async def broker_restart(cfg: ScenarioConfig, workdir: Path, down_s: float = 2.0) -> ScenarioResult:
+    """The broker is stopped and started again (same data, same address) during the load."""
+    broker = BounceableBroker(workdir / "kafka-bounce")
+    bootstrap = await asyncio.to_thread(broker.start)
+    try:
+        async with Pipeline(cfg, bootstrap, "broker_restart") as p:
+            p.worker("w")
+            load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "bounce")))
+            seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
+            outage = await asyncio.to_thread(broker.bounce, down_s)
+            return await p.finish(await load, {"outcomes_at_bounce": seen, "outage_s": round(outage, 2)})
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def soak(
+    cfg: ScenarioConfig, workdir: Path, duration_s: float, faults: list[tuple[str, float]]
+) -> ScenarioResult:
+    """Sustained paced load for `duration_s` with faults at given seconds: kill (SIGKILL the worker,
+    restart it), bounce (stop and restart the broker), leave (a second worker joins, then leaves)."""
+    broker = BounceableBroker(workdir / "kafka-soak")
+    bootstrap = await asyncio.to_thread(broker.start)
+    done: list[dict[str, Any]] = []
+    try:
+        async with Pipeline(cfg, bootstrap, "soak") as p:
+            w = p.worker("w")
+            await p.wait_outcomes(0, 1)
+            t0 = time.monotonic()
+            load = asyncio.create_task(
+                generate(
+                    bootstrap,
+                    p.input_topic,
+                    duration_s=duration_s,
+                    producers=cfg.producers,
+                    rate=cfg.rate,
+                    messages=_mix(cfg, "soak"),
+                )
+            )
+            for kind, at in sorted(faults, key=lambda f: f[1]):
+                while time.monotonic() - t0 < at and not load.done():
+                    await p.outcomes()
+                    await asyncio.sleep(1.0)
+                t = round(time.monotonic() - t0, 1)
+                if kind == "kill":
+                    await asyncio.to_thread(w.kill)
+                    w.start()
+                    done.append({"fault": "kill", "at_s": t})
+                elif kind == "bounce":
+                    outage = await asyncio.to_thread(broker.bounce, 2.0)
+                    done.append({"fault": "bounce", "at_s": t, "outage_s": round(outage, 1)})
+                elif kind == "leave":
+                    extra = p.worker(f"extra{len(done)}")
+                    await asyncio.sleep(20)
+                    await asyncio.to_thread(extra.stop)
+                    done.append({"fault": "leave", "at_s": t})
+                else:
+                    raise ValueError(f"unknown fault {kind!r}: use kill, bounce or leave")
+            return await p.finish(await load, {"faults": done, "duration_s": duration_s})
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+SCENARIOS = ("worker_kill", "broker_restart", "rebalance", "poison_burst", "slow_engine", "hostile", "soak")
+
+
+def parse_faults(text: str) -> list[tuple[str, float]]:
+    out = []
+    for part in filter(None, (s.strip() for s in text.split(","))):
+        kind, _, at = part.partition("@")
+        try:
+            out.append((kind, float(at)))
+        except ValueError:
+            raise ValueError(f"bad fault {part!r}: want KIND@SECONDS, e.g. kill@120") from None
+    return out
+
+
+async def run_scenario(name: str, cfg: ScenarioConfig, bootstrap: str | None, **kw: Any) -> ScenarioResult:
+    if name == "broker_restart":
+        return await broker_restart(cfg, cfg.workdir)
+    if name == "soak":
+        return await soak(cfg, cfg.workdir, kw["duration_s"], kw.get("faults", []))
+    fn = {
+        "worker_kill": worker_kill,
+        "rebalance": rebalance,
+        "poison_burst": poison_burst,
+        "slow_engine": slow_engine,
+        "hostile": hostile,
+    }.get(name)
+    if fn is None:
+        raise ValueError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
+    async with _broker(bootstrap, cfg.workdir) as b:
+        return await fn(cfg, b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.load.scenarios", description=__doc__.split("\n\n")[0])
+    p.add_argument("scenario", choices=SCENARIOS)
+    p.add_argument("--model", type=Path, required=True, help="GGUF model for the workers")
+    p.add_argument("--brokers", default=None, help="loopback broker (default: start one)")
+    p.add_argument("--workdir", type=Path, default=Path("load-runs"), help="worker logs, broker data")
+    p.add_argument("--events", type=int, default=120)
+    p.add_argument("--producers", type=int, default=2)
+    p.add_argument("--rate", type=float, default=None, help="total messages/s (default: unpaced)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--poison-fraction", type=float, default=0.05)
+    p.add_argument("--precision", default="int8", choices=["int8", "fp32", "bf16"])
+    p.add_argument("--duration", type=float, default=600.0, help="soak: seconds of load")
+    p.add_argument(
+        "--faults", default="kill@200,bounce@400", help="soak: KIND@SECONDS,... (kill, bounce, leave)"
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for outcomes after the load")
+    p.add_argument("--out", type=Path, default=None, help="write the result summary (JSON) here")
+    a = p.parse_args(argv)
+    from prism_pipeline.logs import configure_logging
+
+    configure_logging("INFO", None)
+    cfg = ScenarioConfig(
+        model=a.model,
+        workdir=a.workdir.resolve(),
+        events=a.events,
+        producers=a.producers,
+        rate=a.rate,
+        partitions=a.partitions,
+        poison_fraction=a.poison_fraction,
+        precision=a.precision,
+        timeout_s=a.timeout,
+    )
+    try:
+        result = asyncio.run(
+            run_scenario(a.scenario, cfg, a.brokers, duration_s=a.duration, faults=parse_faults(a.faults))
+        )
+    except ValueError as e:
+        sys.stderr.write(f"scenarios: {e}\n")
+        return 2
+    text = orjson.dumps(result.summary(), option=orjson.OPT_INDENT_2).decode()
+    if a.out is not None:
+        a.out.write_text(text + "\n")
+    sys.stdout.write(text + "\n")
+    return 0 if result.check.ok and not result.worker_exits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The generator and the checker against a real broker, on hand-built topics with known faults."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from ops.load import check as check_mod
+from ops.load import generate as generate_mod
+from ops.load.check import Checker, percentile
+from ops.load.generate import Produced, generate, read_manifest, write_manifest
+from tests.pipeline.kafkautil import create_topics, produce, read_all, unique
+
+pytestmark = pytest.mark.kafka
+
+
+def record(tin: str, offset: int, answer: str) -> bytes:
+    return orjson.dumps(
+        {
+            "event_id": f"e{offset}",
+            "answers": {"q": answer},
+            "input": {"topic": tin, "partition": 0, "offset": offset},
+        }
+    )
+
+
+def letter(tin: str, offset: int, reason: str) -> bytes:
+    return orjson.dumps({"reason": reason, "topic": tin, "partition": 0, "offset": offset})
+
+
+async def test_checker_finds_every_kind_of_fault(kafka_bootstrap: str) -> None:
+    tin, tout, tdlq = unique("in"), unique("out"), unique("dlq")
+    await create_topics(kafka_bootstrap, {tin: 1, tout: 1, tdlq: 1})
+    await produce(kafka_bootstrap, tin, [(f"e{i}".encode(), b"{}", 0) for i in range(7)])
+    await produce(
+        kafka_bootstrap,
+        tout,
+        [
+            (b"e0", record(tin, 0, "yes"), 0),  # fine
+            (b"e1", record(tin, 1, "yes"), 0),  # duplicated, identical: allowed
+            (b"e1", record(tin, 1, "yes"), 0),
+            (b"e2", record(tin, 2, "yes"), 0),  # also dead-lettered: conflicting
+            (b"e3", record(tin, 3, "yes"), 0),  # re-decided differently: divergent (offset and key)
+            (b"e3", record(tin, 3, "no"), 0),
+            (b"e6", record(tin, 6, "yes"), 0),  # offset 4: nothing at all (lost)
+            (b"e9", record(tin, 99, "yes"), 0),  # names an offset the input does not hold: orphan
+            (b"junk", b"not json", 0),  # not a record at all: orphan
+        ],
+    )
+    await produce(
+        kafka_bootstrap,
+        tdlq,
+        [(b"e2", letter(tin, 2, "invalid_json"), 0), (b"e5", letter(tin, 5, "invalid_json"), 0)],
+    )
+    manifest = [
+        Produced(0, 5, "e5", "event", "record", None, "sample", 0),
+        Produced(0, 6, "e6", "event", "record", None, "sample", 0),
+    ]
+    async with Checker(kafka_bootstrap, tin, tout, tdlq, manifest) as c:
+        rep = await c.wait_complete(5)
+    assert rep.inputs == 7 and rep.records == 9 and rep.dead_letters == 2
+    assert rep.lost == [(0, 4)]
+    assert rep.conflicting == [(0, 2)]
+    assert rep.divergent == [(0, 3)]
+    assert rep.divergent_keys == ["e3"]
+    assert rep.duplicates == 1 + 1 + 1  # e1's copy, e2's second outcome, e3's second record
+    assert [w[0] for w in rep.wrong] == [(0, 5)]  # a dead letter where a record was owed
+    assert rep.orphans == 2
+    assert not rep.ok and not rep.complete
+    assert rep.reasons == {"record": 4, "dead_letter:invalid_json": 1}
+
+
+async def test_generator_bounds_and_manifest_match_the_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
+    topic = unique("gen")
+    await create_topics(kafka_bootstrap, {topic: 3})
+    rep = await generate(
+        kafka_bootstrap, topic, count=90, producers=3, poison_fraction=0.2, prefix=unique("g")
+    )
+    assert len(rep.produced) == 90
+    msgs = await read_all(kafka_bootstrap, [topic], 90, settle=0.5)
+    on_topic = {(m.partition, m.offset): m.key.decode() for m in msgs}
+    assert on_topic == {(p.partition, p.offset): p.key for p in rep.produced}  # no loss, no extra copies
+    assert 5 < sum(p.kind == "poison" for p in rep.produced) < 35
+    write_manifest(rep.produced, tmp_path / "m.jsonl")
+    assert read_manifest(tmp_path / "m.jsonl") == rep.produced
+
+    # A duration bound alone stops the generator; a paced rate keeps it well below unpaced speed.
+    timed = await generate(kafka_bootstrap, topic, duration_s=1.5, rate=20, prefix=unique("g"))
+    assert 10 <= len(timed.produced) <= 31 and timed.seconds < 10
+
+
+async def test_clis_round_trip(kafka_bootstrap: str, tmp_path: Path) -> None:
+    tin, tout, tdlq = unique("in"), unique("out"), unique("dlq")
+    await create_topics(kafka_bootstrap, {tin: 1, tout: 1, tdlq: 1})
+    manifest = tmp_path / "m.jsonl"
+    args = ["--brokers", kafka_bootstrap, "--topic", tin, "--count", "3", "--manifest", str(manifest)]
+    assert await asyncio.to_thread(generate_mod.main, args) == 0
+    assert len(read_manifest(manifest)) == 3
+    # Nothing decided them: the checker CLI exits 1 (3 lost); a non-loopback broker is refused (2).
+    common = ["--input-topic", tin, "--output-topic", tout, "--dlq-topic", tdlq]
+    assert (
+        await asyncio.to_thread(
+            check_mod.main, ["--brokers", kafka_bootstrap, *common, "--manifest", str(manifest)]
+        )
+        == 1
+    )
+    assert await asyncio.to_thread(check_mod.main, ["--brokers", "192.0.2.1:9092", *common]) == 2
+    assert await asyncio.to_thread(generate_mod.main, ["--brokers", kafka_bootstrap, "--topic", tin]) == 2
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (
+        percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0 and percentile(values, 100) == 100.0
+    )
+    assert percentile([7.0], 1) == 7.0 and percentile([], 50) is None

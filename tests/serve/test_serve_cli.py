@@ -1,0 +1,65 @@
+"""`prism serve` as a user runs it: a subprocess on a free port, the API key from PRISM_API_KEY,
+one real SDK call, then SIGTERM and a clean exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typesafe_sdk import Noul, TypeSafeClient
+
+PRISM = [sys.executable, "-c", "import sys; from prism_pipeline.cli import main; sys.exit(main())"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_prism_serve_subprocess(model_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PRISM_API_KEY": "cli-key"}
+    proc = subprocess.Popen(
+        [*PRISM, "serve", "--model", str(model_path), "--port", str(port), "--gate", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "prism serve did not become healthy"
+            time.sleep(0.2)
+        with TypeSafeClient(base_url=url, api_key="cli-key", model="prism-test-qwen35") as client:
+            resp = client.system_one(
+                state="Refund me, I paid twice.", questions={"r": Noul(instructions="Refund?")}
+            )
+        assert 0.0 <= resp.nouls["r"].noul <= 1.0
+        assert httpx.post(f"{url}/v1/systemone", json={}).status_code == 401  # the key came from the env
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+
+
+def test_prism_serve_reports_a_missing_model(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*PRISM, "serve", "--model", str(tmp_path / "nope.gguf")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "prism serve: --model" in proc.stderr and "no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
