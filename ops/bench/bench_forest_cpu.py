@@ -140,18 +140,23 @@ class ModeResult:
         return 1e3 * s[min(len(s) - 1, int(0.9 * len(s)))]
 
 
-def run_mode(
-    engine: Engine, mode: str, warmup: list[DecideRequest], timed: list[DecideRequest]
-) -> ModeResult:
+def run_modes(
+    engine: Engine, warmup: list[DecideRequest], timed: list[DecideRequest]
+) -> dict[str, ModeResult]:
+    """Warm up both modes, then time each request in both modes back to back, alternating which
+    goes first, so drifting load on a shared machine hits both modes alike."""
     for req in warmup:
-        engine.decide([req], mode=mode)
-    out = ModeResult(mode, [], [], [])
-    for req in timed:
-        t0 = time.perf_counter()
-        (result,) = engine.decide([req], mode=mode)
-        out.seconds.append(time.perf_counter() - t0)
-        out.tokens.append(sum(c.tokens for c in engine.last_counters))
-        out.probabilities.append({q: list(t.final_probabilities) for q, t in result.traces.items()})
+        for mode in MODES:
+            engine.decide([req], mode=mode)
+    out = {mode: ModeResult(mode, [], [], []) for mode in MODES}
+    for i, req in enumerate(timed):
+        for mode in MODES if i % 2 == 0 else MODES[::-1]:
+            t0 = time.perf_counter()
+            (result,) = engine.decide([req], mode=mode)
+            r = out[mode]
+            r.seconds.append(time.perf_counter() - t0)
+            r.tokens.append(sum(c.tokens for c in engine.last_counters))
+            r.probabilities.append({q: list(t.final_probabilities) for q, t in result.traces.items()})
     return out
 
 
@@ -160,7 +165,7 @@ def bench(model: Path, label: str, n: int, n_warmup: int, seed: int) -> tuple[li
     # Both modes see the same timed requests, each new to the engine: warm-up requests differ.
     warmup = make_requests(engine, n_warmup, seed + 1)
     timed = make_requests(engine, n, seed)
-    results = {mode: run_mode(engine, mode, warmup, timed) for mode in MODES}
+    results = run_modes(engine, warmup, timed)
     f, p = results["forest"], results["per_question"]
     max_dp = max(
         abs(a - b)
@@ -226,13 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dims", nargs="+", choices=("tiny", "small"), default=["tiny", "small"])
     ap.add_argument("--model", type=Path, help="benchmark this GGUF instead of generated models")
-    ap.add_argument("--requests", type=int, default=20, help="timed requests per mode")
+    ap.add_argument("--requests", type=int, default=10, help="timed requests per mode")
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     a = ap.parse_args(argv)
     if a.requests < 1 or a.warmup < 0:
         ap.error("--requests must be >= 1 and --warmup >= 0")
+    if a.threads is not None:
+        if a.threads < 1:
+            ap.error("--threads must be >= 1")
+        torch.set_num_threads(a.threads)
 
     rows: list[str] = []
     worst = 0.0
@@ -261,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             f"\n## bench_forest_cpu: forest vs per-question, CPU fp32\n\n"
             f"- command: `{command}`\n- date: {sh('date', '-u')}\n- machine: {machine()}\n"
             f"- commit: {commit()}\n"
-            f"- setup: {a.requests} timed serial requests per mode after {a.warmup} warm-up, "
+            f"- setup: {a.requests} timed serial requests, each run in both modes back to back "
+            f"(alternating order), after {a.warmup} warm-up, "
             f"~{EVIDENCE_TOKENS} evidence tokens unique per request, 3 questions, gate 0, cache off\n\n"
             f"{table}\n"
         )
