@@ -81,7 +81,7 @@ class PrefixCache:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def keys(self) -> list[str]:
+    def lru_keys(self) -> list[str]:
         """Keys from least to most recently used."""
         return list(self._entries)
 

@@ -28,7 +28,7 @@ from engine.config import ModelConfig
 from engine.decision_config import DecisionConfig, load_decision_config
 from engine.executor import ForestCounters, ForestOutput, run_forest
 from engine.forest import Segment, SegmentState, build_forest
-from engine.gguf import GGUFFile, open_gguf
+from engine.gguf import GGUFError, GGUFFile, open_gguf
 from engine.loader import load_weights
 from engine.prompt import (
     MAX_LETTERS,
@@ -40,7 +40,7 @@ from engine.prompt import (
 from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
 from engine.reference import forward
 from engine.sampling import sample_token, uniform
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer, TokenizerError
 from engine.types import DecideRequest, DecideResult
 from engine.weights import Weights
 from schemas.record import QuestionTrace, Readout, RoundReadout
@@ -67,17 +67,24 @@ def file_digest(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
+    """The tokenizer the GGUF carries; a GGUFError naming the file when its metadata is unusable."""
     meta = file.metadata
-    return Tokenizer.from_gguf_metadata(
-        meta["tokenizer.ggml.tokens"],
-        meta.get("tokenizer.ggml.merges", []),
-        meta["tokenizer.ggml.token_type"],
-        meta.get("tokenizer.ggml.pre", "default"),
-        model=meta.get("tokenizer.ggml.model", "gpt2"),
-        eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-        bos_id=meta.get("tokenizer.ggml.bos_token_id"),
-        pad_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+        if key not in meta:
+            raise GGUFError(f"{file.path}: missing metadata key {key} (no tokenizer in this file)")
+    try:
+        return Tokenizer.from_gguf_metadata(
+            meta["tokenizer.ggml.tokens"],
+            meta.get("tokenizer.ggml.merges", []),
+            meta["tokenizer.ggml.token_type"],
+            meta.get("tokenizer.ggml.pre", "default"),
+            model=meta.get("tokenizer.ggml.model", "gpt2"),
+            eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+            pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+        )
+    except TokenizerError as e:
+        raise GGUFError(f"{file.path}: unusable tokenizer metadata: {e}") from None
 
 
 @dataclass
@@ -168,6 +175,7 @@ class Engine:
         precision = default_precision(device) if precision is None else precision
         t0 = time.perf_counter()
         file = open_gguf(path)
+        file.config()  # architecture and hyper-parameters first: a clear error for a foreign file
         tokenizer = tokenizer_from_gguf(file)
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         weights = load_weights(file, dtype=dtype)

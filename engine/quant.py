@@ -36,6 +36,9 @@ from typing import Literal
 
 import torch
 
+from engine import kernels
+from engine.kernels._triton import HAVE_TRITON
+
 INT8_MAX = 127
 # SmoothQuant scales are kept in a range where neither the folded weights nor x / s can
 # overflow or flush to zero in fp32.
@@ -161,6 +164,10 @@ class QuantLinear:
         if x.shape[-1] != k:
             raise ValueError(f"QuantLinear expects inputs with {k} features, got shape {tuple(x.shape)}")
         lead = x.shape[:-1]
+        if x.is_cuda and HAVE_TRITON:
+            # GPU: one quantization kernel and one GEMM with the same epilogue fused (engine.kernels)
+            q, act_scale = kernels.quantize_rows(x.reshape(-1, k), self.smooth)
+            return kernels.int8_gemm(q, self.qweight, act_scale, self.w_scale).reshape(*lead, n)
         x2 = x.reshape(-1, k).float()
         if self.smooth is not None:
             x2 = x2 / self.smooth

@@ -387,6 +387,11 @@ class EngineSource:
                 self._check_versions(e, model)
                 return e
         candidates = [p for p, d in self._model_digests().items() if d == digest]
+        if not candidates and not self.models and not self._engines:
+            raise ReplayRefused(
+                f"{what} was decided by model {name!r} with file sha256 {digest}; "
+                "pass that model file with --model"
+            )
         if not candidates:
             given = ", ".join(f"{p} (sha256 {d})" for p, d in self._model_digests().items()) or "none"
             loaded = ", ".join(f"{e.model_name} (sha256 {e.model_digest})" for e in self._engines)
@@ -482,8 +487,7 @@ class ReplayOptions:
     seed_policy: SeedPolicy = "event"
     fixed_seed: int = 0
     limits: Limits | None = None
-    batch_tokens: int = 8192  # int8 records without batch headers are regrouped by this budget
-    max_batch_events: int = 64
+    max_batch_events: int = 64  # int8 (batch invariant) events are regrouped freely, this many a call
 
 
 def _pos_text(p: Position) -> str:
@@ -491,7 +495,10 @@ def _pos_text(p: Position) -> str:
 
 
 def _groups(
-    positions: list[Position], index: RecordIndex, precision_of: Callable[[Position], str | None]
+    positions: list[Position],
+    index: RecordIndex,
+    precision_of: Callable[[Position], str | None],
+    group_size: int = 64,
 ) -> list[list[Position]]:
     """Engine calls to make: the worker's batches (with batch-mates) where they matter."""
     groups: list[list[Position]] = []
@@ -511,8 +518,8 @@ def _groups(
         groups.append(members)
     int8 = [p for p in loose if precision_of(p) == "int8"]
     # Batch invariant: any grouping reproduces the records, so group for speed.
-    for i in range(0, len(int8), 64):
-        groups.append(int8[i : i + 64])
+    for i in range(0, len(int8), group_size):
+        groups.append(int8[i : i + group_size])
     # No batch header on a reference path: decide alone (what `--max-batch-events 1` workers do).
     groups.extend([p] for p in loose if precision_of(p) != "int8")
     return groups
@@ -539,7 +546,7 @@ def replay_events(
         m = model_of(pos)
         return str(m.get("precision")) if m else None
 
-    groups = _groups(selected, index, precision_of)
+    groups = _groups(selected, index, precision_of, options.max_batch_events)
     # Resolve every engine first: a refusal must come before any work, and name the record.
     engine_of: dict[Position, DecisionEngine] = {}
     for group in groups:

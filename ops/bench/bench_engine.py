@@ -41,10 +41,17 @@ SHAPES: dict[str, dict] = {
                num_kv_heads=4, linear_num_value_heads=32, tied_embeddings=True),
     "9B": dict(hidden_size=4096, num_layers=32, intermediate_size=12288, num_attention_heads=16,
                num_kv_heads=4, linear_num_value_heads=32, tied_embeddings=False),
+    "tiny": dict(hidden_size=256, num_layers=4, intermediate_size=512, num_attention_heads=4,
+                 num_kv_heads=2, linear_num_value_heads=32, tied_embeddings=False),
     "27B": dict(hidden_size=5120, num_layers=64, intermediate_size=17408, num_attention_heads=24,
                 num_kv_heads=4, linear_num_value_heads=48, tied_embeddings=False),
 }  # fmt: skip
 LETTERS = list(range(32, 32 + 26))  # token ids of A..Z in the Qwen3.5 vocabulary
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def shape_config(name: str) -> ModelConfig:
@@ -131,18 +138,18 @@ class Bench:
 
     def decide(self, evidence_tokens: int, questions: int, question_tokens: int = 36) -> float:
         """One request: evidence + questions in one forest, letter read-outs; returns seconds."""
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         segs = [Segment(self.tokens(evidence_tokens), self.root)]
         segs += [Segment(self.tokens(question_tokens), 0, read=True) for _ in range(questions)]
         out = run_forest(self.weights, build_forest(segs))
         for row in range(questions):
             read_letters(out.logits[row], LETTERS[:4], 1.0)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t0
 
     def batch(self, clients: int, evidence_tokens: int, question_tokens: int = 36) -> float:
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         segs: list[Segment] = []
         for _ in range(clients):
@@ -151,21 +158,21 @@ class Bench:
         out = run_forest(self.weights, build_forest(segs))
         for row in range(clients):
             read_letters(out.logits[row], LETTERS[:4], 1.0)
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t0
 
     def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
         """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt."""
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
         states = run_forest(self.weights, build_forest(segs)).states
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             segs = [Segment(self.tokens(1), st, read=True) for st in states]
             out = run_forest(self.weights, build_forest(segs))
             states = out.states
             out.logits.argmax(-1).tolist()  # the sampler needs the logits on the host each step
-        torch.cuda.synchronize()
+        sync()
         return sequences * steps / (time.perf_counter() - t0)
 
 
@@ -181,18 +188,19 @@ def main() -> None:
     ap.add_argument("--skip-long", action="store_true", help="skip the 8,192-token workload")
     ap.add_argument("--decode-steps", type=int, default=32)
     args = ap.parse_args()
-    device = "cuda"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     config = shape_config(args.shape)
     t0 = time.perf_counter()
     weights = random_weights(config, device)
-    torch.cuda.synchronize()
+    sync()
     build_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
     root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g)
-    result: dict = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "build_s": build_s,
-                    "weights_gib": torch.cuda.memory_allocated() / 2**30}  # fmt: skip
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s,
+                    "weights_gib": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0}  # fmt: skip
     result["a_one_question_256"] = serial(lambda: bench.decide(220, 1))
     result["b_three_questions_256"] = serial(lambda: bench.decide(220, 3))
     if not args.skip_long:
@@ -204,7 +212,7 @@ def main() -> None:
     result["e_decode_1_tok_per_s"] = bench.decode(1, args.decode_steps)
     bench.decode(64, 2)
     result["e_decode_64_tok_per_s"] = bench.decode(64, args.decode_steps)
-    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

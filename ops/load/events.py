@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -21,10 +22,16 @@ Kind = Literal["event", "poison"]
 Expect = Literal["record", "dead_letter"]
 
 
-def sample_events() -> list[dict[str, Any]]:
-    """The bundled realistic events (alerts, tickets, other), parsed."""
-    text = resources.files("prism_pipeline").joinpath("data/sample_events.jsonl").read_text("utf-8")
-    return [orjson.loads(line) for line in text.splitlines() if line.strip()]
+def sample_events(path: Path | None = None) -> list[dict[str, Any]]:
+    """Realistic events from a JSON-lines file (default: the bundled alerts, tickets, other)."""
+    if path is None:
+        text = resources.files("prism_pipeline").joinpath("data/sample_events.jsonl").read_text("utf-8")
+    else:
+        text = path.read_text("utf-8")
+    events = [orjson.loads(line) for line in text.splitlines() if line.strip()]
+    if not events or not all(isinstance(e, dict) for e in events):
+        raise ValueError(f"{path or 'the bundled samples'}: want one JSON event object per line")
+    return events
 
 
 @dataclass(frozen=True)
@@ -99,11 +106,14 @@ def _poison_makers() -> list[tuple[str, str, Callable[[random.Random, str], byte
 class EventMix:
     """A reproducible stream of messages: samples with fresh ids, and a share of poison.
 
+    `samples` is a JSON-lines file of events to draw from (default: the bundled samples).
     `poison_fraction` of the messages (chosen by the seeded generator) are poison. `prefix` makes
     ids unique across runs; the i-th message's id is `{prefix}-{i:08d}` (poison too, as its key).
     """
 
-    def __init__(self, prefix: str, poison_fraction: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, prefix: str, poison_fraction: float = 0.0, seed: int = 0, samples: Path | None = None
+    ) -> None:
         if not 0.0 <= poison_fraction <= 1.0:
             raise ValueError(f"poison_fraction must be within 0..1, got {poison_fraction}")
         if not prefix:
@@ -111,7 +121,7 @@ class EventMix:
         self.prefix = prefix
         self.poison_fraction = poison_fraction
         self.seed = seed
-        self._samples = sample_events()
+        self._samples = sample_events(samples)
         self._poison = _poison_makers()
 
     def message(self, i: int) -> Message:

@@ -115,6 +115,7 @@ async def generate(
     poison_fraction: float = 0.0,
     prefix: str | None = None,
     seed: int = 0,
+    samples: Path | None = None,
     messages: Sequence[Message] | Callable[[int], Message] | None = None,
     stop: asyncio.Event | None = None,
     send_timeout_s: float = 120.0,
@@ -143,7 +144,7 @@ async def generate(
     elif messages is not None:
         make = messages
     else:
-        make = EventMix(prefix or f"load-{uuid.uuid4().hex[:8]}", poison_fraction, seed).message
+        make = EventMix(prefix or f"load-{uuid.uuid4().hex[:8]}", poison_fraction, seed, samples).message
 
     t0 = time.monotonic()
     deadline = None if duration_s is None else t0 + duration_s
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poison-fraction", type=float, default=0.0, help="share of poison messages, 0..1")
     p.add_argument("--prefix", default=None, help="event id prefix (default: random)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--samples", type=Path, default=None, help="JSON-lines events to sample (default: bundled)"
+    )
     p.add_argument("--manifest", type=Path, default=None, help="write what was produced here (JSON lines)")
     a = p.parse_args(argv)
     from prism_pipeline.logs import configure_logging
@@ -252,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
                 poison_fraction=a.poison_fraction,
                 prefix=a.prefix,
                 seed=a.seed,
+                samples=a.samples,
             )
         )
-    except (LoadError, ValueError) as e:
+    except (LoadError, ValueError, OSError) as e:
         sys.stderr.write(f"generate: {e}\n")
         return 2
     if a.manifest is not None:

@@ -116,6 +116,26 @@ class WorkerProc:
         except subprocess.TimeoutExpired:
             return self.kill()
 
+    def wait_log(self, text: str, timeout: float, after: int = 0) -> bool:
+        """Wait until the log (from byte `after`) contains `text`, e.g. "partitions.assigned"."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if text in self.log_path.read_bytes()[after:].decode(errors="replace"):
+                    return True
+            except OSError:
+                pass
+            if not self.alive:
+                return False
+            time.sleep(0.25)
+        return False
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]

@@ -204,6 +204,7 @@ class Pipeline:
                     self.exits[f"{w.name}.stop"] = rc
         await asyncio.sleep(1.0)  # late duplicates from the drain
         await self.checker.update()
+        notes = {**(notes or {}), "topics": [self.input_topic, self.output_topic, self.dlq_topic]}
         return ScenarioResult(
             self.name,
             self.checker.report(),
@@ -211,7 +212,7 @@ class Pipeline:
             max((w.peak_rss_kib for w in self.workers), default=0) / 1024.0,
             sum(w.starts for w in self.workers),
             self.exits,
-            notes or {},
+            notes,
         )
 
 
@@ -399,7 +400,9 @@ async def soak(
     try:
         async with Pipeline(cfg, bootstrap, "soak") as p:
             w = p.worker("w")
-            await p.wait_outcomes(0, 1)
+            # Latency should measure the pipeline, not the first engine load.
+            if not await asyncio.to_thread(w.wait_log, "partitions.assigned", 600):
+                raise RuntimeError(f"the worker did not join its group:\n{w.log_tail()}")
             t0 = time.monotonic()
             load = asyncio.create_task(
                 generate(

@@ -13,8 +13,12 @@ from engine.sampling import sample_token, uniform
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 
-PRECISION = "fp32"  # TODO int8 once it lands
-QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": {"dba": None, "sre": None, "net": None}}
+PRECISION = "int8"
+QUESTION = {
+    "type": "choice",
+    "instructions": "Which team?",
+    "criteria": {"dba": None, "sre": None, "net": None},
+}
 
 
 @pytest.fixture(scope="module")

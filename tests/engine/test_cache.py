@@ -13,7 +13,11 @@ from schemas.systemone import SystemOneRequest
 
 QUESTIONS = {
     "urgent": {"type": "noul", "instructions": "Is this urgent?"},
-    "team": {"type": "choice", "instructions": "Which team owns it?", "criteria": {"dba": "databases", "sre": None}},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team owns it?",
+        "criteria": {"dba": "databases", "sre": None},
+    },
     "sev": {"type": "score", "instructions": "Severity?", "criteria": ["low", "medium", "high"]},
 }
 
@@ -109,7 +113,7 @@ def test_lru_within_budget_under_churn() -> None:
             order.append(key)
         else:
             size = 4 * int(torch.randint(100, 900, (1,), generator=g))
-            sizes = {k: cache._entries[k][1] for k in cache.keys()}
+            sizes = {k: cache._entries[k][1] for k in cache.lru_keys()}
             stored = cache.put(key, fake_state(size))
             assert stored
             # the model: evict from the least recent until it fits
@@ -118,7 +122,7 @@ def test_lru_within_budget_under_churn() -> None:
                 sizes.pop(victim)
             order.append(key)
         assert cache.stats.bytes <= cache.budget
-        assert cache.keys() == order, f"step {step}"
+        assert cache.lru_keys() == order, f"step {step}"
 
 
 def test_pinned_entries_are_never_evicted() -> None:

@@ -60,3 +60,15 @@ def test_loopback_brokers_are_accepted() -> None:
         "localhost:1",
         "[::1]:2",
     ]
+
+
+def test_event_mix_samples_a_given_file(tmp_path) -> None:
+    path = tmp_path / "ev.jsonl"
+    path.write_bytes(control_event("mine") + b"\n")
+    mix = EventMix("f", samples=path)
+    msgs = [mix.message(i) for i in range(5)]
+    assert {m.label for m in msgs} == {"sample:mine"}
+    assert all(outcome(m.value) == ("record", None) for m in msgs)
+    path.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="one JSON event object per line"):
+        EventMix("f", samples=path)

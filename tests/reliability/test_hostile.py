@@ -35,6 +35,13 @@ async def test_hostile_input_gets_clear_outcomes_and_leaves_the_control_unchange
     # decision content byte for byte: no divergent key means the neighbours changed nothing.
     assert rep.divergent_keys == [], detail
     assert rep.reasons["record"] == 7 and rep.dead_letters == 10, detail
+    # ...and the second control really was decided in one engine batch with hostile events.
+    _, tout, _ = result.notes["topics"]
+    out = await read_all(kafka_bootstrap, [tout], rep.records, settle=0.2)
+    controls = sorted((m for m in out if m.key.endswith(b"-control")), key=lambda m: m.offset)
+    assert len(controls) == 2
+    batch_sizes = [int(dict(m.headers)["prism-batch-events"]) for m in controls]
+    assert batch_sizes[0] == 1 and batch_sizes[1] > 1, batch_sizes
 
 
 async def test_a_10mb_poison_message_is_dead_lettered_with_a_truncated_original(
@@ -47,7 +54,7 @@ async def test_a_10mb_poison_message_is_dead_lettered_with_a_truncated_original(
     big = next(m for m in hostile_cases("big") if m.label == "payload_10mb")
     result = await _run_messages(kafka_bootstrap, scenario_config, [big])
     assert result.check.ok and result.worker_exits == {}, result.summary()
-    (msg,) = await read_all(kafka_bootstrap, [result.notes["dlq_topic"]], 1, settle=0.2)
+    (msg,) = await read_all(kafka_bootstrap, [result.notes["topics"][2]], 1, settle=0.2)
     letter = orjson.loads(msg.value)
     assert letter["reason"] == "oversized_state"
     assert letter["original_size"] == len(big.value)
@@ -60,6 +67,4 @@ async def _run_messages(bootstrap: str, cfg: ScenarioConfig, messages: list) -> 
     async with scenarios.Pipeline(cfg, bootstrap, "messages") as p:
         p.worker("w")
         load = await generate(bootstrap, p.input_topic, messages=messages)
-        result = await p.finish(load)
-        result.notes["dlq_topic"] = p.dlq_topic
-        return result
+        return await p.finish(load)
