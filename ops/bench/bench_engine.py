@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelConfig
+from engine.engine import _fold_into_parent
 from engine.executor import run_forest
 from engine.forest import Segment, SegmentState, build_forest
 from engine.quant import QuantLinear
@@ -167,13 +168,44 @@ class Bench:
         states = run_forest(self.weights, build_forest(segs)).states
         sync()
         t0 = time.perf_counter()
-        for _ in range(steps):
+        for step in range(steps):
             segs = [Segment(self.tokens(1), st, read=True) for st in states]
             out = run_forest(self.weights, build_forest(segs))
-            states = out.states
+            # fold each one-token step into its thought, as Engine does (bounded chains and memory)
+            states = [_fold_into_parent(st) if step else st for st in out.states]
             out.logits.argmax(-1).tolist()  # the sampler needs the logits on the host each step
         sync()
         return sequences * steps / (time.perf_counter() - t0)
+
+
+def show(key: str, value: object) -> None:
+    text = (
+        json.dumps(value)
+        if isinstance(value, dict)
+        else (f"{value:.3f}" if isinstance(value, float) else value)
+    )
+    print(f"{key:<24}  {text}", flush=True)
+
+
+def profile_b(bench: Bench, path: str | None) -> None:
+    """Per-kernel breakdown of workload (b): where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        bench.decide(220, 3)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = bench.decide(220, 3)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    launches = sum(e.count for e in events if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel")))
+    show("b_profile_wall_ms", 1e3 * wall)
+    show("b_profile_gpu_busy_ms", gpu_us / 1e3)
+    show("b_profile_launches", launches)
+    print(table, flush=True)
+    if path:
+        with open(path, "w") as f:
+            f.write(table)
 
 
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
@@ -187,6 +219,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-long", action="store_true", help="skip the 8,192-token workload")
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--profile", default=None, help="write a per-kernel profile of workload (b) here")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = shape_config(args.shape)
@@ -199,28 +232,32 @@ def main() -> None:
     root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s,
-                    "weights_gib": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0}  # fmt: skip
-    result["a_one_question_256"] = serial(lambda: bench.decide(220, 1))
-    result["b_three_questions_256"] = serial(lambda: bench.decide(220, 3))
+    result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s}
+    result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0
+    for key, value in result.items():
+        show(key, value)
+
+    def record(key: str, value: object) -> None:
+        result[key] = value
+        show(key, value)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+
+    record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
+    record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
+    if args.profile:
+        profile_b(bench, args.profile)
     if not args.skip_long:
-        result["c_one_question_8192"] = serial(lambda: bench.decide(8156, 1), n=10, warmup=2)
+        record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
     bench.batch(64, 220)
     times = [bench.batch(64, 220) for _ in range(3)]
-    result["d_64_clients_req_per_s"] = 64 / statistics.median(times)
+    record("d_64_clients_req_per_s", 64 / statistics.median(times))
     bench.decode(1, 4)
-    result["e_decode_1_tok_per_s"] = bench.decode(1, args.decode_steps)
+    record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
     bench.decode(64, 2)
-    result["e_decode_64_tok_per_s"] = bench.decode(64, args.decode_steps)
-    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    rows = [(k, v) for k, v in result.items()]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        sys_out = json.dumps(v) if isinstance(v, dict) else (f"{v:.3f}" if isinstance(v, float) else str(v))
-        print(f"{k:<{width}}  {sys_out}")
+    record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
+    record("peak_gib", torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0)
 
 
 if __name__ == "__main__":
