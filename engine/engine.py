@@ -51,6 +51,8 @@ log = structlog.get_logger(__name__)
 Precision = Literal["fp32", "bf16", "int8"]
 Mode = Literal["forest", "per_question"]
 ENGINE_VERSION = "0.1.0"
+# StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
+MAX_REQUEST_TOKENS = 40_000
 
 
 def default_precision(device: str | torch.device) -> Precision:
@@ -153,6 +155,7 @@ class Engine:
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prompts = PromptEncoder(tokenizer)
         self.last_counters: list[ForestCounters] = []
+        self.max_request_tokens = MAX_REQUEST_TOKENS
         self.cache = PrefixCache(default_budget(self.device) if cache_bytes is None else cache_bytes)
         t0 = time.perf_counter()
         root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
@@ -279,6 +282,10 @@ class Engine:
         """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
         if req.request.images:
             return "images are not supported by this engine build (text-only forward)"
+        tokens = self.count_tokens(req.request)
+        if tokens > self.max_request_tokens:
+            limit = self.max_request_tokens
+            return f"request needs {tokens} tokens, more than this engine's limit of {limit}"
         return None
 
     def _decide_stages(

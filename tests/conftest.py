@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 from prism_pipeline.local_kafka import LocalKafka
+
+# One intra-op thread: the tests' tensors are tiny and the token-by-token reference loops run
+# thousands of small ops, where a second thread costs more than it gives (on CI's 2 cores
+# especially when a broker and worker subprocesses share them). PRISM_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("PRISM_TEST_THREADS", "1")))
 
 # ---- Kafka: one real local broker (ops/kafka) per test session, started on first use ----
 
