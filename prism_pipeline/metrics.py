@@ -53,7 +53,17 @@ class WorkerMetrics:
             "prism_autothink_rate", "Share of decided questions that thought (since start)", registry=r
         )
         self.cache_hit_rate = Gauge(
-            "prism_cache_hit_rate", "Share of prompt tokens served from the prefix cache", registry=r
+            "prism_cache_hit_rate",
+            "Share of evidence lookups served by the engine's prefix cache",
+            registry=r,
+        )
+        self.cache_hits = Gauge("prism_cache_hits", "Prefix-cache hits since the engine started", registry=r)
+        self.cache_misses = Gauge(
+            "prism_cache_misses", "Prefix-cache misses since the engine started", registry=r
+        )
+        self.cache_bytes = Gauge("prism_cache_bytes", "Bytes held by the prefix cache", registry=r)
+        self.cache_evictions = Gauge(
+            "prism_cache_evictions", "Prefix-cache evictions since the engine started", registry=r
         )
         self.paused = Gauge(
             "prism_partitions_paused", "1 while fetching is paused for backpressure", registry=r
@@ -64,8 +74,6 @@ class WorkerMetrics:
         self.queued_batches = Gauge("prism_queued_batches", "Batches waiting for the engine", registry=r)
         self._questions_total = 0
         self._thought_total = 0
-        self._cache_hit_tokens = 0.0
-        self._prompt_tokens = 0.0
         self._server: Any = None
 
     def observe_questions(self, total: int, thought: int) -> None:
@@ -76,11 +84,13 @@ class WorkerMetrics:
         if self._questions_total:
             self.autothink_rate.set(self._thought_total / self._questions_total)
 
-    def observe_cache(self, hit_tokens: float, prompt_tokens: float) -> None:
-        self._cache_hit_tokens += hit_tokens
-        self._prompt_tokens += prompt_tokens
-        if self._prompt_tokens:
-            self.cache_hit_rate.set(self._cache_hit_tokens / self._prompt_tokens)
+    def observe_cache(self, stats: Any) -> None:
+        """Mirror the engine's `engine.cache.CacheStats` (hits, misses, bytes, evictions)."""
+        self.cache_hits.set(stats.hits)
+        self.cache_misses.set(stats.misses)
+        self.cache_bytes.set(stats.bytes)
+        self.cache_evictions.set(stats.evictions)
+        self.cache_hit_rate.set(stats.hit_rate)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         started = start_http_server(port, addr=addr, registry=self.registry)

@@ -428,6 +428,9 @@ class Worker:
         try:
             results, seconds = await self._decide([it.request for it in items])
             self.metrics.engine_seconds.observe(seconds)
+            cache = getattr(self.engine, "cache", None)
+            if cache is not None:
+                self.metrics.observe_cache(cache.stats)
             done = [(it, r, 1, seconds) for it, r in zip(items, results, strict=True)]
             log.info(
                 "batch.decided",
