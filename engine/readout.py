@@ -233,7 +233,9 @@ def read_letters(
     # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
     wide = logits.detach().to(torch.float64)
     m = float(wide.max().item())
-    total = float(torch.exp(wide - m).sum().item())
+    # A running sum (cumsum) adds in index order on every device and thread count; torch.sum
+    # splits a CPU reduction by the number of threads, which moves the last bit of coverage.
+    total = float(torch.exp(wide - m).cumsum(0)[-1].item())
     mass = math.fsum(math.exp(x - m) for x in readout.logits)
     return replace(readout, coverage=min(1.0, mass / total))
 

@@ -211,9 +211,8 @@ def test_bits_survive_a_process_restart_and_the_prefix_cache(
     payload = {
         "path": str(gguf_model("Q8_0", "tiny", 0, False, 4)),
         "device": str(int8_engine.device.type),
-        # CPU fp32 GEMMs (the attention pieces) may block differently with another thread count:
-        # the contract covers batch, order, cache and restarts for one CPU thread configuration.
-        "threads": torch.get_num_threads(),
+        # a different intra-op thread count on purpose: no reduction may depend on it
+        "threads": 2 if torch.get_num_threads() == 1 else 1,
         "requests": [
             {"id": r.request_id, "request": r.request.model_dump(mode="json"), "seed": r.seed, "gate": r.gate}
             for r in requests
