@@ -108,6 +108,7 @@ class _Question:
     thought_ids: list[int] = field(default_factory=list)
     thought_truncated: bool = False
     second: Readout | None = None
+    token_memo: dict[tuple[tuple[int, ...], bool], list[int]] = field(default_factory=dict)
 
     @property
     def option_ids(self) -> list[str]:
@@ -252,6 +253,15 @@ class Engine:
                 )
             batch.append(qs)
         evidence_ids = [self.prompts.evidence_ids(s) for s in state_texts]
+        # The token limit, on the tokens the first stage will really run (tokenized once, reused).
+        for i in reversed(range(len(live))):
+            needed = len(self.prompts.prefix_ids) + len(evidence_ids[i])
+            reads = [(q, g) for q in batch[i] for g in q.rounds.pending()]
+            needed += sum(len(self._question_tokens(q, g, False)) for q, g in reads)
+            if needed > self.max_request_tokens:
+                limit = self.max_request_tokens
+                rejected[live[i]] = f"request needs {needed} tokens, more than this engine's limit of {limit}"
+                del live[i], batch[i], evidence_ids[i]
         # Exact-prefix cache: a hit starts the questions from the kept evidence state. Keys
         # are pinned for the whole call, so nothing this batch reads is evicted under it.
         keys = [prefix_key(self.prompts.prefix_ids + ids) for ids in evidence_ids]
@@ -282,10 +292,6 @@ class Engine:
         """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
         if req.request.images:
             return "images are not supported by this engine build (text-only forward)"
-        tokens = self.count_tokens(req.request)
-        if tokens > self.max_request_tokens:
-            limit = self.max_request_tokens
-            return f"request needs {tokens} tokens, more than this engine's limit of {limit}"
         return None
 
     def _decide_stages(
@@ -317,9 +323,13 @@ class Engine:
 
     # ------------------------------------------------------------------------------ stages
     def _question_tokens(self, q: _Question, group: list[int], think: bool) -> list[int]:
-        option_ids = [q.option_ids[i] for i in group] if q.question.type == "choice" else None
-        parts = render_parts_for_state_text(q.state_text, q.question, option_ids)
-        return self.prompts.question_ids(parts.question_text, think=think)
+        """A read's question-segment tokens, rendered and tokenized once per decide call."""
+        key = (tuple(group), think)
+        if key not in q.token_memo:
+            option_ids = [q.option_ids[i] for i in group] if q.question.type == "choice" else None
+            parts = render_parts_for_state_text(q.state_text, q.question, option_ids)
+            q.token_memo[key] = self.prompts.question_ids(parts.question_text, think=think)
+        return q.token_memo[key]
 
     def _run(self, segments: list[Segment]) -> tuple[ForestOutput, dict[int, int], dict[int, int]]:
         """Run a forest; also return caller index -> packed index, and packed index -> logits row."""

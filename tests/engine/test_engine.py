@@ -501,9 +501,9 @@ def test_oversized_request_is_rejected_not_run(gguf_model) -> None:
     from schemas.systemone import SystemOneRequest
 
     eng = Engine.load(gguf_model("Q8_0", "tiny"), cache_bytes=0)
-    eng.max_request_tokens = 50
+    eng.max_request_tokens = 100  # the whole first-stage prompt: system prefix, evidence, question
     small = SystemOneRequest.model_validate({"state": "ok", "questions": {"q": {"type": "noul"}}})
     big = SystemOneRequest.model_validate({"state": "disk full " * 100, "questions": {"q": {"type": "noul"}}})
     results = eng.decide([DecideRequest("big", big), DecideRequest("small", small, gate=0.0)])
-    assert results[0].error is not None and "limit of 50" in results[0].error and not results[0].answers
+    assert results[0].error is not None and "limit of 100" in results[0].error and not results[0].answers
     assert results[1].error is None and set(results[1].answers) == {"q"}
