@@ -231,10 +231,12 @@ def read_letters(
         return readout
     # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
     # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
-    wide = logits.detach().to(torch.float64)
+    # On the host: CUDA's cumsum is a parallel scan whose adds can combine in a different
+    # order from one run to the next (seen on an H200: the last bit of coverage moved).
+    wide = logits.detach().to(device="cpu", dtype=torch.float64)
     m = float(wide.max().item())
-    # A running sum (cumsum) adds in index order on every device and thread count; torch.sum
-    # splits a CPU reduction by the number of threads, which moves the last bit of coverage.
+    # A running sum (cumsum) adds in index order on every thread count; torch.sum splits a
+    # CPU reduction by the number of threads, which moves the last bit of coverage.
     total = float(torch.exp(wide - m).cumsum(0)[-1].item())
     mass = math.fsum(math.exp(x - m) for x in readout.logits)
     return replace(readout, coverage=min(1.0, mass / total))
