@@ -26,6 +26,7 @@ from engine.cache import PrefixCache, default_budget, prefix_key
 from engine.calibration import DEFAULT_ALPHA, QuantReport, is_int8, requantize
 from engine.config import ModelConfig
 from engine.decision_config import DecisionConfig, load_decision_config
+from engine.decoder import Decoder, DecodeSequence
 from engine.executor import ForestCounters, ForestOutput, run_forest
 from engine.forest import Segment, SegmentState, build_forest
 from engine.gguf import GGUFError, GGUFFile, open_gguf
@@ -39,7 +40,7 @@ from engine.prompt import (
 )
 from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
 from engine.reference import forward
-from engine.sampling import sample_token, uniform
+from engine.sampling import sample_token, sample_tokens, uniform
 from engine.tokenizer import Tokenizer, TokenizerError
 from engine.types import DecideRequest, DecideResult
 from engine.weights import Weights
@@ -117,6 +118,17 @@ class _Question:
         if self.question.type == "score":
             return [str(i) for i in range(len(self.question.criteria))]  # type: ignore[arg-type]
         return list(self.question.criteria)  # type: ignore[arg-type]
+
+
+@dataclass(eq=False)
+class _Thinking:
+    """A thought in the device decoder: its sequence, last logits, and closing progress."""
+
+    q: _Question
+    seq: DecodeSequence
+    logits: torch.Tensor | None
+    closed: int | None = None  # closing tokens fed so far, once the thought has ended
+    feed: int = 0  # the token this step feeds
 
 
 class Engine:
@@ -423,17 +435,43 @@ class Engine:
     ) -> None:
         """Seeded thought decoding for every thinking question at once, then the second read-out.
 
-        Each step is a forest of one-token segments, one per active question, each hanging from
-        its own question's state; every draw is keyed by (seed, event, question, step).
+        The thought starts from a read of the question with `<think>\\n`; every draw is keyed
+        by (seed, event, question, step). At the budget, or when `</think>` is drawn, the
+        closing tokens are fed and the letters read after them. On CUDA int8 (one device) the
+        steps run in the graph-captured `engine.decoder`; elsewhere each step is a forest of
+        one-token segments, one per active question, hanging from its own question's state.
         """
-        dc = self.decision_config
-        end_think = self.tokenizer.special.end_think
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
         outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
-        active: list[tuple[_Question, torch.Tensor, SegmentState]] = []
+        started: list[tuple[_Question, torch.Tensor, SegmentState]] = []
         for (_, q, _), (logits, state) in zip(reads, outs, strict=True):
             q.thinking = True
-            active.append((q, logits, state))
+            started.append((q, logits, state))
+        if self._decodes_on_device():
+            self._think_decoder(started)
+        else:
+            self._think_forest(started)
+
+    def _decodes_on_device(self) -> bool:
+        """Whether thoughts go through `engine.decoder`: int8 on CUDA without tensor parallelism.
+
+        `use_decoder` (True/False) overrides the choice; tests use it to run the decoder on CPU.
+        """
+        forced = getattr(self, "use_decoder", None)
+        if forced is not None:
+            return bool(forced)
+        tp = getattr(self, "tp", None)
+        single = tp is None or getattr(tp, "world", getattr(tp, "world_size", 1)) == 1
+        return self.precision == "int8" and self.device.type == "cuda" and single
+
+    def _second_readout(self, q: _Question, logits: torch.Tensor) -> None:
+        second = ChoiceRounds(len(q.option_ids))
+        second.submit([self._read_letters(q, logits, len(q.option_ids))])
+        q.second = self._readout(q, second)
+
+    def _think_forest(self, active: list[tuple[_Question, torch.Tensor, SegmentState]]) -> None:
+        dc = self.decision_config
+        end_think = self.tokenizer.special.end_think
         closing = tuple(self.prompts.think_close_ids)
         while active:
             feeds: list[tuple[_Question, tuple[int, ...], bool, SegmentState]] = []
@@ -461,11 +499,78 @@ class Engine:
             for i, (q, _, is_closing, _) in enumerate(feeds):
                 logits = out.logits[rows[packed[i]]]
                 if is_closing:
-                    second = ChoiceRounds(len(q.option_ids))
-                    second.submit([self._read_letters(q, logits, len(q.option_ids))])
-                    q.second = self._readout(q, second)
+                    self._second_readout(q, logits)
                 else:
                     active.append((q, logits, _fold_into_parent(out.states[packed[i]])))
+
+    def _thought_decoder(self) -> Decoder:
+        decoder = getattr(self, "_decoder", None)
+        if decoder is None:
+            decoder = Decoder(self.weights)
+            self._decoder = decoder
+        return decoder
+
+    def _think_decoder(self, started: list[tuple[_Question, torch.Tensor, SegmentState]]) -> None:
+        """The same thought loop as `_think_forest`, one token per step for every live thought.
+
+        Closing tokens go in one per step too; the letters are read after the last. At most
+        `Decoder.max_live` thoughts are live at a time (the largest bucket, or fewer when their
+        buffers would not fit); the others wait with their first logits. Which thoughts share
+        a step never changes a thought's bits.
+        """
+        dc = self.decision_config
+        end_think = self.tokenizer.special.end_think
+        closing = list(self.prompts.think_close_ids)
+        decoder = self._thought_decoder()
+        waiting = list(started)
+        waiting.reverse()  # pop() admits in the callers' order
+        longest = max(q.budget for q, _, _ in started) + len(closing)
+        limit = decoder.max_live(longest)
+        live: list[_Thinking] = []
+        while live or waiting:
+            while waiting and len(live) < limit:
+                q, logits, state = waiting.pop()
+                live.append(_Thinking(q, decoder.start(state, q.budget + len(closing)), logits))
+            # draw for every live thought that is still thinking and under its budget
+            drawing = []
+            for t in live:
+                if t.closed is None and len(t.q.thought_ids) >= t.q.budget:
+                    t.q.thought_truncated = True
+                    t.closed = 0
+                elif t.closed is None:
+                    drawing.append(t)
+            if drawing:
+                us = [uniform(t.q.seed, t.q.event_id, t.q.qid, len(t.q.thought_ids)) for t in drawing]
+                assert all(t.logits is not None for t in drawing)
+                tokens = sample_tokens(
+                    torch.stack([t.logits for t in drawing]),  # type: ignore[misc]
+                    us,
+                    temperature=dc.thought_temperature,
+                    top_p=dc.thought_top_p,
+                    top_k=dc.thought_top_k,
+                )
+                for t, token in zip(drawing, tokens, strict=True):
+                    if token == end_think:
+                        t.closed = 0
+                    else:
+                        t.q.thought_ids.append(token)
+                        t.feed = token
+            for t in live:
+                if t.closed is not None:
+                    t.feed = closing[t.closed]
+            logits = decoder.step([t.seq for t in live], [t.feed for t in live])
+            still: list[_Thinking] = []
+            for row, t in enumerate(live):
+                if t.closed is None:
+                    t.logits = logits[row]
+                    still.append(t)
+                    continue
+                t.closed += 1
+                if t.closed == len(closing):
+                    self._second_readout(t.q, logits[row])
+                else:
+                    still.append(t)
+            live = still
 
     def _result(self, req: DecideRequest, qs: list[_Question], elapsed: float) -> DecideResult:
         answers: dict[str, Any] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections.abc import Sequence
 
 import torch
 
@@ -28,8 +29,7 @@ def sample_token(logits: torch.Tensor, u: float, *, temperature: float, top_p: f
 
     temperature 0 means greedy (lowest id among equal maxima).
     """
-    if not 0.0 <= u < 1.0:
-        raise ValueError(f"u must be in [0, 1), got {u}")
+    _check_uniform(u)
     wide = logits.detach().to(device="cpu", dtype=torch.float64)
     if temperature <= 0.0:
         return int(torch.argmax(wide))  # first maximum
@@ -37,7 +37,60 @@ def sample_token(logits: torch.Tensor, u: float, *, temperature: float, top_p: f
     order = torch.argsort(-wide, stable=True)
     if top_k > 0:
         order = order[:top_k]
-    scaled = wide[order] / temperature
+    return _draw(wide[order], order, u, temperature=temperature, top_p=top_p)
+
+
+def sample_tokens(
+    logits: torch.Tensor, us: Sequence[float], *, temperature: float, top_p: float, top_k: int
+) -> list[int]:
+    """`sample_token` for every row of logits [n, vocab] (any device) with its own uniform us[row].
+
+    Returns exactly the tokens `sample_token` returns row by row, without sorting each full row
+    on the host: with top-k on, each row's candidates - every logit >= its k-th largest, so
+    ties at the cut are all there - are found on the device and only those move to the host,
+    where they are ordered (logit descending, id ascending), cut to k and drawn from in the
+    same float64 arithmetic. Everything is per row: a row's token never depends on the others.
+    With top-k off (0, or at least the vocabulary) each row falls back to `sample_token`.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(us):
+        raise ValueError(f"need logits [n, vocab] and n uniforms, got {tuple(logits.shape)} and {len(us)}")
+    for u in us:
+        _check_uniform(u)
+    n, vocab = logits.shape
+    if n == 0:
+        return []
+    if temperature <= 0.0:
+        return [int(t) for t in torch.argmax(logits.detach(), dim=-1).tolist()]  # first maxima
+    if top_k <= 0 or top_k >= vocab:
+        return [
+            sample_token(logits[r], u, temperature=temperature, top_p=top_p, top_k=top_k)
+            for r, u in enumerate(us)
+        ]
+    x = logits.detach()
+    kth = torch.topk(x, top_k, dim=-1).values[:, -1:]  # the k-th largest value (exact, whatever the ties)
+    mask = x >= kth
+    where = mask.nonzero()  # row-major: rows ascending, ids ascending within a row
+    values = x[where[:, 0], where[:, 1]].to(device="cpu", dtype=torch.float64)
+    ids = where[:, 1].cpu()
+    counts = mask.sum(dim=-1).cpu().tolist()
+    tokens: list[int] = []
+    start = 0
+    for r, u in enumerate(us):
+        v, i = values[start : start + counts[r]], ids[start : start + counts[r]]
+        start += counts[r]
+        order = torch.argsort(-v, stable=True)[:top_k]
+        tokens.append(_draw(v[order], i[order], u, temperature=temperature, top_p=top_p))
+    return tokens
+
+
+def _check_uniform(u: float) -> None:
+    if not 0.0 <= u < 1.0:
+        raise ValueError(f"u must be in [0, 1), got {u}")
+
+
+def _draw(candidates: torch.Tensor, ids: torch.Tensor, u: float, *, temperature: float, top_p: float) -> int:
+    """Inverse-CDF draw over candidates (float64 logits, already in sampling order) with top-p."""
+    scaled = candidates / temperature
     probs = torch.softmax(scaled - scaled.max(), dim=0)
     if top_p < 1.0:
         cumulative = torch.cumsum(probs, dim=0)
@@ -50,5 +103,5 @@ def sample_token(logits: torch.Tensor, u: float, *, temperature: float, top_p: f
     for i, p in enumerate(values):
         running += p
         if target < running:
-            return int(order[i])
-    return int(order[len(values) - 1])
+            return int(ids[i])
+    return int(ids[len(values) - 1])

@@ -10,12 +10,14 @@ read-out over the full vocabulary):
   (b) three questions sharing ~256 tokens of evidence serial, mean latency
   (c) one question, ~8,192 tokens                    serial, mean latency
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
-  (e) thought decoding: 1 sequence and 64 sequences  tokens/s
+  (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.decoder` (one
+      CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
 
 Serial workloads run 25 requests and discard the first 5; every request carries unique random
 evidence. Token ids are random: tokenization and prompt rendering (CPU, ~1 ms) are not timed.
 
     python ops/bench/bench_engine.py --shape 27B --json out.json
+    python ops/bench/bench_engine.py --shape 27B --decode-only     # workload (e) alone
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelConfig
-from engine.engine import _fold_into_parent
+from engine.decoder import Decoder
 from engine.executor import run_forest
 from engine.forest import Segment, SegmentState, build_forest
 from engine.quant import QuantLinear
 from engine.readout import read_letters
+from engine.sampling import sample_tokens
 from engine.weights import Weights
 
 VOCAB = 248_320
@@ -133,6 +136,8 @@ class Bench:
     root: SegmentState
     device: str
     g: torch.Generator
+    graphs: bool | None = None  # None: CUDA graphs on CUDA
+    _decoder: Decoder | None = None
 
     def tokens(self, n: int) -> tuple[int, ...]:
         return tuple(torch.randint(0, VOCAB - 512, (n,), generator=self.g).tolist())
@@ -163,19 +168,29 @@ class Bench:
         return time.perf_counter() - t0
 
     def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
-        """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt."""
+        """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt.
+
+        Each step is what `Engine._think` does on CUDA: a decoder step (graph replay, or eager
+        with --decode-eager) and the batched sampler at the decision config's defaults.
+        """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
-        states = run_forest(self.weights, build_forest(segs)).states
+        out = run_forest(self.weights, build_forest(segs))
+        decoder = self.decoder()
+        seqs = [decoder.start(st, steps) for st in out.states]
+        us = [0.5] * sequences
+        tokens = sample_tokens(out.logits, us, temperature=0.6, top_p=0.95, top_k=20)
         sync()
         t0 = time.perf_counter()
-        for step in range(steps):
-            segs = [Segment(self.tokens(1), st, read=True) for st in states]
-            out = run_forest(self.weights, build_forest(segs))
-            # fold each one-token step into its thought, as Engine does (bounded chains and memory)
-            states = [_fold_into_parent(st) if step else st for st in out.states]
-            out.logits.argmax(-1).tolist()  # the sampler needs the logits on the host each step
+        for _ in range(steps):
+            logits = decoder.step(seqs, tokens)
+            tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
         sync()
         return sequences * steps / (time.perf_counter() - t0)
+
+    def decoder(self) -> Decoder:
+        if self._decoder is None:
+            self._decoder = Decoder(self.weights, graphs=self.graphs)
+        return self._decoder
 
 
 def show(key: str, value: object) -> None:
@@ -208,6 +223,44 @@ def profile_b(bench: Bench, path: str | None) -> None:
             f.write(table)
 
 
+def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
+    """Where a decode step's time goes: graph replay alone, the sampler alone, and the kernels
+    of the same step run eagerly (per-kernel GPU time; the graph runs exactly these kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    segs = [Segment(bench.tokens(256), bench.root, read=True) for _ in range(sequences)]
+    out = run_forest(bench.weights, build_forest(segs))
+    graphed, eager = bench.decoder(), Decoder(bench.weights, graphs=False)
+    tokens = [7] * sequences
+    us = [0.5] * sequences
+    for decoder, name in ((graphed, "graph"), (eager, "eager")):
+        seqs = [decoder.start(st, 24) for st in out.states]
+        logits = decoder.step(seqs, tokens)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(16):
+            logits = decoder.step(seqs, tokens)
+        sync()
+        show(f"e_profile_{sequences}_{name}_step_ms", 1e3 * (time.perf_counter() - t0) / 16)
+    t0 = time.perf_counter()
+    for _ in range(16):
+        sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+    show(f"e_profile_{sequences}_sampler_ms", 1e3 * (time.perf_counter() - t0) / 16)
+    seqs = [eager.start(st, 24) for st in out.states]
+    eager.step(seqs, tokens)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            eager.step(seqs, tokens)
+        sync()
+    events = prof.key_averages()
+    table = events.table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
+    show(f"e_profile_{sequences}_gpu_busy_ms_per_step", sum(e.self_device_time_total for e in events) / 4e3)
+    print(table, flush=True)
+    if path:
+        with open(f"{path}.{sequences}.txt", "w") as f:
+            f.write(table)
+
+
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
     times = [fn() for _ in range(n)][warmup:]
     return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
@@ -220,6 +273,11 @@ def main() -> None:
     ap.add_argument("--skip-long", action="store_true", help="skip the 8,192-token workload")
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--profile", default=None, help="write a per-kernel profile of workload (b) here")
+    ap.add_argument("--decode-only", action="store_true", help="run workload (e) only")
+    ap.add_argument("--decode-eager", action="store_true", help="decode without CUDA graphs (same kernels)")
+    ap.add_argument(
+        "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
+    )
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = shape_config(args.shape)
@@ -230,7 +288,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
     root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
-    bench = Bench(weights, root, device, g)
+    bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s}
     result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0
@@ -244,19 +302,23 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
 
-    record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
-    record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
-    if args.profile:
-        profile_b(bench, args.profile)
-    if not args.skip_long:
-        record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
-    bench.batch(64, 220)
-    times = [bench.batch(64, 220) for _ in range(3)]
-    record("d_64_clients_req_per_s", 64 / statistics.median(times))
-    bench.decode(1, 4)
+    if not args.decode_only:
+        record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
+        record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
+        if args.profile:
+            profile_b(bench, args.profile)
+        if not args.skip_long:
+            record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
+        bench.batch(64, 220)
+        times = [bench.batch(64, 220) for _ in range(3)]
+        record("d_64_clients_req_per_s", 64 / statistics.median(times))
+    bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
     record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
     bench.decode(64, 2)
     record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
+    if args.decode_profile:
+        for n in (1, 64):
+            profile_decode(bench, n, args.decode_profile)
     record("peak_gib", torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0)
 
 

@@ -1,0 +1,394 @@
+"""Thought decoding on the int8 path: one-token steps for many sequences, one CUDA graph per bucket.
+
+`Engine._think` on CUDA hands every thinking question's prompt state (a `SegmentState` chain:
+system root, evidence, question + `<think>\\n`) to a `Decoder`, which then advances all of them
+one token per `step`:
+
+- Rows: a step runs B rows, B the smallest bucket (1, 2, 4, ... 128) that holds the live
+  sequences; the rest are padding rows that read and write nothing.
+- Gated DeltaNet: each sequence owns a copy of its recurrent states [n_gdn, nv, dk, dv] and
+  conv tails [n_gdn, C, 3], updated in place by the step kernels (`engine.kernels.decode_gdn`).
+- Attention: each sequence owns thought K/V buffers [n_attn, nkv, capacity, hd] that grow in
+  place (doubling, up to the thought budget plus the closing tokens); ancestor K/V are read
+  where they lie, through a device-side piece table of offsets (`engine.kernels.decode_rows`,
+  `engine.kernels.decode_attention`): the shared system and evidence K/V are never copied.
+- Linears: the int8 path's own arithmetic (`engine.quant`): per-row int8 activations (fused
+  with the preceding RMSNorm / SwiGLU / gated norm where there is one), exact int32 products,
+  the fixed fp32 epilogue, residual adds fused into the GEMM epilogue.
+
+On CUDA the whole step - embedding, layers, final norm, LM head - is captured once per bucket
+as a `torch.cuda.CUDAGraph` and replayed; the step's inputs (row table, piece tables, RoPE
+cos/sin) are copied into that bucket's static tensors first. `graphs=False` runs the same
+kernels eagerly (the graph's oracle), and on CPU the Triton kernels run in the interpreter
+(tests). Every float op of a row runs in programs that see only that row, with configs fixed
+by the model's sizes, so a row's logits are bitwise the same in any bucket, any slot, beside
+any other sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+
+from engine import kernels
+from engine.config import ModelConfig
+from engine.forest import SegmentState
+from engine.kernels.decode_attention import attention_prep, decode_attention
+from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
+from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
+from engine.kernels.decode_rows import (
+    CONV_OFF,
+    LIVE,
+    PIECE_FIELDS,
+    ROW_FIELDS,
+    STATE_OFF,
+    THOUGHT_LEN,
+    TOKEN,
+    element_offset,
+)
+from engine.kernels.norm import norm_rows
+from engine.quant import QuantLinear, int8_matmul
+from engine.reference import rope_cos_sin
+from engine.weights import Weights
+
+log = structlog.get_logger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_PIECES = 4  # system root, evidence, question, own thought
+FIRST_CAPACITY = 64  # thought K/V rows allocated at start; buffers double up to the capacity
+
+
+@dataclass(eq=False)
+class DecodeSequence:
+    """One thought being decoded: its own state and buffers, and the prompt chain it reads."""
+
+    chain: list[SegmentState]  # ancestors, oldest first (kept alive: the piece table points into them)
+    position: int  # absolute position of the next token
+    capacity: int  # most tokens this sequence may be fed
+    recurrent: torch.Tensor  # [n_gdn, nv, dk, dv] fp32, updated in place
+    conv: torch.Tensor  # [n_gdn, C, 3] fp32, updated in place
+    keys: torch.Tensor  # [n_attn, nkv, allocated, hd] fp32: the thought's own K
+    values: torch.Tensor  # [n_attn, nkv, allocated, hd]
+    pieces: torch.Tensor  # [n_attn, P, 4] int64 (host): this sequence's rows of the piece tables
+    length: int = 0  # tokens fed so far (rows used in keys/values)
+    version: int = 0  # bumped whenever the piece table changes (buffer growth)
+    held: list[torch.Tensor] = field(default_factory=list)  # contiguous copies the table points at
+
+    @property
+    def allocated(self) -> int:
+        return int(self.keys.shape[2])
+
+
+@dataclass(eq=False)
+class _Bucket:
+    """Static inputs (and, on CUDA, the captured graph) of one bucket size."""
+
+    size: int
+    rows: torch.Tensor  # [B, ROW_FIELDS] int64
+    rope: torch.Tensor  # [B, 2, rope_dims] fp32 (cos, sin)
+    pieces: torch.Tensor  # [n_attn, B, P, 4] int64
+    logits: torch.Tensor | None = None  # the graph's output
+    graph: torch.cuda.CUDAGraph | None = None
+    members: tuple | None = None  # (id, version) of the sequences whose pieces are loaded
+    held: list[DecodeSequence] = field(default_factory=list)
+
+
+class Decoder:
+    """One-token decode steps for the int8 weights on one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        weights: Weights,
+        *,
+        graphs: bool | None = None,
+        buckets: tuple[int, ...] = BUCKETS,
+        max_pieces: int = MAX_PIECES,
+    ) -> None:
+        if not isinstance(weights.output, QuantLinear):
+            raise ValueError("the decoder runs the int8 path: weights must hold QuantLinear linears")
+        self.weights = weights
+        self.config: ModelConfig = weights.config
+        self.device = weights.output_norm.device
+        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need CUDA weights")
+        self.buckets = tuple(sorted(buckets))
+        self.max_pieces = max_pieces
+        c = self.config
+        self.gdn_layers = c.linear_attention_layers
+        self.attn_layers = c.full_attention_layers
+        self._gdn_index = {layer: j for j, layer in enumerate(self.gdn_layers)}
+        self._attn_index = {layer: j for j, layer in enumerate(self.attn_layers)}
+        if c.conv_kernel != CONV_WIDTH:
+            raise ValueError(f"the conv step kernel is written for width {CONV_WIDTH}, got {c.conv_kernel}")
+        # every offset in the tables is relative to this tensor; padding rows point into it
+        self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
+        self._pad = self._new_sequence([], 0, 1)
+        self._bucket_cache: dict[int, _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.steps = 0
+
+    # ------------------------------------------------------------------------------ sequences
+    def start(self, state: SegmentState, capacity: int) -> DecodeSequence:
+        """A sequence continuing `state` (its chain is read, never modified) for up to `capacity` tokens."""
+        chain = state.chain()
+        if len(chain) > self.max_pieces - 1:
+            raise ValueError(f"a chain of {len(chain)} segments exceeds the decoder's {self.max_pieces - 1}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        return self._new_sequence(chain, state.end, capacity)
+
+    def _new_sequence(self, chain: list[SegmentState], position: int, capacity: int) -> DecodeSequence:
+        c, dev = self.config, self.device
+        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        last = chain[-1] if chain else None
+        if last is not None:
+            recurrent = torch.stack([last.recurrent[i].to(dev, torch.float32) for i in self.gdn_layers])
+            conv = torch.stack([last.conv[i].to(dev, torch.float32) for i in self.gdn_layers])
+        else:
+            recurrent = torch.zeros(len(self.gdn_layers), nv, dk, dv, device=dev)
+            conv = torch.zeros(len(self.gdn_layers), c.conv_dim, c.conv_kernel - 1, device=dev)
+        allocated = min(capacity, FIRST_CAPACITY)
+        shape = (len(self.attn_layers), c.num_kv_heads, allocated, c.head_dim)
+        seq = DecodeSequence(
+            chain=chain,
+            position=position,
+            capacity=capacity,
+            recurrent=recurrent.contiguous(),
+            conv=conv.contiguous(),
+            keys=torch.zeros(shape, device=dev),
+            values=torch.zeros(shape, device=dev),
+            pieces=torch.zeros(len(self.attn_layers), self.max_pieces, PIECE_FIELDS, dtype=torch.int64),
+        )
+        for a, i in enumerate(self.attn_layers):
+            for p, node in enumerate(chain):
+                k, v = self._readable(node.keys[i], seq), self._readable(node.values[i], seq)
+                n = int(k.shape[1])
+                seq.pieces[a, p] = torch.tensor([self._offset(k), self._offset(v), n, n])
+        self._point_own(seq)
+        return seq
+
+    def _readable(self, t: torch.Tensor, seq: DecodeSequence) -> torch.Tensor:
+        """t as contiguous fp32 on the device (a copy held by seq only when it is not already)."""
+        if t.device == self.device and t.dtype == torch.float32 and t.is_contiguous():
+            return t
+        copy = t.to(self.device, torch.float32).contiguous()
+        seq.held.append(copy)
+        return copy
+
+    def _offset(self, t: torch.Tensor) -> int:
+        return element_offset(t, self.base)
+
+    def _point_own(self, seq: DecodeSequence) -> None:
+        for a in range(len(self.attn_layers)):
+            seq.pieces[a, -1] = torch.tensor(
+                [self._offset(seq.keys[a]), self._offset(seq.values[a]), 0, seq.allocated]
+            )
+        seq.version += 1
+
+    def _make_room(self, seq: DecodeSequence) -> None:
+        """Double the thought buffers (up to the capacity) when the next token would not fit."""
+        if seq.length < seq.allocated:
+            return
+        if seq.length >= seq.capacity:
+            raise ValueError(f"sequence is full: {seq.length} tokens fed, capacity {seq.capacity}")
+        grown = min(seq.capacity, 2 * seq.allocated)
+        for name in ("keys", "values"):
+            old = getattr(seq, name)
+            new = torch.zeros(*old.shape[:2], grown, old.shape[3], device=self.device)
+            new[:, :, : seq.length] = old[:, :, : seq.length]
+            setattr(seq, name, new)
+        self._point_own(seq)
+
+    def sequence_bytes(self, capacity: int) -> int:
+        """Device bytes one sequence holds at most: GDN states, conv tails, full thought buffers."""
+        c = self.config
+        gdn = len(self.gdn_layers) * (
+            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+            + c.conv_dim * (c.conv_kernel - 1)
+        )
+        kv = 2 * len(self.attn_layers) * c.num_kv_heads * capacity * c.head_dim
+        return 4 * (gdn + kv)
+
+    def max_live(self, capacity: int, memory_fraction: float = 0.5) -> int:
+        """How many sequences of `capacity` tokens to keep live at once: the largest bucket, or
+        fewer when their buffers would take more than `memory_fraction` of the free device memory."""
+        top = self.buckets[-1]
+        if self.device.type != "cuda":
+            return top
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(1, min(top, int(memory_fraction * free) // max(1, self.sequence_bytes(capacity))))
+
+    # ------------------------------------------------------------------------------ steps
+    def step(self, seqs: list[DecodeSequence], tokens: list[int]) -> torch.Tensor:
+        """Feed tokens[j] to seqs[j]; return the next-token logits fp32 [len(seqs), vocab] (a copy).
+
+        More sequences than the largest bucket run in several bucket-sized steps (a row's
+        result does not depend on which).
+        """
+        if len(seqs) != len(tokens):
+            raise ValueError(f"{len(seqs)} sequences but {len(tokens)} tokens")
+        if len(set(map(id, seqs))) != len(seqs):
+            raise ValueError("a sequence appears twice in one step")
+        top = self.buckets[-1]
+        parts = [self._step(seqs[i : i + top], tokens[i : i + top]) for i in range(0, len(seqs), top)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _step(self, seqs: list[DecodeSequence], tokens: list[int]) -> torch.Tensor:
+        n = len(seqs)
+        if n == 0:
+            return torch.zeros(0, self.config.vocab_size, device=self.device)
+        for seq in seqs:
+            self._make_room(seq)
+        bucket = self._bucket(next(b for b in self.buckets if b >= n))
+        if self.graphs and bucket.graph is None:
+            self._capture(bucket)
+        self._load(bucket, seqs, tokens)
+        if self.graphs:
+            assert bucket.graph is not None and bucket.logits is not None
+            bucket.graph.replay()
+            logits = bucket.logits
+        else:
+            logits = self._forward(bucket)
+        for seq in seqs:
+            seq.length += 1
+            seq.position += 1
+        self.steps += 1
+        return logits[:n].clone()
+
+    def _bucket(self, size: int) -> _Bucket:
+        if size not in self._bucket_cache:
+            c, dev = self.config, self.device
+            self._bucket_cache[size] = _Bucket(
+                size=size,
+                rows=torch.zeros(size, ROW_FIELDS, dtype=torch.int64, device=dev),
+                rope=torch.zeros(size, 2, c.rope_dims, device=dev),
+                pieces=torch.zeros(
+                    len(self.attn_layers), size, self.max_pieces, PIECE_FIELDS, dtype=torch.int64, device=dev
+                ),
+            )
+        return self._bucket_cache[size]
+
+    def _load(self, bucket: _Bucket, seqs: list[DecodeSequence], tokens: list[int]) -> None:
+        """Write this step's inputs into the bucket's static tensors."""
+        b, n = bucket.size, len(seqs)
+        padded = seqs + [self._pad] * (b - n)
+        members = tuple((id(s), s.version) for s in padded)
+        if bucket.members != members:
+            bucket.pieces.copy_(torch.stack([s.pieces for s in padded], dim=1), non_blocking=True)
+            bucket.members, bucket.held = members, padded  # held: ids stay unique while loaded
+        rows = torch.zeros(b, ROW_FIELDS, dtype=torch.int64)
+        rows[:n, TOKEN] = torch.tensor(tokens, dtype=torch.int64)
+        rows[:n, THOUGHT_LEN] = torch.tensor([s.length for s in seqs], dtype=torch.int64)
+        rows[:, STATE_OFF] = torch.tensor([self._offset(s.recurrent) for s in padded], dtype=torch.int64)
+        rows[:, CONV_OFF] = torch.tensor([self._offset(s.conv) for s in padded], dtype=torch.int64)
+        rows[:n, LIVE] = 1
+        positions = torch.tensor([s.position for s in seqs] + [0] * (b - n), dtype=torch.int64)
+        cos, sin = rope_cos_sin(self.config, positions, torch.float32)
+        bucket.rows.copy_(rows, non_blocking=True)
+        bucket.rope.copy_(torch.stack([cos, sin], dim=1), non_blocking=True)
+
+    def _load_padding(self, bucket: _Bucket) -> None:
+        """Every row a padding row: a step that reads and writes nothing (graph warm-up, capture)."""
+        self._load(bucket, [], [])
+
+    def _capture(self, bucket: _Bucket) -> None:
+        self._load_padding(bucket)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._forward(bucket)  # compiles every kernel before capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            bucket.logits = self._forward(bucket)
+        bucket.graph = graph
+        log.info("decode_graph_captured", bucket=bucket.size)
+
+    # ------------------------------------------------------------------------------ the step
+    def _forward(self, bucket: _Bucket) -> torch.Tensor:
+        """Embedding -> layers -> final norm -> LM head for the bucket's rows: logits fp32 [B, vocab]."""
+        w, c = self.weights, self.config
+        rows = bucket.rows
+        h = w.token_embd.index_select(0, rows[:, TOKEN]).float()
+        for i, layer in enumerate(w.layers):
+            if c.is_full_attention(i):
+                h = self._attention(i, layer, h, bucket)
+            else:
+                h = self._deltanet(i, layer, h, bucket)
+            gate_up = self._norm_quant(h, layer["post_attention_norm"], [layer["ffn_gate"], layer["ffn_up"]])
+            gate, up = (_gemm(q, s, lin) for lin, (q, s) in gate_up)
+            q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
+            h = _gemm(q, s, layer["ffn_down"], residual=h)
+        ((lin, (q, s)),) = self._norm_quant(h, w.output_norm, [w.output])
+        return _gemm(q, s, lin)
+
+    def _norm_quant(
+        self, x: torch.Tensor, norm: torch.Tensor, linears: list[QuantLinear]
+    ) -> list[tuple[QuantLinear, tuple[torch.Tensor, torch.Tensor]]]:
+        """The int8 input of each linear fed by rms_norm(x) * norm; fused where s is folded (usual)."""
+        eps = self.config.rms_norm_eps
+        memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        normed: torch.Tensor | None = None
+        out = []
+        for lin in linears:
+            key = id(lin.smooth)
+            if key not in memo:
+                if lin.smooth is None:
+                    memo[key] = kernels.rms_norm_quantize(x, norm, eps, backend="triton")
+                else:
+                    if normed is None:
+                        normed = norm_rows(x, norm, eps, mean=True, backend="triton")
+                    memo[key] = kernels.quantize_rows(normed, lin.smooth, backend="triton")
+            out.append((lin, memo[key]))
+        return out
+
+    def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
+        c = self.config
+        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        j = self._gdn_index[i]
+        ins = self._norm_quant(
+            h,
+            layer["attn_norm"],
+            [layer["attn_qkv"], layer["attn_gate"], layer["ssm_beta"], layer["ssm_alpha"]],
+        )
+        qkv, z, b_raw, a_raw = (_gemm(q, s, lin) for lin, (q, s) in ins)
+        conv = conv_step(
+            qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * c.conv_dim * (c.conv_kernel - 1)
+        )
+        o = gdn_step(
+            conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows, j * nv * dk * dv,
+            num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
+        )  # fmt: skip
+        q, s = gated_norm_quantize(o, z, layer["ssm_norm"], layer["ssm_out"].smooth, c.rms_norm_eps)
+        return _gemm(q, s, layer["ssm_out"], residual=h)
+
+    def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
+        c = self.config
+        pieces = bucket.pieces[self._attn_index[i]]
+        ins = self._norm_quant(h, layer["attn_norm"], [layer["attn_q"], layer["attn_k"], layer["attn_v"]])
+        qg, k, v = (_gemm(q, s, lin) for lin, (q, s) in ins)
+        q = attention_prep(
+            qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
+            num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+            eps=c.rms_norm_eps,
+        )  # fmt: skip
+        out = decode_attention(q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads)
+        q8, s8 = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
+        return _gemm(q8, s8, layer["attn_output"], residual=h)
+
+
+def _gemm(
+    q: torch.Tensor, scale: torch.Tensor, lin: QuantLinear, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`QuantLinear`'s arithmetic on an already quantized input (+ residual, added last in fp32).
+
+    CUDA: the fused Triton GEMM. CPU: torch's exact integer product and the same epilogue
+    (row scale, column scale, residual), each an exactly rounded elementwise op: row-local bits.
+    """
+    if q.is_cuda:
+        return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
+    y = (int8_matmul(q, lin.qweight).float() * scale[:, None]) * lin.w_scale[None, :]
+    return y if residual is None else y + residual

@@ -1,0 +1,338 @@
+"""One-query-per-row gated attention for decode steps, over K/V pieces read where they lie.
+
+Two kernels per attention layer (`engine.decoder`):
+
+- `attention_prep`: program (row, head) RMS-normalises (q_norm / k_norm, per head) and applies
+  partial NeoX RoPE to the row's query head, or - for the extra programs, one per KV head - to
+  its key, and stores key and value at position thought_len of the row's own thought buffer.
+  cos/sin per row come from the host (`engine.reference.rope_cos_sin`, fp64 angles).
+- `decode_attention`: program (row, KV head) takes the G = heads / kv_heads query heads that
+  read that KV head and walks the row's pieces in their fixed order (ancestors oldest first,
+  then the own thought buffer, causal by construction: it holds only tokens up to this one).
+  Each piece is reduced on its own in blocks of BLOCK_L keys (online softmax), then folded
+  into a running (max, sum, output), exactly the cascade of `engine.executor._cascade`; the
+  output is multiplied by sigmoid(gate).
+
+Pieces are described by the row's piece table (`engine.kernels.decode_rows`): offsets from a
+`base` fp32 tensor, so the shared system and evidence K/V are read in place by every row that
+descends from them. One program per (row, KV head) with a config fixed by the head sizes: a
+row's bits never depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+from engine.kernels.decode_rows import (
+    HEAD_ROWS,
+    K_OFF,
+    LENGTH,
+    LIVE,
+    PIECE_FIELDS,
+    ROW_FIELDS,
+    THOUGHT_LEN,
+    V_OFF,
+)
+from engine.reference import apply_partial_rope, rms_norm
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+NUM_WARPS = 4
+
+
+def _block_l(head_dim: int) -> int:
+    """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
+    return 32 if head_dim >= 256 else 64
+
+
+def _prep_kernel(
+    qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
+    stride_qg, stride_k, stride_v, eps,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    j = tl.program_id(1)
+    # row record (engine.kernels.decode_rows): token, thought_len, state_off, conv_off, live
+    tlen = tl.load(rows_ptr + row * 5 + 1)
+    live = tl.load(rows_ptr + row * 5 + 4)
+    offs = tl.arange(0, HD)
+    half = RD // 2
+    in_rope = offs < RD
+    partner = tl.where(offs < half, offs + half, offs - half)
+    partner = tl.where(in_rope, partner, offs)
+    sign = tl.where(offs < half, -1.0, 1.0)
+    cos = tl.load(rope_ptr + row * 2 * RD + offs, mask=in_rope, other=1.0)
+    sin = tl.load(rope_ptr + row * 2 * RD + RD + offs, mask=in_rope, other=0.0)
+    is_q = j < NH
+    if is_q:
+        src = qg_ptr + row * stride_qg + j * 2 * HD  # attn_q interleaves [q_h | gate_h] per head
+        w_ptr = qn_ptr
+    else:
+        src = k_ptr + row * stride_k + (j - NH) * HD
+        w_ptr = kn_ptr
+    x = tl.load(src + offs).to(tl.float32)
+    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), HD * 1.0) + eps)
+    y = (x * inv) * tl.load(w_ptr + offs).to(tl.float32)
+    xp = tl.load(src + partner).to(tl.float32)
+    yp = (xp * inv) * tl.load(w_ptr + partner).to(tl.float32)
+    out = tl.where(in_rope, y * cos + (sign * yp) * sin, y)
+    if is_q:
+        tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
+    else:
+        kv = j - NH
+        own = pieces_ptr + (row * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
+        k_off = tl.load(own)
+        v_off = tl.load(own + 1)
+        head_rows = tl.load(own + 3)
+        at = (kv * head_rows + tlen) * HD + offs
+        m = (offs * 0 + live) != 0  # block-shaped: the interpreter rejects scalar masks
+        tl.store(base_ptr + k_off + at, out, mask=m)
+        v = tl.load(v_ptr + row * stride_v + kv * HD + offs).to(tl.float32)
+        tl.store(base_ptr + v_off + at, v, mask=m)
+
+
+def _attention_kernel(
+    q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    tlen = tl.load(rows_ptr + row * 5 + 1)
+    live = tl.load(rows_ptr + row * 5 + 4)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, HD)
+    gmask = offs_g < G
+    heads = kvh * G + offs_g
+    q = tl.load(q_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], mask=gmask[:, None], other=0.0)
+
+    m = tl.full((GP,), float("-inf"), tl.float32)
+    total = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, HD), dtype=tl.float32)
+    for p in tl.static_range(P):
+        rec = pieces_ptr + (row * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+        k_base = base_ptr + tl.load(rec)
+        v_base = base_ptr + tl.load(rec + 1)
+        n = tl.load(rec + 2)
+        head_rows = tl.load(rec + 3)
+        if p == P - 1:
+            n = tlen + 1  # the own thought, this step's token included
+        n = tl.where(live != 0, n, 0)
+        k_base += kvh * head_rows * HD
+        v_base += kvh * head_rows * HD
+        m_p = tl.full((GP,), float("-inf"), tl.float32)
+        sum_p = tl.zeros((GP,), dtype=tl.float32)
+        acc_p = tl.zeros((GP, HD), dtype=tl.float32)
+        for start in range(0, n, BL):
+            offs_l = start + tl.arange(0, BL)
+            lmask = offs_l < n
+            kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
+            s = tl.where(lmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_p, tl.max(s, axis=1))
+            alpha = tl.exp(m_p - m_new)
+            e = tl.exp(s - m_new[:, None])
+            sum_p = sum_p * alpha + tl.sum(e, axis=1)
+            vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+            acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
+            m_p = m_new
+        # fold the piece into the running result (an empty piece changes nothing)
+        has = n > 0
+        m_new = tl.where(has, tl.maximum(m, m_p), m)
+        old_scale = tl.where(has, tl.exp(m - m_new), 1.0)
+        new_scale = tl.where(has, tl.exp(m_p - m_new), 0.0)
+        total = total * old_scale + sum_p * new_scale
+        acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
+        m = m_new
+
+    safe = tl.where(total > 0, total, 1.0)
+    o = acc / safe[:, None]
+    gate = tl.load(
+        qg_ptr + row * stride_qg + heads[:, None] * 2 * HD + HD + offs_d[None, :],
+        mask=gmask[:, None],
+        other=0.0,
+    )
+    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    o = tl.where((offs_g[:, None] * 0 + offs_d[None, :] * 0 + live) != 0, o, 0.0)
+    tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
+
+
+_prep = kernel(_prep_kernel)
+_attn = kernel(_attention_kernel)
+
+
+def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
+    if rows.dtype != torch.int64 or rows.shape != (b, ROW_FIELDS) or not rows.is_contiguous():
+        raise ValueError(
+            f"rows must be contiguous int64 [{b}, {ROW_FIELDS}], got {rows.dtype} {tuple(rows.shape)}"
+        )
+    if (
+        pieces.dtype != torch.int64
+        or pieces.dim() != 3
+        or pieces.shape[0] != b
+        or pieces.shape[2] != PIECE_FIELDS
+    ):
+        raise ValueError(
+            f"pieces must be int64 [{b}, P, {PIECE_FIELDS}], got {pieces.dtype} {tuple(pieces.shape)}"
+        )
+    if not pieces.is_contiguous():
+        raise ValueError("pieces must be contiguous")
+
+
+def attention_prep(
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    pieces: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    backend: Backend = "triton",
+) -> torch.Tensor:
+    """Normed, rotated queries fp32 [B, nh, hd]; stores each live row's key and value in its buffer.
+
+    qg [B, nh * 2 * hd] (per head [q | gate]), k and v [B, nkv * hd]; rope fp32 [B, 2, rope_dims]
+    (cos, sin); the own piece (last) of `pieces` [B, P, 4] locates the thought buffers.
+    """
+    b = qg.shape[0]
+    _check_tables(rows, pieces, b)
+    rd = rope.shape[-1]
+    if rope.shape != (b, 2, rd) or rope.dtype != torch.float32:
+        raise ValueError(f"rope must be fp32 [{b}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
+    if not use_triton(backend, qg):
+        return attention_prep_reference(
+            qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
+        )
+    if head_dim & (head_dim - 1) or rd % 2 or rd > head_dim:
+        raise ValueError(
+            f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {head_dim}, {rd}"
+        )
+    q_out = torch.empty(b, num_heads, head_dim, dtype=torch.float32, device=qg.device)
+    _prep[(b, num_heads + num_kv_heads)](
+        qg, k, v, q_norm.contiguous(), k_norm.contiguous(), rope.contiguous(), base, rows, pieces, q_out,
+        qg.stride(0), k.stride(0), v.stride(0), float(eps),
+        NH=num_heads, NKV=num_kv_heads, HD=head_dim, RD=rd, P=pieces.shape[1],
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return q_out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    qg: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    pieces: torch.Tensor,
+    *,
+    num_kv_heads: int,
+    backend: Backend = "triton",
+) -> torch.Tensor:
+    """Gated attention output fp32 [B, nh * hd] of queries q [B, nh, hd] over each row's pieces.
+
+    The gate is the second half of each head's [q | gate] in qg [B, nh * 2 * hd].
+    """
+    b, nh, hd = q.shape
+    _check_tables(rows, pieces, b)
+    if not use_triton(backend, q):
+        return decode_attention_reference(q, qg, base, rows, pieces, num_kv_heads)
+    group = nh // num_kv_heads
+    out = torch.empty(b, nh * hd, dtype=torch.float32, device=q.device)
+    _attn[(b, num_kv_heads)](
+        q.contiguous(), qg, base, rows, pieces, out, qg.stride(0), hd**-0.5,
+        NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=max(16, next_pow2(group)), P=pieces.shape[1],
+        BL=_block_l(hd), num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------ torch references
+def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """The fp32 block at base + off (inside base's storage) as [heads, rows, hd]; a view."""
+    h, r, d = shape
+    return torch.as_strided(base, shape, (r * d, d, 1), base.storage_offset() + off)
+
+
+def attention_prep_reference(
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    pieces: torch.Tensor,
+    nh: int,
+    nkv: int,
+    hd: int,
+    eps: float,
+) -> torch.Tensor:
+    """`engine.reference` norms and RoPE row by row (buffers inside base's storage): the oracle."""
+    b = qg.shape[0]
+    q_out = torch.zeros(b, nh, hd, dtype=torch.float32, device=qg.device)
+    for r in range(b):
+        cos, sin = rope[r, 0:1], rope[r, 1:2]
+        q = rms_norm(qg[r].float().view(nh, 2 * hd)[:, :hd], q_norm, eps)
+        q_out[r] = apply_partial_rope(q[None], cos, sin)[0]
+        if not int(rows[r, LIVE]):
+            continue
+        kr = apply_partial_rope(rms_norm(k[r].float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
+        own = pieces[r, -1]
+        t = int(rows[r, THOUGHT_LEN])
+        rows_per_head = int(own[HEAD_ROWS])
+        _view(base, int(own[K_OFF]), (nkv, rows_per_head, hd))[:, t] = kr
+        _view(base, int(own[V_OFF]), (nkv, rows_per_head, hd))[:, t] = v[r].float().view(nkv, hd)
+    return q_out
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    qg: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    pieces: torch.Tensor,
+    nkv: int,
+) -> torch.Tensor:
+    """Per row: the cascade of `engine.executor._cascade` over the pieces, then the sigmoid gate."""
+    b, nh, hd = q.shape
+    group = nh // nkv
+    out = torch.zeros(b, nh * hd, dtype=torch.float32, device=q.device)
+    for r in range(b):
+        if not int(rows[r, LIVE]):
+            continue
+        qh = q[r].float()[:, None, :]  # [nh, 1, hd]
+        m = torch.full((nh, 1, 1), float("-inf"), device=q.device)
+        total = torch.zeros(nh, 1, 1, device=q.device)
+        o = torch.zeros(nh, 1, hd, device=q.device)
+        n_pieces = pieces.shape[1]
+        for p in range(n_pieces):
+            rec = pieces[r, p]
+            n = int(rows[r, THOUGHT_LEN]) + 1 if p == n_pieces - 1 else int(rec[LENGTH])
+            if n == 0:
+                continue
+            shape = (nkv, int(rec[HEAD_ROWS]), hd)
+            keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+            values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+            scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
+            m_piece = scores.amax(-1, keepdim=True)
+            e = torch.exp(scores - m_piece)
+            m_new = torch.maximum(m, m_piece)
+            old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
+            total = total * old_scale + e.sum(-1, keepdim=True) * new_scale
+            o = o * old_scale + (e @ values) * new_scale
+            m = m_new
+        gate = qg[r].float().view(nh, 2 * hd)[:, hd:]
+        out[r] = ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
+    return out

@@ -1,0 +1,159 @@
+"""Fused float op + per-row int8 quantization for the decode step, one program per row.
+
+- `gated_norm_quantize`: the GDN output gate, per value head rms_norm(o) * ssm_norm * silu(z),
+  then the row quantized for `ssm_out` (divided by its SmoothQuant s first).
+- `swiglu_quantize`: silu(gate) * up, then the row quantized for `ffn_down`.
+
+Quantization is `engine.kernels.quant`'s: scale = absmax / 127 (IEEE division), q =
+clamp(rint(v / scale), -127, 127). A row is reduced by one program with a block fixed by the
+row length, so its bits never depend on how many rows the call has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+from engine.kernels.quant import quantize_rows_reference
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+MAX_BLOCK = 4096
+_RINT_MAGIC = 12582912.0  # 1.5 * 2^23: rounds an fp32 |r| < 2^22 to an integer, ties to even
+
+
+def _gated_norm_quant_kernel(
+    o_ptr, z_ptr, w_ptr, div_ptr, q_ptr, s_ptr, stride_z, eps,
+    HV: tl.constexpr, HP: tl.constexpr, DV: tl.constexpr, HAS_DIV: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    offs_h = tl.arange(0, HP)
+    offs_d = tl.arange(0, DV)
+    idx = offs_h[:, None] * DV + offs_d[None, :]
+    m = (offs_h[:, None] < HV) & (offs_d[None, :] < DV)
+    o = tl.load(o_ptr + row * HV * DV + idx, mask=m, other=0.0)
+    ms = tl.math.div_rn(tl.sum(o * o, axis=1), tl.full((HP,), DV, tl.float32))
+    inv = tl.math.rsqrt(ms + eps)
+    y = (o * inv[:, None]) * tl.load(w_ptr + offs_d).to(tl.float32)[None, :]
+    z = tl.load(z_ptr + row * stride_z + idx, mask=m, other=0.0).to(tl.float32)
+    y = y * (z / (1.0 + tl.exp(-z)))
+    if HAS_DIV:
+        y = tl.math.div_rn(y, tl.load(div_ptr + idx, mask=m, other=1.0).to(tl.float32))
+    y = tl.where(m, y, 0.0)
+    scale = tl.math.div_rn(tl.max(tl.max(tl.abs(y), axis=1), axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    r = tl.math.div_rn(y, tl.full((HP, DV), 1.0, tl.float32) * safe)
+    r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
+    r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+    tl.store(q_ptr + row * HV * DV + idx, r.to(tl.int8), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def _swiglu_quant_kernel(
+    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
+    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        m = k0 + offs < K
+        g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        v = (g / (1.0 + tl.exp(-g))) * u
+        if HAS_DIV:
+            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    for k0 in range(0, K, BLOCK):
+        m = k0 + offs < K
+        g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        v = (g / (1.0 + tl.exp(-g))) * u
+        if HAS_DIV:
+            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        r = tl.math.div_rn(v, tl.zeros((BLOCK,), dtype=tl.float32) + safe)
+        r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
+        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+        tl.store(q_ptr + row * K + k0 + offs, r.to(tl.int8), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+_gated = kernel(_gated_norm_quant_kernel)
+_swiglu = kernel(_swiglu_quant_kernel)
+
+
+def gated_norm_quantize(
+    o: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    divisor: torch.Tensor | None,
+    eps: float,
+    *,
+    backend: Backend = "triton",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows of rms_norm(o) * weight * silu(z) (/ divisor): (q [B, HV*dv], scale fp32 [B]).
+
+    o fp32 [B, HV, dv]; z [B, HV * dv]; weight [dv]; divisor [HV * dv] or None.
+    """
+    b, hv, dv = o.shape
+    if z.shape != (b, hv * dv) or weight.shape != (dv,):
+        raise ValueError(
+            f"need z [{b}, {hv * dv}] and weight [{dv}], got {tuple(z.shape)}, {tuple(weight.shape)}"
+        )
+    if not use_triton(backend, o):
+        return gated_norm_quantize_reference(o, z, weight, divisor, eps)
+    if dv & (dv - 1):
+        raise ValueError(f"the kernel needs a power-of-two value head dim, got {dv}")
+    o = o.contiguous()
+    z = z if z.stride(1) == 1 else z.contiguous()
+    q = torch.empty(b, hv * dv, dtype=torch.int8, device=o.device)
+    scale = torch.empty(b, dtype=torch.float32, device=o.device)
+    hp = next_pow2(hv)
+    _gated[(b,)](
+        o, z, weight.contiguous(), divisor.contiguous() if divisor is not None else scale, q, scale,
+        z.stride(0), float(eps),
+        HV=hv, HP=hp, DV=dv, HAS_DIV=divisor is not None,
+        num_warps=8 if hp * dv >= 4096 else 4, enable_fp_fusion=False,
+    )  # fmt: skip
+    return q, scale
+
+
+def swiglu_quantize(
+    gate: torch.Tensor, up: torch.Tensor, divisor: torch.Tensor | None, *, backend: Backend = "triton"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows of silu(gate) * up (/ divisor): (q [B, K], scale fp32 [B]); gate, up [B, K]."""
+    if gate.shape != up.shape or gate.dim() != 2:
+        raise ValueError(
+            f"gate and up must be [B, K] of one shape, got {tuple(gate.shape)}, {tuple(up.shape)}"
+        )
+    if not use_triton(backend, gate):
+        return quantize_rows_reference(F.silu(gate.float()) * up.float(), divisor)
+    b, k = gate.shape
+    gate = gate if gate.stride(1) == 1 else gate.contiguous()
+    up = up if up.stride(1) == 1 else up.contiguous()
+    q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
+    scale = torch.empty(b, dtype=torch.float32, device=gate.device)
+    block = min(next_pow2(k), MAX_BLOCK)
+    _swiglu[(b,)](
+        gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,
+        k, gate.stride(0), up.stride(0),
+        HAS_DIV=divisor is not None, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
+    )  # fmt: skip
+    return q, scale
+
+
+def gated_norm_quantize_reference(
+    o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, divisor: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, hv, dv = o.shape
+    of = o.float()
+    normed = (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)) * weight.float()
+    y = normed * F.silu(z.float().view(b, hv, dv))
+    return quantize_rows_reference(y.reshape(b, hv * dv), divisor)

@@ -1,0 +1,70 @@
+"""`Engine._think` through the decoder (forced on CPU) against the forest-step thought loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.types import DecideRequest
+from schemas.systemone import SystemOneRequest
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
+QUESTION = {
+    "type": "choice",
+    "instructions": "Which team?",
+    "criteria": {"dba": None, "sre": None, "net": None},
+}
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_model: Callable[..., Path]) -> Engine:
+    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device=DEVICE, precision="int8", cache_bytes=0)
+
+
+def _req(event_id: str, state: str, budget: int, seed: int = 3) -> DecideRequest:
+    body = SystemOneRequest.model_validate({"state": state, "questions": {"q": QUESTION, "r": QUESTION}})
+    return DecideRequest(event_id, body, seed=seed, gate=1.0, thought_budget=budget)
+
+
+def test_decoder_thoughts_equal_the_forest_thoughts(engine: Engine) -> None:
+    """Same draws, budget cut, `</think>` closing and second read-out as the forest loop.
+
+    Both loops see the same logits up to fp32 rounding (the decoder's kernels reduce in their
+    own order), far below any gap the draws could fall into here, so the sampled thoughts are
+    the same tokens; the read-outs agree to rounding.
+    """
+    requests = [
+        _req("a", "api latency 900ms on checkout, db-3 cpu 95%", budget=1),
+        _req("b", "disk 97% on db-3", budget=5, seed=9),
+    ]
+    try:
+        engine.use_decoder = False
+        forest = engine.decide(requests)
+        engine.use_decoder = True
+        decoded = engine.decide(requests)
+        # one live thought at a time (as when memory is short): the same bits
+        engine._thought_decoder().max_live = lambda capacity: 1  # type: ignore[method-assign]
+        one_by_one = engine.decide(requests)
+    finally:
+        engine.use_decoder = None
+        del engine._thought_decoder().max_live
+    assert engine._decoder.steps > 0
+    for d, o in zip(decoded, one_by_one, strict=True):
+        assert d.traces == o.traces
+    thought_tokens = []
+    for f, d in zip(forest, decoded, strict=True):
+        for qid in ("q", "r"):
+            ft, dt = f.traces[qid], d.traces[qid]
+            assert dt.first == ft.first  # the first read-out does not involve the decoder
+            assert dt.thought == ft.thought
+            assert dt.thought_tokens == ft.thought_tokens and dt.thought_truncated == ft.thought_truncated
+            assert dt.second is not None and ft.second is not None
+            for p, q in zip(dt.second.probabilities, ft.second.probabilities, strict=True):
+                assert abs(p - q) <= 1e-4
+            thought_tokens.append(dt.thought_tokens)
+    assert thought_tokens[:2] == [1, 1]  # budget 1: cut, then closed
+    assert all(0 < t <= 5 for t in thought_tokens[2:])

@@ -1,0 +1,89 @@
+"""The decoder on CUDA: graph replay equals eager bitwise; thoughts through Engine.decide are
+bit-identical alone and beside 15 other thinkers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.decoder import Decoder
+from engine.engine import Engine
+from engine.executor import run_forest
+from engine.forest import Segment, build_forest
+from engine.types import DecideRequest
+from schemas.systemone import SystemOneRequest
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+QUESTION = {
+    "type": "choice",
+    "instructions": "Which team?",
+    "criteria": {"dba": None, "sre": None, "net": None},
+}
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_model: Callable[..., Path]) -> Engine:
+    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device="cuda", precision="int8", cache_bytes=0)
+
+
+def _req(event_id: str, state: str, budget: int = 12, seed: int = 3) -> DecideRequest:
+    body = SystemOneRequest.model_validate({"state": state, "questions": {"q": QUESTION}})
+    return DecideRequest(event_id, body, seed=seed, gate=1.0, thought_budget=budget)
+
+
+def _bits(values: list[float]) -> list[str]:
+    return [v.hex() for v in values]
+
+
+def test_graph_replay_equals_eager(engine: Engine) -> None:
+    g = torch.Generator().manual_seed(2)
+    segs = [Segment(tuple(torch.randint(100, 5000, (40,), generator=g).tolist()), engine.root)]
+    segs += [
+        Segment(tuple(torch.randint(100, 5000, (5 + i,), generator=g).tolist()), 0, read=True)
+        for i in range(16)
+    ]
+    forest = build_forest(segs)
+    out = run_forest(engine.weights, forest)
+    prompts = [out.states[forest.packed_index[i]] for i in range(1, 17)]
+    graphed, eager = Decoder(engine.weights, graphs=True), Decoder(engine.weights, graphs=False)
+    a = [graphed.start(p, capacity=200) for p in prompts]
+    b = [eager.start(p, capacity=200) for p in prompts]
+    rng = random.Random(0)
+    for step in range(80):  # past the first buffer growth (64 rows)
+        n = [16, 5, 1, 9, 2][step % 5]
+        rows = rng.sample(range(16), n)
+        toks = [rng.randrange(100, 5000) for _ in rows]
+        la = graphed.step([a[r] for r in rows], toks)
+        lb = eager.step([b[r] for r in rows], toks)
+        assert torch.equal(la, lb), step
+    assert all(bucket.graph is not None for bucket in graphed._bucket_cache.values())
+
+
+def test_thought_alone_equals_thought_beside_15_others(engine: Engine) -> None:
+    target = _req("target", "api latency 900ms on checkout, db-3 cpu 95%", budget=40)
+    alone = engine.decide([target])[0].traces["q"]
+    assert engine._decoder is not None and engine._decoder.steps > 0
+    assert alone.thought_tokens > 0 and alone.second is not None
+    others = [
+        _req(f"other-{i}", f"alert {i}: pod restarts x{i * 7}", budget=8 + 5 * i, seed=i) for i in range(15)
+    ]
+    rng = random.Random(0)
+    for _ in range(3):
+        batch = [target, *others]
+        rng.shuffle(batch)
+        together = {r.request_id: r for r in engine.decide(batch)}["target"].traces["q"]
+        assert together.thought == alone.thought and together.thought_tokens == alone.thought_tokens
+        assert _bits(together.final_probabilities) == _bits(alone.final_probabilities)
+        assert _bits(together.second.rounds[0].logits) == _bits(alone.second.rounds[0].logits)
+
+
+def test_decide_decodes_to_the_budget_and_reads_again(engine: Engine) -> None:
+    for budget in (1, 64, 300):
+        trace = engine.decide([_req("b", "cert expires in 2 days", budget=budget)])[0].traces["q"]
+        assert 0 <= trace.thought_tokens <= budget
+        assert trace.thought_truncated == (trace.thought_tokens == budget)
+        assert trace.second is not None and abs(sum(trace.second.probabilities) - 1.0) <= 1e-6

@@ -1,0 +1,211 @@
+"""Decode-step kernels (conv/GDN step, attention prep + piece attention, fused quantization)
+against their torch references, and row by row: a row's bits alone equal its bits in a batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels.decode_attention import attention_prep, decode_attention
+from engine.kernels.decode_gdn import conv_step, gdn_step
+from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
+from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF, THOUGHT_LEN
+from engine.reference import rope_cos_sin
+from engine.testing.make_model import dims_config
+
+
+class Pool:
+    """One fp32 tensor holding every state block, so the torch references can view them too."""
+
+    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
+        self.base = torch.randn(n, generator=gen).to(dev)
+        self.used = 0
+
+    def take(self, n: int) -> int:
+        off = self.used
+        self.used += (n + 3) // 4 * 4
+        assert self.used <= self.base.numel()
+        return off
+
+
+def _rows(b: int, dev: torch.device, **fields: list[int]) -> torch.Tensor:
+    rows = torch.zeros(b, ROW_FIELDS, dtype=torch.int64)
+    rows[:, LIVE] = 1
+    for name, values in fields.items():
+        rows[:, {"tlen": THOUGHT_LEN, "state": STATE_OFF, "conv": CONV_OFF, "live": LIVE}[name]] = (
+            torch.tensor(values)
+        )
+    return rows.to(dev)
+
+
+def _assert_rows_independent(run, b: int) -> None:
+    """run(order) -> per-row outputs for rows in `order`; each row must equal its value alone."""
+    full = run(list(range(b)))
+    for r in range(b):
+        alone = run([r])
+        for a, f in zip(alone, full, strict=True):
+            assert torch.equal(a[0], f[r]), r
+
+
+def test_conv_step_matches_reference_and_shifts_the_tail(dev: torch.device, gen: torch.Generator) -> None:
+    b, c, layers = 5, 200, 2
+    pool = Pool(b * layers * c * 3 + 64, dev, gen)
+    offs = [pool.take(layers * c * 3) for _ in range(b)]
+    x = torch.randn(b, c, generator=gen).to(dev)
+    w = torch.randn(c, 4, generator=gen).to(dev)
+    rows = _rows(b, dev, conv=offs, live=[1, 1, 0, 1, 1])
+    layer_off = c * 3
+    before = pool.base.clone()
+    y = conv_step(x, w, pool.base, rows, layer_off, backend="triton")
+    after_kernel = pool.base.clone()
+    pool.base.copy_(before)
+    y_ref = conv_step(x, w, pool.base, rows, layer_off, backend="torch")
+    torch.testing.assert_close(y[[0, 1, 3, 4]], y_ref[[0, 1, 3, 4]], rtol=1e-5, atol=1e-6)
+    assert torch.equal(after_kernel, pool.base)  # tails shifted exactly; the padding row untouched
+    assert torch.equal(
+        after_kernel[offs[2] : offs[2] + layers * c * 3], before[offs[2] : offs[2] + layers * c * 3]
+    )
+
+    def run(order: list[int]) -> list[torch.Tensor]:
+        pool.base.copy_(before)
+        out = conv_step(x[order], w, pool.base, rows[order].contiguous(), layer_off, backend="triton")
+        tails = torch.stack([pool.base[offs[r] + layer_off : offs[r] + 2 * layer_off] for r in order])
+        return [out, tails]
+
+    _assert_rows_independent(run, b)
+
+
+@pytest.mark.parametrize("dims", ["tiny", "small"])
+def test_gdn_step_matches_reference(dims: str, dev: torch.device, gen: torch.Generator) -> None:
+    cfg = dims_config(dims)
+    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    b = 4
+    block = hv * dk * dv
+    pool = Pool(b * 2 * block + 64, dev, gen)
+    pool.base.mul_(0.1)
+    offs = [pool.take(2 * block) for _ in range(b)]
+    conv = torch.randn(b, 2 * hqk * dk + hv * dv, generator=gen).to(dev)
+    b_raw = torch.randn(b, hv, generator=gen).to(dev)
+    a_raw = (torch.randn(b, hv, generator=gen) * 3).to(dev)
+    a_raw[0, 0] = 25.0  # past softplus' threshold
+    ssm_a = (-torch.rand(hv, generator=gen) * 2).to(dev)
+    dt = torch.randn(hv, generator=gen).to(dev)
+    rows = _rows(b, dev, state=offs)
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv)
+    before = pool.base.clone()
+    o = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, block, **kw, backend="triton")
+    after_kernel = pool.base.clone()
+    pool.base.copy_(before)
+    o_ref = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, block, **kw, backend="torch")
+    torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after_kernel, pool.base, rtol=1e-4, atol=1e-5)
+
+    def run(order: list[int]) -> list[torch.Tensor]:
+        pool.base.copy_(before)
+        idx = torch.tensor(order, device=dev)
+        out = gdn_step(
+            conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt, pool.base, rows[idx].contiguous(), block, **kw
+        )
+        states = torch.stack([pool.base[offs[r] + block : offs[r] + 2 * block] for r in order])
+        return [out, states]
+
+    _assert_rows_independent(run, b)
+
+
+def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int = 4):
+    cfg = dims_config(dims)
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+    lengths = [[7, 40, 3], [7, 0, 70], [7, 129, 1], [7, 5, 9]][:b]  # ancestors per row (0: unused piece)
+    tlens = [0, 5, 2, 63][:b]
+    caps = [4, 8, 8, 64]
+    pool = Pool(b * (sum(map(sum, lengths)) + 2 * 64) * nkv * hd * 2 + 4096, dev, gen)
+    pieces = torch.zeros(b, 4, 4, dtype=torch.int64)
+    for r in range(b):
+        for p, n in enumerate(lengths[r]):
+            pieces[r, p] = torch.tensor([pool.take(nkv * n * hd), pool.take(nkv * n * hd), n, n])
+        pieces[r, 3] = torch.tensor(
+            [pool.take(nkv * caps[r] * hd), pool.take(nkv * caps[r] * hd), 0, caps[r]]
+        )
+    pieces = pieces.to(dev)
+    rows = _rows(b, dev, tlen=tlens)
+    positions = torch.tensor([sum(lengths[r]) + tlens[r] for r in range(b)])
+    cos, sin = rope_cos_sin(cfg, positions, torch.float32)
+    rope = torch.stack([cos, sin], dim=1).to(dev)
+    qg = torch.randn(b, nh * 2 * hd, generator=gen).to(dev)
+    k = torch.randn(b, nkv * hd, generator=gen).to(dev)
+    v = torch.randn(b, nkv * hd, generator=gen).to(dev)
+    q_norm = (1 + 0.1 * torch.randn(hd, generator=gen)).to(dev)
+    k_norm = (1 + 0.1 * torch.randn(hd, generator=gen)).to(dev)
+    args = (qg, k, v, q_norm, k_norm, rope, pool.base, rows, pieces)
+    kw = dict(num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=cfg.rms_norm_eps)
+    return pool, args, kw
+
+
+@pytest.mark.parametrize("dims", ["tiny", "small"])
+def test_attention_prep_and_piece_attention_match_reference(
+    dims: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    pool, args, kw = _attention_case(dims, dev, gen)
+    qg, rows, pieces = args[0], args[7], args[8]
+    before = pool.base.clone()
+    q = attention_prep(*args, **kw, backend="triton")
+    out = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="triton")
+    after_kernel = pool.base.clone()
+    pool.base.copy_(before)
+    q_ref = attention_prep(*args, **kw, backend="torch")
+    out_ref = decode_attention(
+        q_ref, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="torch"
+    )
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after_kernel, pool.base, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_piece_attention_rows_are_independent(dev: torch.device, gen: torch.Generator) -> None:
+    pool, args, kw = _attention_case("tiny", dev, gen)
+    qg, k, v, q_norm, k_norm, rope, base, rows, pieces = args
+    before = pool.base.clone()
+
+    def run(order: list[int]) -> list[torch.Tensor]:
+        pool.base.copy_(before)
+        idx = torch.tensor(order, device=dev)
+        sub = (qg[idx], k[idx], v[idx], q_norm, k_norm, rope[idx].contiguous(), base)
+        q = attention_prep(*sub, rows[idx].contiguous(), pieces[idx].contiguous(), **kw)
+        out = decode_attention(
+            q, qg[idx], base, rows[idx].contiguous(), pieces[idx].contiguous(), num_kv_heads=2
+        )
+        return [q, out]
+
+    _assert_rows_independent(run, 4)
+
+
+def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Generator) -> None:
+    b, hv, dv, k = 6, 4, 16, 300
+    o = torch.randn(b, hv, dv, generator=gen).to(dev)
+    z = torch.randn(b, hv * dv, generator=gen).to(dev)
+    w = torch.rand(dv, generator=gen).to(dev) + 0.5
+    div = torch.rand(hv * dv, generator=gen).to(dev) + 0.5
+    gate, up = torch.randn(b, k, generator=gen).to(dev), torch.randn(b, k, generator=gen).to(dev)
+    sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
+    cases = [
+        (lambda be, d: gated_norm_quantize(o, z, w, d, 1e-6, backend=be), div),
+        (lambda be, d: swiglu_quantize(gate, up, d, backend=be), sdiv),
+    ]
+    for fn, d in cases:
+        for divisor in (None, d):
+            q, s = fn("triton", divisor)
+            q_ref, s_ref = fn("torch", divisor)
+            torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+            # the kernel's float op agrees to rounding, so a value on a rounding boundary may differ by 1
+            assert (q.int() - q_ref.int()).abs().max() <= 1
+            assert (q != q_ref).float().mean() < 0.01
+    # rows alone equal rows in the batch
+    q_all, s_all = gated_norm_quantize(o, z, w, div, 1e-6)
+    g_all, gs_all = swiglu_quantize(gate, up, sdiv)
+    for r in range(b):
+        q1, s1 = gated_norm_quantize(o[r : r + 1], z[r : r + 1], w, div, 1e-6)
+        g1, gs1 = swiglu_quantize(gate[r : r + 1], up[r : r + 1], sdiv)
+        assert torch.equal(q1[0], q_all[r]) and torch.equal(s1[0], s_all[r])
+        assert torch.equal(g1[0], g_all[r]) and torch.equal(gs1[0], gs_all[r])

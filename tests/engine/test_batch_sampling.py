@@ -1,0 +1,66 @@
+"""The batched sampler returns, row by row, exactly what `sample_token` returns for that row."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.sampling import sample_token, sample_tokens
+
+VOCAB = 4096
+SETTINGS = [
+    dict(temperature=0.6, top_p=0.95, top_k=20),  # the decision config's defaults
+    dict(temperature=1.0, top_p=1.0, top_k=5),
+    dict(temperature=0.3, top_p=0.5, top_k=1),
+    dict(temperature=1.7, top_p=0.9, top_k=0),  # top-k off
+    dict(temperature=0.0, top_p=0.95, top_k=20),  # greedy
+    dict(temperature=1.0, top_p=1.0, top_k=VOCAB + 3),  # k past the vocabulary
+]
+
+
+def _rows(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Random logits with the awkward cases: ties at and around the top-k cut, -inf, one hot."""
+    x = torch.randn(n, VOCAB, generator=gen) * 3
+    x[0] = 0.0  # every logit tied
+    x[1, ::7] = x[1].max() + 1  # hundreds of tied maxima
+    x[2] = torch.round(x[2])  # many ties everywhere, including across the 20th place
+    x[3, :] = float("-inf")
+    x[3, [5, 900, 17]] = torch.tensor([1.0, 1.0, -2.0])  # three finite logits only
+    x[4, 123] = 50.0  # almost one-hot
+    x[5] = torch.round(x[5] * 2) / 2
+    x[5, :40] = x[5].max()  # 40 tied maxima: the cut falls inside the tie
+    return x
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-p{top_p}-k{top_k}".format(**s))
+def test_batched_sampler_equals_sample_token_row_by_row(setting: dict) -> None:
+    gen = torch.Generator().manual_seed(7)
+    rng = random.Random(3)
+    logits = _rows(48, gen)
+    us = [rng.random() for _ in range(48)]
+    us[6], us[7] = 0.0, 1.0 - 2.0**-53  # the ends of [0, 1)
+    expected = [sample_token(logits[r], u, **setting) for r, u in enumerate(us)]
+    assert sample_tokens(logits, us, **setting) == expected
+
+
+def test_batched_sampler_is_row_independent() -> None:
+    gen = torch.Generator().manual_seed(11)
+    logits = _rows(16, gen)
+    us = [(i + 0.5) / 16 for i in range(16)]
+    setting = SETTINGS[0]
+    together = sample_tokens(logits, us, **setting)
+    perm = list(range(16))
+    random.Random(5).shuffle(perm)
+    shuffled = sample_tokens(logits[perm], [us[p] for p in perm], **setting)
+    assert [shuffled[perm.index(r)] for r in range(16)] == together
+    assert [sample_tokens(logits[r : r + 1], [us[r]], **setting)[0] for r in range(16)] == together
+
+
+def test_batched_sampler_checks_its_inputs() -> None:
+    with pytest.raises(ValueError):
+        sample_tokens(torch.zeros(2, 8), [0.5], temperature=1.0, top_p=1.0, top_k=2)
+    with pytest.raises(ValueError):
+        sample_tokens(torch.zeros(1, 8), [1.0], temperature=1.0, top_p=1.0, top_k=2)
+    assert sample_tokens(torch.zeros(0, 8), [], temperature=1.0, top_p=1.0, top_k=2) == []
