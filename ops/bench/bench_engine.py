@@ -318,7 +318,7 @@ def main() -> None:
     record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
     if args.decode_profile:
         for n in (1, 64):
-            profile_decode(bench, n, args.decode_profile)
+            profile_decode(bench, n, f"{args.decode_profile}.{args.shape}")
     record("peak_gib", torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0)
 
 
