@@ -27,6 +27,7 @@ any other sequences.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import structlog
@@ -233,8 +234,15 @@ class Decoder:
         if len(set(map(id, seqs))) != len(seqs):
             raise ValueError("a sequence appears twice in one step")
         top = self.buckets[-1]
-        parts = [self._step(seqs[i : i + top], tokens[i : i + top]) for i in range(0, len(seqs), top)]
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            parts = [self._step(seqs[i : i + top], tokens[i : i + top]) for i in range(0, len(seqs), top)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def forget(self) -> None:
+        """Drop the buckets' references to the last sequences they ran (their states and chains),
+        so finished thoughts free their memory; the next step reloads its tables."""
+        for bucket in self._bucket_cache.values():
+            bucket.members, bucket.held = None, []
 
     def _step(self, seqs: list[DecodeSequence], tokens: list[int]) -> torch.Tensor:
         n = len(seqs)

@@ -518,14 +518,20 @@ class Engine:
         buffers would not fit); the others wait with their first logits. Which thoughts share
         a step never changes a thought's bits.
         """
+        decoder = self._thought_decoder()
+        try:
+            self._decode_thoughts(decoder, started)
+        finally:
+            decoder.forget()  # finished thoughts' states and buffers go back to the allocator
+
+    def _decode_thoughts(
+        self, decoder: Decoder, started: list[tuple[_Question, torch.Tensor, SegmentState]]
+    ) -> None:
         dc = self.decision_config
         end_think = self.tokenizer.special.end_think
         closing = list(self.prompts.think_close_ids)
-        decoder = self._thought_decoder()
-        waiting = list(started)
-        waiting.reverse()  # pop() admits in the callers' order
-        longest = max(q.budget for q, _, _ in started) + len(closing)
-        limit = decoder.max_live(longest)
+        waiting = started[::-1]  # pop() admits in the callers' order
+        limit = decoder.max_live(max(q.budget for q, _, _ in started) + len(closing))
         live: list[_Thinking] = []
         while live or waiting:
             while waiting and len(live) < limit:

@@ -53,6 +53,7 @@ def test_decoder_thoughts_equal_the_forest_thoughts(engine: Engine) -> None:
         engine.use_decoder = None
         del engine._thought_decoder().max_live
     assert engine._decoder.steps > 0
+    assert all(not b.held and b.members is None for b in engine._decoder._bucket_cache.values())
     for d, o in zip(decoded, one_by_one, strict=True):
         assert d.traces == o.traces
     thought_tokens = []
