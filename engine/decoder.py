@@ -52,6 +52,7 @@ from engine.kernels.decode_rows import (
 from engine.kernels.norm import norm_rows
 from engine.quant import QuantLinear, int8_matmul
 from engine.reference import rope_cos_sin
+from engine.tp import RowParallelLinear
 from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
@@ -328,6 +329,7 @@ class Decoder:
                 h = self._deltanet(i, layer, h, bucket)
             gate_up = self._norm_quant(h, layer["post_attention_norm"], [layer["ffn_gate"], layer["ffn_up"]])
             gate, up = (_gemm(q, s, lin) for lin, (q, s) in gate_up)
+            gate, up = _whole_rows(layer["ffn_down"], gate, up)
             q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
             h = _gemm(q, s, layer["ffn_down"], residual=h)
         ((lin, (q, s)),) = self._norm_quant(h, w.output_norm, [w.output])
@@ -370,6 +372,8 @@ class Decoder:
             conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows, j * nv * dk * dv,
             num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
+        o, z = _whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
+        o = o.view(o.shape[0], -1, dv)
         q, s = gated_norm_quantize(o, z, layer["ssm_norm"], layer["ssm_out"].smooth, c.rms_norm_eps)
         return _gemm(q, s, layer["ssm_out"], residual=h)
 
@@ -384,18 +388,35 @@ class Decoder:
             eps=c.rms_norm_eps,
         )  # fmt: skip
         out = decode_attention(q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads)
+        (out,) = _whole_rows(layer["attn_output"], out)
         q8, s8 = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
         return _gemm(q8, s8, layer["attn_output"], residual=h)
 
 
+def _whole_rows(lin: object, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under tensor parallelism, the whole rows of a row-parallel linear's per-head inputs.
+
+    The fused quantizers then see exactly the rows one device sees (same kernel, same row,
+    same bits) and each rank multiplies its own features (`RowParallelLinear.from_whole_rows`).
+    """
+    if isinstance(lin, RowParallelLinear):
+        return tuple(lin.gather(p) for p in parts)
+    return parts
+
+
 def _gemm(
-    q: torch.Tensor, scale: torch.Tensor, lin: QuantLinear, residual: torch.Tensor | None = None
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    lin: QuantLinear | RowParallelLinear,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`QuantLinear`'s arithmetic on an already quantized input (+ residual, added last in fp32).
 
     CUDA: the fused Triton GEMM. CPU: torch's exact integer product and the same epilogue
     (row scale, column scale, residual), each an exactly rounded elementwise op: row-local bits.
     """
+    if isinstance(lin, RowParallelLinear):
+        return lin.from_whole_rows(q, scale, residual)
     if q.is_cuda:
         return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
     y = (int8_matmul(q, lin.qweight).float() * scale[:, None]) * lin.w_scale[None, :]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,15 @@ from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_
 from engine.reference import forward
 from engine.sampling import sample_token, sample_tokens, uniform
 from engine.tokenizer import Tokenizer, TokenizerError
+from engine.tp import (
+    Followers,
+    TensorParallel,
+    close_group,
+    launch,
+    rank_device,
+    shard_weights,
+    weights_digest,
+)
 from engine.types import DecideRequest, DecideResult
 from engine.weights import Weights
 from schemas.record import QuestionTrace, Readout, RoundReadout
@@ -147,6 +157,7 @@ class Engine:
         device: str = "cpu",
         cache_bytes: int | None = None,
         smooth_alpha: float = DEFAULT_ALPHA,
+        tp: TensorParallel | None = None,
     ) -> None:
         precision = default_precision(device) if precision is None else precision
         if precision not in ("fp32", "bf16", "int8"):
@@ -157,6 +168,19 @@ class Engine:
             weights, self.quant_report = requantize(
                 weights, PromptEncoder(tokenizer), alpha=smooth_alpha, device=device
             )
+        # Tensor parallel: every rank requantized the same file the same way (checked), then
+        # keeps its slice; decide() calls are broadcast from rank 0 (see engine.tp).
+        self.tp = tp
+        self.followers: Followers | None = None
+        if tp is not None:
+            if precision != "int8":
+                raise ValueError(f"tensor parallelism runs the int8 path only, not {precision}")
+            digest = weights_digest(weights)
+            if tp.broadcast(digest) != digest:
+                raise RuntimeError(f"rank {tp.rank} quantized the model differently from rank 0")
+            weights = shard_weights(weights, tp)
+            budget = default_budget(torch.device(device)) if cache_bytes is None else cache_bytes
+            cache_bytes = tp.broadcast(budget)  # every rank must make the same cache decisions
         self.weights = weights
         self.config: ModelConfig = weights.config
         self.tokenizer = tokenizer
@@ -185,8 +209,46 @@ class Engine:
         decision_config: str | Path | DecisionConfig | None = None,
         cache_bytes: int | None = None,
         smooth_alpha: float = DEFAULT_ALPHA,
+        tp: int | TensorParallel = 1,
     ) -> Engine:
-        """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only)."""
+        """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only).
+
+        tp > 1 runs the model over `tp` devices (cuda -> cuda:0..tp-1; cpu -> gloo processes):
+        this process is rank 0 and starts the others, which serve its `decide` calls until
+        `close()`. Results are bit-identical to tp=1 (int8 only).
+        """
+        followers = None
+        if isinstance(tp, int):
+            if tp < 1:
+                raise ValueError(f"tp must be >= 1, got {tp}")
+            if tp > 1:
+                threads = torch.get_num_threads()
+                args = (str(path), precision, decision_config, cache_bytes, smooth_alpha, threads)
+                group, followers = launch(tp, device, _follower_main, args)
+                device, tp = str(rank_device(device, 0)), group
+            else:
+                tp = None  # type: ignore[assignment]
+        try:
+            engine = cls._load(path, device, precision, decision_config, cache_bytes, smooth_alpha, tp)
+        except BaseException:
+            if followers is not None:
+                followers.join(timeout=5.0)
+                close_group()
+            raise
+        engine.followers = followers
+        return engine
+
+    @classmethod
+    def _load(
+        cls,
+        path: str | Path,
+        device: str,
+        precision: Precision | None,
+        decision_config: str | Path | DecisionConfig | None,
+        cache_bytes: int | None,
+        smooth_alpha: float,
+        tp: TensorParallel | None,
+    ) -> Engine:
         path = Path(path)
         precision = default_precision(device) if precision is None else precision
         t0 = time.perf_counter()
@@ -210,6 +272,7 @@ class Engine:
             device=device,
             cache_bytes=cache_bytes,
             smooth_alpha=smooth_alpha,
+            tp=tp,
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)
@@ -219,6 +282,8 @@ class Engine:
     # ------------------------------------------------------------------------------ plain API
     def logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Full-sequence logits [len, vocab] float32: a plain forward from the sequence start."""
+        if self.tp is not None:
+            raise ValueError("Engine.logits needs whole weights: not under tensor parallelism")
         return forward(self.weights, [int(t) for t in token_ids], dtype=self.dtype)
 
     def count_tokens(self, request: SystemOneRequest) -> int:
@@ -234,6 +299,42 @@ class Engine:
     def decide(self, requests: list[DecideRequest], *, mode: Mode = "forest") -> list[DecideResult]:
         if mode not in ("forest", "per_question"):
             raise ValueError(f"mode must be 'forest' or 'per_question', got {mode!r}")
+        if self.tp is not None:
+            if self.followers is None:
+                raise RuntimeError("decide() runs on rank 0 of a tensor-parallel group, which is closed")
+            self.followers.send(("decide", requests, mode, self._knobs()))
+        return self._decide(requests, mode)
+
+    def _knobs(self) -> dict[str, Any]:
+        """Settings callers may change on rank 0 that steer the computation: followers mirror them."""
+        return {
+            "decision_config": self.decision_config,
+            "max_request_tokens": self.max_request_tokens,
+            "use_decoder": getattr(self, "use_decoder", None),
+        }
+
+    def follow(self, pipe: Connection) -> None:
+        """A follower rank's loop: run every decide call rank 0 sends, until it closes the pipe."""
+        while True:
+            try:
+                message = pipe.recv()
+            except EOFError:
+                return
+            if message is None:
+                return
+            _, requests, mode, knobs = message
+            for name, value in knobs.items():
+                setattr(self, name, value)
+            self._decide(requests, mode)
+
+    def close(self) -> None:
+        """Stop the follower ranks and leave the process group (no-op without tensor parallelism)."""
+        if self.tp is not None and self.followers is not None:
+            self.followers.join()
+            self.followers = None
+            close_group()
+
+    def _decide(self, requests: list[DecideRequest], mode: Mode) -> list[DecideResult]:
         t0 = time.perf_counter()
         self.last_counters = []
         dc = self.decision_config
@@ -453,16 +554,15 @@ class Engine:
             self._think_forest(started)
 
     def _decodes_on_device(self) -> bool:
-        """Whether thoughts go through `engine.decoder`: int8 on CUDA without tensor parallelism.
+        """Whether thoughts go through `engine.decoder`: int8 on CUDA (with or without tensor
+        parallelism: the decoder gathers whole rows where one device would quantize them).
 
         `use_decoder` (True/False) overrides the choice; tests use it to run the decoder on CPU.
         """
         forced = getattr(self, "use_decoder", None)
         if forced is not None:
             return bool(forced)
-        tp = getattr(self, "tp", None)
-        single = tp is None or getattr(tp, "world", getattr(tp, "world_size", 1)) == 1
-        return self.precision == "int8" and self.device.type == "cuda" and single
+        return self.precision == "int8" and self.device.type == "cuda"
 
     def _second_readout(self, q: _Question, logits: torch.Tensor) -> None:
         second = ChoiceRounds(len(q.option_ids))
@@ -506,7 +606,9 @@ class Engine:
     def _thought_decoder(self) -> Decoder:
         decoder = getattr(self, "_decoder", None)
         if decoder is None:
-            decoder = Decoder(self.weights)
+            # Under tensor parallelism the step holds collectives: run it eagerly (same kernels,
+            # same bits as the graph) rather than capture NCCL calls in a CUDA graph.
+            decoder = Decoder(self.weights, graphs=False if self.tp is not None else None)
             self._decoder = decoder
         return decoder
 
@@ -672,3 +774,29 @@ def _fold_into_parent(state: SegmentState) -> SegmentState:
         merged.keys[i] = torch.cat([parent.keys[i], state.keys[i]], dim=1)
         merged.values[i] = torch.cat([parent.values[i], state.values[i]], dim=1)
     return merged
+
+
+def _follower_main(
+    rank: int,
+    world: int,
+    device: str,
+    port: int,
+    pipe: Connection,
+    path: str,
+    precision: Precision | None,
+    decision_config: str | Path | DecisionConfig | None,
+    cache_bytes: int | None,
+    smooth_alpha: float,
+    threads: int,
+) -> None:
+    """Entry point of tensor-parallel ranks 1..N-1 (a spawned process)."""
+    from engine.tp import init_group
+
+    torch.set_num_threads(threads)
+    dev = rank_device(device, rank)
+    tp = init_group(rank, world, dev, port)
+    try:
+        engine = Engine._load(path, str(dev), precision, decision_config, cache_bytes, smooth_alpha, tp)
+        engine.follow(pipe)
+    finally:
+        close_group()

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine import elementwise
 from engine.config import ModelConfig
 from engine.forest import Forest, SegmentState
 from engine.kernels.conv import causal_conv_varlen
@@ -203,7 +204,7 @@ def _spanwise(
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+    return (F.silu(gate) if gate.is_cuda else elementwise.silu(gate)) * up
 
 
 def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
@@ -212,11 +213,11 @@ def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = Non
 
 
 def _beta(b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    return torch.sigmoid(b.to(acc))
+    return elementwise.sigmoid(b.to(acc))
 
 
 def _decay(a: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    return ssm_a.to(acc) * F.softplus(a.to(acc) + dt.to(acc))
+    return ssm_a.to(acc) * elementwise.softplus(a.to(acc) + dt.to(acc))
 
 
 def _gated_norm(
@@ -227,11 +228,11 @@ def _gated_norm(
     shape: tuple[int, int],
     acc: torch.dtype,
 ) -> torch.Tensor:
-    return _rms_norm_cpu(o, weight, eps) * F.silu(z.view(-1, *shape).to(acc))
+    return _rms_norm_cpu(o, weight, eps) * elementwise.silu(z.view(-1, *shape).to(acc))
 
 
 def _sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    return o * torch.sigmoid(gate)
+    return o * (torch.sigmoid(gate) if gate.is_cuda else elementwise.sigmoid(gate))
 
 
 def _rms_norm_gpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -305,7 +306,7 @@ def _deltanet(
         else:
             tail, s0 = parent.conv[i].to(x.dtype), parent.recurrent[i]
         conv, st.conv[i] = causal_conv(qkv_all[lo:hi], tail, layer["ssm_conv1d"])
-        q, k, v = torch.split(F.silu(conv), [nk * dk, nk * dk, nv * dv], dim=-1)
+        q, k, v = torch.split(elementwise.silu(conv), [nk * dk, nk * dk, nv * dv], dim=-1)
         t = hi - lo
         q = (l2_normalize(q.view(t, nk, dk).to(acc)) * dk**-0.5).repeat_interleave(nv // nk, dim=1)
         k = l2_normalize(k.view(t, nk, dk).to(acc)).repeat_interleave(nv // nk, dim=1)
@@ -395,29 +396,38 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 def _cascade(q: torch.Tensor, local_pos: torch.Tensor, st: SegmentState, i: int, group: int) -> torch.Tensor:
     """Softmax attention of queries q [Tq, nh, hd] over the chain's K/V, merged in chain order.
 
-    Each piece (an ancestor's K/V, then the segment's own, causal at `local_pos`) is reduced
-    on its own, then folded into a running (max, sum, output) - so the result never depends
-    on how many other segments share the batch.
+    Each K/V head's query group is reduced on its own (so the shapes, and the bits, do not
+    depend on how many heads this device holds: see `engine.tp`). Within a group each piece
+    (an ancestor's K/V, then the segment's own, causal at `local_pos`) is reduced on its own,
+    then folded into a running (max, sum, output) - so the result never depends on how many
+    other segments share the batch.
     """
     tq, nh, hd = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     qh = q.transpose(0, 1).to(acc)  # [nh, Tq, hd]
-    m = torch.full((nh, tq, 1), float("-inf"), dtype=acc, device=q.device)
-    total = torch.zeros(nh, tq, 1, dtype=acc, device=q.device)
-    o = torch.zeros(nh, tq, hd, dtype=acc, device=q.device)
     chain = st.chain()
-    for node in chain:
-        keys = node.keys[i].repeat_interleave(group, dim=0).to(acc)  # [nh, L, hd]
-        values = node.values[i].repeat_interleave(group, dim=0).to(acc)
-        scores = (qh @ keys.transpose(1, 2)) * hd**-0.5  # [nh, Tq, L]
-        if node is st:
-            future = torch.arange(keys.shape[1], device=q.device)[None, :] > local_pos[:, None].to(q.device)
-            scores = scores.masked_fill(future, float("-inf"))
-        m_piece = scores.amax(-1, keepdim=True)
-        p = torch.exp(scores - m_piece)
-        m_new = torch.maximum(m, m_piece)
-        old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
-        total = total * old_scale + p.sum(-1, keepdim=True) * new_scale
-        o = o * old_scale + (p @ values) * new_scale
-        m = m_new
-    return (o / total).transpose(0, 1).reshape(tq, nh * hd).to(q.dtype)
+    future = None
+    outs = []
+    for g in range(nh // group):
+        qg = qh[g * group : (g + 1) * group]
+        m = torch.full((group, tq, 1), float("-inf"), dtype=acc, device=q.device)
+        total = torch.zeros(group, tq, 1, dtype=acc, device=q.device)
+        o = torch.zeros(group, tq, hd, dtype=acc, device=q.device)
+        for node in chain:
+            keys = node.keys[i][g : g + 1].to(acc)  # [1, L, hd], shared by the group's query heads
+            values = node.values[i][g : g + 1].to(acc)
+            scores = (qg @ keys.transpose(1, 2)) * hd**-0.5  # [group, Tq, L]
+            if node is st:
+                if future is None:
+                    key_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+                    future = key_pos > local_pos[:, None].to(q.device)
+                scores = scores.masked_fill(future, float("-inf"))
+            m_piece = scores.amax(-1, keepdim=True)
+            p = torch.exp(scores - m_piece)
+            m_new = torch.maximum(m, m_piece)
+            old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
+            total = total * old_scale + p.sum(-1, keepdim=True) * new_scale
+            o = o * old_scale + (p @ values) * new_scale
+            m = m_new
+        outs.append(o / total)
+    return torch.cat(outs).transpose(0, 1).reshape(tq, nh * hd).to(q.dtype)

@@ -55,9 +55,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gets scale 0 and q 0.
     """
     xf = x.float()
-    scale = xf.abs().amax(dim=-1) / INT8_MAX
+    return quantize_rows_given_absmax(xf, xf.abs().amax(dim=-1))
+
+
+def quantize_rows_given_absmax(x: torch.Tensor, absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows` with each row's absmax supplied (tensor parallelism reduces it across ranks).
+
+    The same operations as the GPU kernel (`engine.kernels.quant`): the scale divides by a
+    tensor 127, never the Python number (CUDA would multiply by a rounded reciprocal instead).
+    """
+    scale = absmax / torch.full_like(absmax, float(INT8_MAX))
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round(xf / safe.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    q = torch.round(x.float() / safe.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
 

@@ -50,6 +50,7 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
         device=settings.device,
         precision=settings.resolved_precision(),
         decision_config=decision_config_for(settings),
+        tp=settings.tp,
     )
 
 
@@ -73,6 +74,7 @@ async def serve(worker: Worker) -> None:
 def run_worker(settings: WorkerSettings, engine: DecisionEngine | None = None) -> int:
     """Blocking entry point of `prism run`; returns the process exit code."""
     install_uvloop()
+    owned = engine is None
     engine = engine if engine is not None else load_engine(settings)
     worker = Worker(settings, engine)
     try:
@@ -80,4 +82,8 @@ def run_worker(settings: WorkerSettings, engine: DecisionEngine | None = None) -
     except WorkerError as e:
         log.error("worker.failed", error=str(e))
         return 1
+    finally:
+        close = getattr(engine, "close", None)
+        if owned and close is not None:
+            close()  # tensor parallel: stops the follower ranks
     return 0

@@ -30,6 +30,7 @@ class WorkerSettings(BaseSettings):
     decision_config: Path | None = Field(None, description="decision_config.json (default: beside the model)")
     device: str = "cpu"
     precision: Literal["auto", "int8", "bf16", "fp32"] = "auto"
+    tp: int = Field(1, ge=1, description="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
 
     batch_tokens: int = Field(8192, ge=1, description="token budget of one engine batch")
     max_wait_ms: float = Field(20.0, ge=0, description="longest an event waits for its batch to fill")
