@@ -325,7 +325,10 @@ class Engine:
             _, requests, mode, knobs = message
             for name, value in knobs.items():
                 setattr(self, name, value)
-            self._decide(requests, mode)
+            try:
+                self._decide(requests, mode)
+            except Exception as e:  # rank 0 runs the same code on the same input: it raises too
+                log.warning("tp_follower_decide_failed", rank=self.tp and self.tp.rank, error=repr(e))
 
     def close(self) -> None:
         """Stop the follower ranks and leave the process group (no-op without tensor parallelism)."""
