@@ -48,6 +48,7 @@ from engine.reference import (
     L2NORM_EPS,
     apply_partial_rope,
     causal_conv,
+    fold_attention_piece,
     gated_delta_rule,
     l2_normalize,
     rope_cos_sin,
@@ -422,12 +423,6 @@ def _cascade(q: torch.Tensor, local_pos: torch.Tensor, st: SegmentState, i: int,
                     key_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
                     future = key_pos > local_pos[:, None].to(q.device)
                 scores = scores.masked_fill(future, float("-inf"))
-            m_piece = scores.amax(-1, keepdim=True)
-            p = torch.exp(scores - m_piece)
-            m_new = torch.maximum(m, m_piece)
-            old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
-            total = total * old_scale + p.sum(-1, keepdim=True) * new_scale
-            o = o * old_scale + (p @ values) * new_scale
-            m = m_new
+            m, total, o = fold_attention_piece(m, total, o, scores, values)
         outs.append(o / total)
     return torch.cat(outs).transpose(0, 1).reshape(tq, nh * hd).to(q.dtype)

@@ -236,6 +236,21 @@ def gated_attention(
     return linear(attn, layer["attn_output"]), keys, values
 
 
+def fold_attention_piece(
+    m: torch.Tensor, total: torch.Tensor, o: torch.Tensor, scores: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold one piece of keys into a running softmax: (max, sum, output) after `scores` [..., Tq, L]
+    over `values` [..., L, hd]. Pieces folded in a fixed order give the same bits whatever else
+    the batch holds (the cascade attention of the forest executor and the decoder's oracle)."""
+    m_piece = scores.amax(-1, keepdim=True)
+    p = torch.exp(scores - m_piece)
+    m_new = torch.maximum(m, m_piece)
+    old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
+    total = total * old_scale + p.sum(-1, keepdim=True) * new_scale
+    o = o * old_scale + (p @ values) * new_scale
+    return m_new, total, o
+
+
 def causal_conv(
     x: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

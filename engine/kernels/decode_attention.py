@@ -36,7 +36,7 @@ from engine.kernels.decode_rows import (
     THOUGHT_LEN,
     V_OFF,
 )
-from engine.reference import apply_partial_rope, rms_norm
+from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -326,13 +326,7 @@ def decode_attention_reference(
             keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
             values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
             scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
-            m_piece = scores.amax(-1, keepdim=True)
-            e = torch.exp(scores - m_piece)
-            m_new = torch.maximum(m, m_piece)
-            old_scale, new_scale = torch.exp(m - m_new), torch.exp(m_piece - m_new)
-            total = total * old_scale + e.sum(-1, keepdim=True) * new_scale
-            o = o * old_scale + (e @ values) * new_scale
-            m = m_new
+            m, total, o = fold_attention_piece(m, total, o, scores, values)
         gate = qg[r].float().view(nh, 2 * hd)[:, hd:]
         out[r] = ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
     return out

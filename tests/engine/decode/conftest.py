@@ -7,10 +7,27 @@ is set here, at collection, before anything imports triton.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")  # only now: importing triton fixes the interpreter choice
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_model: Callable[..., Path]) -> Engine:
+    """The int8 tiny engine the decoder tests share (imported here, after the interpreter choice)."""
+    from engine.engine import Engine
+
+    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device=DEVICE, precision="int8", cache_bytes=0)

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
-import pytest
-import torch
-
 from engine.engine import Engine
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 QUESTION = {
     "type": "choice",
     "instructions": "Which team?",
     "criteria": {"dba": None, "sre": None, "net": None},
 }
-
-
-@pytest.fixture(scope="module")
-def engine(gguf_model: Callable[..., Path]) -> Engine:
-    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device=DEVICE, precision="int8", cache_bytes=0)
 
 
 def _req(event_id: str, state: str, budget: int, seed: int = 3) -> DecideRequest:

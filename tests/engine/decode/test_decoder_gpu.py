@@ -4,8 +4,6 @@ bit-identical alone and beside 15 other thinkers."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,18 +14,9 @@ from engine.executor import run_forest
 from engine.forest import Segment, build_forest
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
+from tests.engine.decode.test_decoder_engine import QUESTION
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-QUESTION = {
-    "type": "choice",
-    "instructions": "Which team?",
-    "criteria": {"dba": None, "sre": None, "net": None},
-}
-
-
-@pytest.fixture(scope="module")
-def engine(gguf_model: Callable[..., Path]) -> Engine:
-    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device="cuda", precision="int8", cache_bytes=0)
 
 
 def _req(event_id: str, state: str, budget: int = 12, seed: int = 3) -> DecideRequest:
