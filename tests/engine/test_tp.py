@@ -111,3 +111,24 @@ def test_tensor_parallel_refuses_the_float_paths(q8_model: Path) -> None:
     with pytest.raises(ValueError, match="int8 path only"):
         Engine.load(q8_model, precision="fp32", tp=2)
     assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """4-way tensor parallelism on CPU (a tiny model with heads that split 4 ways): 1 = 2 = 4 ranks."""
+    from engine.testing.make_model import make_model
+
+    dims = dims_config(
+        "tiny", linear_num_key_heads=4, linear_num_value_heads=8, num_attention_heads=8, num_kv_heads=4
+    )
+    path = make_model(tmp_path_factory.mktemp("tp4") / "tiny4-q8.gguf", "Q8_0", dims, 3, False, 4)
+    requests = _requests(seed=5)[:12]
+    bits = {}
+    for tp in (1, 2, 4):
+        engine = Engine.load(path, precision="int8", tp=tp)
+        try:
+            bits[tp] = [_bits(r) for r in engine.decide(requests)]
+        finally:
+            engine.close()
+    assert bits[4] == bits[1]
+    assert bits[2] == bits[1]
