@@ -541,9 +541,10 @@ class Engine:
 
         The thought starts from a read of the question with `<think>\\n`; every draw is keyed
         by (seed, event, question, step). At the budget, or when `</think>` is drawn, the
-        closing tokens are fed and the letters read after them. On CUDA int8 (one device) the
-        steps run in the graph-captured `engine.decoder`; elsewhere each step is a forest of
-        one-token segments, one per active question, hanging from its own question's state.
+        closing tokens are fed and the letters read after them. On CUDA int8 the steps run in
+        `engine.decoder` (graph-captured; eager under tensor parallelism); elsewhere each step
+        is a forest of one-token segments, one per active question, hanging from its own
+        question's state.
         """
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
         outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
