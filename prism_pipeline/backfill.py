@@ -779,6 +779,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
             decision_config=args.decision_config,
             device=args.device,
             precision=args.precision,
+            tp=args.tp,
             gate=args.gate,
             thought_budget=args.thought_budget,
         )
@@ -823,6 +824,10 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     except BackfillError as e:
         sys.stderr.write(f"prism backfill: {e}\n")
         return 2
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()  # tensor parallel: stops the follower ranks
     sys.stdout.write(render_summary(summary, str(output or f"topic {args.output_topic}"), str(dlq)))
     return 0
 
@@ -854,6 +859,7 @@ def add_backfill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decision-config", help="decision_config.json (default: beside the model)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="auto", choices=["auto", "int8", "bf16", "fp32"])
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
     p.add_argument("--gate", type=float, help="AutoThink gate (default: the model's config)")
     p.add_argument("--thought-budget", type=int, help="AutoThink thought token budget")
     p.add_argument("--seed-policy", default="event", choices=["event", "id", "fixed"])

@@ -45,7 +45,11 @@ def build_app(args: argparse.Namespace) -> Any:
     precision = None if args.precision == "auto" else args.precision  # None: the engine's default
     try:
         engine = Engine.load(
-            path, device=args.device, precision=precision, decision_config=args.decision_config
+            path,
+            device=args.device,
+            precision=precision,
+            decision_config=args.decision_config,
+            tp=getattr(args, "tp", 1),
         )
     except (DecisionConfigError, ValueError, OSError) as e:
         raise ServeError(f"cannot load {path}: {e}") from None
@@ -166,7 +170,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # those no-ops so a graceful stop exits 0 (like `prism run`), not -15 or a KeyboardInterrupt.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    try:
+        server.run()
+    finally:
+        close = getattr(app.state.engine, "close", None)
+        if close is not None:
+            close()  # tensor parallel: stops the follower ranks
     return 0
 
 
@@ -195,6 +204,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8090, help="port (default 8090)")
     p.add_argument("--device", default="cpu", help="engine device (default cpu)")
+    p.add_argument(
+        "--tp", type=_positive_int, default=1, help="tensor-parallel devices (int8; cuda -> cuda:0..N-1)"
+    )
     p.add_argument(
         "--precision",
         default="auto",

@@ -102,11 +102,13 @@ def test_records_are_the_engines_decisions_and_bad_lines_are_dead_lettered(
     assert state is not None and state["done"] and state["chunks"] == 4
 
 
-def _cli(src: Path, out: Path, tiny_model: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def _cli(
+    src: Path, out: Path, tiny_model: Path, env: dict[str, str] | None = None, *extra: str
+) -> subprocess.Popen:
     args = [
         sys.executable, "-m", "prism_pipeline.cli", "--log-json", "backfill", str(src), "-o", str(out),
         "--model", str(tiny_model), "--precision", "fp32", "--gate", str(TEST_GATE),
-        "--thought-budget", str(TEST_THOUGHT_BUDGET), "--chunk-events", str(CHUNK),
+        "--thought-budget", str(TEST_THOUGHT_BUDGET), "--chunk-events", str(CHUNK), *extra,
     ]  # fmt: skip
     full_env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     return subprocess.Popen(
@@ -227,3 +229,19 @@ async def test_topic_range_to_topic_replays_identical(
     assert report.ok and report.count("identical") == 8 and report.count("invalid") == 1, render_report(
         report
     )
+
+
+@pytest.mark.slow  # three engine processes
+def test_tp2_backfill_writes_the_bytes_of_one_process(tiny_model: Path, tmp_path: Path) -> None:
+    """`--tp 2` (two gloo ranks, int8) writes the output file of a single-process int8 job, byte for byte."""
+    src = tmp_path / "events.jsonl"
+    write_events(src)
+    outs = {}
+    for tp in ("1", "2"):
+        out = tmp_path / f"tp{tp}.jsonl"
+        proc = _cli(src, out, tiny_model, None, "--precision", "int8", "--tp", tp)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        outs[tp] = out.read_bytes()
+    assert outs["1"].count(b"\n") == 10  # every valid event decided
+    assert outs["2"] == outs["1"]

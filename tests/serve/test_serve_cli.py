@@ -63,3 +63,43 @@ def test_prism_serve_reports_a_missing_model(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "prism serve: --model" in proc.stderr and "no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _serve_answer(model_path: Path, *extra: str) -> float:
+    """Start `prism serve` with `extra` flags, ask one yes/no question, stop it; P(yes)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*PRISM, "serve", "--model", str(model_path), "--port", str(port), "--gate", "0", *extra],
+        env={**os.environ, "PRISM_API_KEY": "tp-key"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "prism serve did not become healthy"
+            time.sleep(0.2)
+        with TypeSafeClient(base_url=url, api_key="tp-key", model="prism-test-qwen35") as client:
+            resp = client.system_one(
+                state="db-3 disk 97%, replication lag 40 s", questions={"r": Noul(instructions="Page now?")}
+            )
+        return resp.nouls["r"].noul
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+
+
+@pytest.mark.slow
+def test_prism_serve_tp2_answers_the_bits_of_one_process(model_path: Path) -> None:
+    """`--tp 2` (two gloo ranks on CPU, int8) gives exactly the single-process int8 probability."""
+    one = _serve_answer(model_path, "--precision", "int8")
+    two = _serve_answer(model_path, "--precision", "int8", "--tp", "2")
+    assert 0.0 < one < 1.0
+    assert two.hex() == one.hex()
