@@ -30,6 +30,7 @@ import hashlib
 import multiprocessing
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -250,7 +251,13 @@ def free_port() -> int:
 
 
 def init_group(rank: int, world: int, device: torch.device, port: int) -> TensorParallel:
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    """Join the group as `rank` (blocks until every rank has arrived)."""
+    prepare_rank(world, device)
+    return join_group(rank, world, device, port)
+
+
+def prepare_rank(world: int, device: torch.device) -> None:
+    """Per-thread settings of a rank: call it in the thread that will run the engine."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # The host side of a GPU rank is small ops and launches. N ranks each running an
@@ -259,8 +266,11 @@ def init_group(rank: int, world: int, device: torch.device, port: int) -> Tensor
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 1) // (2 * world))))
     # NVLink multicast (NVLS) stays off: see the device notes; plain ring/tree all-reduces only.
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+
+def join_group(rank: int, world: int, device: torch.device, port: int) -> TensorParallel:
     dist.init_process_group(
-        backend,
+        "nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
@@ -306,6 +316,7 @@ def launch(
     """Start ranks 1..world-1 as `follower_main(rank, world, device, port, *args)`; join as rank 0."""
     if dist.is_initialized():
         raise RuntimeError("a torch.distributed group already exists in this process")
+    check_devices(device, world)
     port = free_port()
     ctx = multiprocessing.get_context("spawn")
     procs, pipes = [], []
@@ -324,12 +335,53 @@ def launch(
         p.start()
     followers = Followers(procs, pipes)
     try:
-        tp = init_group(0, world, rank_device(device, 0), port)
+        first = rank_device(device, 0)
+        prepare_rank(world, first)  # here: CUDA's current device and OpenMP settings are per thread
+        tp = _join_watching(followers, lambda: join_group(0, world, first, port))
     except BaseException:
         followers.join(timeout=5.0)
         raise
     log.info("tp_group_ready", world=world, device=str(device), backend=dist.get_backend())
     return tp, followers
+
+
+def check_devices(device: str | torch.device, world: int) -> None:
+    """A clear error, before any process starts, when the host lacks the GPUs the ranks would use."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    first, have = device.index or 0, torch.cuda.device_count()
+    if first + world > have:
+        raise ValueError(
+            f"tensor-parallel size {world} from {device} needs cuda:{first}..cuda:{first + world - 1}; "
+            f"this host has {have} GPU(s)"
+        )
+
+
+def _join_watching(followers: Followers, join: Callable[[], TensorParallel]) -> TensorParallel:
+    """Run rank 0's `join` (it blocks until every rank arrives) while watching the followers:
+    one that exits first (a crash at start-up) is an error now, not a timeout minutes later."""
+    outcome: list[TensorParallel | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(join())
+        except BaseException as e:  # handed to the caller's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, name="prism-tp-join", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        dead = [p for p in followers.processes if p.exitcode is not None]
+        if dead and thread.is_alive():
+            raise RuntimeError(
+                f"tensor-parallel {dead[0].name} exited with code {dead[0].exitcode} before the group formed"
+            )
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def close_group() -> None:
