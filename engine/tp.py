@@ -15,10 +15,13 @@ produce is the column one device would produce. Row-parallel linears (`ssm_out`,
 
 so the scaled output equals the single-device output bit for bit. Everything else a rank
 computes is per head or per row and does not depend on how many heads share the device
-(`engine.executor` reduces attention one K/V head group at a time for that reason).
+(`engine.executor` reduces attention one K/V head group at a time for that reason; on CPU the
+activations come from `engine.elementwise`). The thought decoder, whose quantizers are fused
+with the op before them, gathers the whole rows first (`RowParallelLinear.gather`) and each
+rank multiplies its own features (`from_whole_rows`).
 
-`launch` starts ranks 1..N-1 as follower processes that load the same model and then serve
-`Engine.decide` calls broadcast by rank 0 (the caller's process), so the engine's API does not
+`launch` starts ranks 1..N-1 as follower processes that load the same model and then run the
+`Engine.decide` calls rank 0 (the caller's process) sends them, so the engine's API does not
 change with the rank count.
 """
 
