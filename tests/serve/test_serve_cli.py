@@ -24,26 +24,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_prism_serve_subprocess(model_path: Path) -> None:
+def _start(model_path: Path, *extra: str, api_key: str) -> tuple[subprocess.Popen, str]:
+    """`prism serve` on a free port with the key from PRISM_API_KEY, once /health answers."""
     port = free_port()
-    env = {**os.environ, "PRISM_API_KEY": "cli-key"}
     proc = subprocess.Popen(
-        [*PRISM, "serve", "--model", str(model_path), "--port", str(port), "--gate", "0"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [*PRISM, "serve", "--model", str(model_path), "--port", str(port), "--gate", "0", *extra],
+        env={**os.environ, "PRISM_API_KEY": api_key}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read() if proc.stdout else "prism serve exited")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("prism serve did not become healthy")
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+
+
+@pytest.mark.slow
+def test_prism_serve_subprocess(model_path: Path) -> None:
+    proc, url = _start(model_path, api_key="cli-key")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "prism serve did not become healthy"
-            time.sleep(0.2)
         with TypeSafeClient(base_url=url, api_key="cli-key", model="prism-test-qwen35") as client:
             resp = client.system_one(
                 state="Refund me, I paid twice.", questions={"r": Noul(instructions="Refund?")}
@@ -51,9 +65,7 @@ def test_prism_serve_subprocess(model_path: Path) -> None:
         assert 0.0 <= resp.nouls["r"].noul <= 1.0
         assert httpx.post(f"{url}/v1/systemone", json={}).status_code == 401  # the key came from the env
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
+        _stop(proc)
 
 
 def test_prism_serve_reports_a_missing_model(tmp_path: Path) -> None:
@@ -67,33 +79,15 @@ def test_prism_serve_reports_a_missing_model(tmp_path: Path) -> None:
 
 def _serve_answer(model_path: Path, *extra: str) -> float:
     """Start `prism serve` with `extra` flags, ask one yes/no question, stop it; P(yes)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [*PRISM, "serve", "--model", str(model_path), "--port", str(port), "--gate", "0", *extra],
-        env={**os.environ, "PRISM_API_KEY": "tp-key"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _start(model_path, *extra, api_key="tp-key")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "prism serve did not become healthy"
-            time.sleep(0.2)
         with TypeSafeClient(base_url=url, api_key="tp-key", model="prism-test-qwen35") as client:
             resp = client.system_one(
                 state="db-3 disk 97%, replication lag 40 s", questions={"r": Noul(instructions="Page now?")}
             )
         return resp.nouls["r"].noul
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
+        _stop(proc)
 
 
 @pytest.mark.slow
