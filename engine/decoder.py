@@ -419,5 +419,4 @@ def _gemm(
         return lin.from_whole_rows(q, scale, residual)
     if q.is_cuda:
         return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
-    y = (int8_matmul(q, lin.qweight).float() * scale[:, None]) * lin.w_scale[None, :]
-    return y if residual is None else y + residual
+    return kernels.scale_int32(int8_matmul(q, lin.qweight), scale, lin.w_scale, residual)

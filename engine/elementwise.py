@@ -8,24 +8,25 @@ operations whose CPU kernels give the same bits in body and tail alike: `exp` an
 (evaluated through the vectorized math library even for a partial vector) and correctly
 rounded add, multiply and divide. tests/engine/test_elementwise.py checks that property.
 
-GPU kernels evaluate every element with the same instructions, so the GPU path keeps torch's
-fused activations.
+GPU kernels evaluate every element with the same instructions, so on CUDA tensors these
+functions are torch's fused activations.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # torch's softplus threshold: above it softplus(x) is x in fp32
 SOFTPLUS_THRESHOLD = 20.0
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return 1.0 / (1.0 + torch.exp(-x))
+    return torch.sigmoid(x) if x.is_cuda else 1.0 / (1.0 + torch.exp(-x))
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    return x / (1.0 + torch.exp(-x))
+    return F.silu(x) if x.is_cuda else x / (1.0 + torch.exp(-x))
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -34,6 +35,8 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     The quotient corrects the rounding of u (Goldberg's identity), so small e keep their
     relative accuracy without torch.log1p, whose CPU body and tail differ.
     """
+    if x.is_cuda:
+        return F.softplus(x)
     e = torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))
     u = 1.0 + e
     log1p = torch.where(u == 1.0, e, torch.log(u) * e / (u - 1.0))

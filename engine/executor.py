@@ -205,7 +205,7 @@ def _spanwise(
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return (F.silu(gate) if gate.is_cuda else elementwise.silu(gate)) * up
+    return elementwise.silu(gate) * up
 
 
 def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
@@ -233,7 +233,7 @@ def _gated_norm(
 
 
 def _sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    return o * (torch.sigmoid(gate) if gate.is_cuda else elementwise.sigmoid(gate))
+    return o * elementwise.sigmoid(gate)
 
 
 def _rms_norm_gpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

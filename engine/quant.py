@@ -181,10 +181,8 @@ class QuantLinear:
         if self.smooth is not None:
             x2 = x2 / self.smooth
         q, act_scale = quantize_rows(x2)
-        acc = int8_matmul(q, self.qweight)
         # The one fixed epilogue order: row scale first, then column scale, fp32.
-        y = (acc.float() * act_scale[:, None]) * self.w_scale[None, :]
-        return y.reshape(*lead, n)
+        return kernels.scale_int32(int8_matmul(q, self.qweight), act_scale, self.w_scale).reshape(*lead, n)
 
 
 @dataclass

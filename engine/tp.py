@@ -33,7 +33,6 @@ import hashlib
 import multiprocessing
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -118,10 +117,14 @@ class RowParallelLinear:
         """The output for whole rows already quantized (q [B, K], scale [B]) as one device would,
         (+ residual, added last): this rank's features' int32 products, summed over ranks."""
         k = self.local.qweight.shape[1]
-        own = q[:, self.start : self.start + k].contiguous()
-        acc = self.tp.all_reduce_sum(kernels.int8_matmul_exact(own, self.local.qweight))
-        y = (acc.float() * scale[:, None]) * self.local.w_scale[None, :]
-        return y if residual is None else y + residual
+        return self._reduce_and_scale(q[:, self.start : self.start + k].contiguous(), scale, residual)
+
+    def _reduce_and_scale(
+        self, q_own: torch.Tensor, scale: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """int32 products over this rank's features, summed over ranks, then the one epilogue."""
+        acc = self.tp.all_reduce_sum(kernels.int8_matmul_exact(q_own, self.local.qweight))
+        return kernels.scale_int32(acc, scale, self.local.w_scale, residual)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lin = self.local
@@ -134,9 +137,7 @@ class RowParallelLinear:
             v = v / lin.smooth
         amax = self.tp.all_reduce_max(v.abs().amax(dim=-1))
         q, scale = quantize_rows_given_absmax(v, amax)
-        acc = self.tp.all_reduce_sum(kernels.int8_matmul_exact(q, lin.qweight))
-        y = (acc.float() * scale[:, None]) * lin.w_scale[None, :]
-        return y.reshape(*lead, n)
+        return self._reduce_and_scale(q, scale).reshape(*lead, n)
 
 
 # ------------------------------------------------------------------------ sharding
@@ -224,7 +225,8 @@ def shard_weights(weights: Weights, tp: TensorParallel) -> Weights:
 
 
 def weights_digest(weights: Weights) -> str:
-    """A digest of the int8 scales and smoothing factors: equal on every rank or the ranks disagree."""
+    """A digest of the int8 scales, smoothing factors and float tensors: equal on every rank or
+    the ranks quantized differently."""
     h = hashlib.sha256()
     for lin in [weights.output, *(v for layer in weights.layers for v in layer.values())]:
         if isinstance(lin, QuantLinear):
@@ -339,8 +341,7 @@ def launch(
     followers = Followers(procs, pipes)
     try:
         first = rank_device(device, 0)
-        prepare_rank(world, first)  # here: CUDA's current device and OpenMP settings are per thread
-        tp = _join_watching(followers, lambda: join_group(0, world, first, port))
+        tp = init_group(0, world, first, port)
     except BaseException:
         followers.join(timeout=5.0)
         raise
@@ -359,32 +360,6 @@ def check_devices(device: str | torch.device, world: int) -> None:
             f"tensor-parallel size {world} from {device} needs cuda:{first}..cuda:{first + world - 1}; "
             f"this host has {have} GPU(s)"
         )
-
-
-def _join_watching(followers: Followers, join: Callable[[], TensorParallel]) -> TensorParallel:
-    """Run rank 0's `join` (it blocks until every rank arrives) while watching the followers:
-    one that exits first (a crash at start-up) is an error now, not a timeout minutes later."""
-    outcome: list[TensorParallel | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(join())
-        except BaseException as e:  # handed to the caller's thread
-            outcome.append(e)
-
-    thread = threading.Thread(target=run, name="prism-tp-join", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
-        dead = [p for p in followers.processes if p.exitcode is not None]
-        if dead and thread.is_alive():
-            raise RuntimeError(
-                f"tensor-parallel {dead[0].name} exited with code {dead[0].exitcode} before the group formed"
-            )
-    result = outcome[0]
-    if isinstance(result, BaseException):
-        raise result
-    return result
 
 
 def close_group() -> None:

@@ -8,7 +8,14 @@ Configs are fixed (never chosen by timing), so results never depend on batch com
 
 from engine.kernels.conv import causal_conv_reference, causal_conv_varlen
 from engine.kernels.deltanet import gated_delta_rule_reference, gated_delta_rule_varlen
-from engine.kernels.int8_gemm import GemmConfig, config_for, int8_gemm, int8_gemm_reference, int8_matmul_exact
+from engine.kernels.int8_gemm import (
+    GemmConfig,
+    config_for,
+    int8_gemm,
+    int8_gemm_reference,
+    int8_matmul_exact,
+    scale_int32,
+)
 from engine.kernels.quant import (
     quantize_rows,
     quantize_rows_reference,
@@ -27,6 +34,7 @@ __all__ = [
     "int8_gemm",
     "int8_gemm_reference",
     "int8_matmul_exact",
+    "scale_int32",
     "quantize_rows",
     "quantize_rows_reference",
     "rms_norm_fp32",

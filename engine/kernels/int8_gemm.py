@@ -125,6 +125,17 @@ def int8_matmul_exact(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (a.double() @ w.double().t()).to(torch.int32)
 
 
+def scale_int32(
+    acc: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The one fixed fp32 epilogue in torch ops: (acc * row scale) * column scale (+ residual, last).
+
+    Each step is one correctly rounded elementwise op, so a row's output depends on that row alone.
+    """
+    y = (acc.float() * a_scale.float()[:, None]) * w_scale.float()[None, :]
+    return y if residual is None else y + residual.float()
+
+
 def int8_gemm_reference(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -134,10 +145,7 @@ def int8_gemm_reference(
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The epilogue spelled out in torch ops: the oracle the kernel must equal bit for bit."""
-    y = (int8_matmul_exact(a, w).float() * a_scale.float()[:, None]) * w_scale.float()[None, :]
-    if residual is not None:
-        y = y + residual.float()
-    return y.to(out_dtype)
+    return scale_int32(int8_matmul_exact(a, w), a_scale, w_scale, residual).to(out_dtype)
 
 
 def _check(

@@ -26,6 +26,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -261,6 +262,28 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
             f.write(table)
 
 
+def run_workloads(
+    bench: Bench,
+    record: Callable[[str, object], None],
+    *,
+    skip_long: bool = False,
+    quick: bool = False,
+    after_b: Callable[[], None] | None = None,
+) -> None:
+    """The seed's workloads (a)-(d) as the module docstring describes them; quick: (a) and (b)."""
+    record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
+    record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
+    if after_b is not None:
+        after_b()
+    if quick:
+        return
+    if not skip_long:
+        record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
+    bench.batch(64, 220)
+    times = [bench.batch(64, 220) for _ in range(3)]
+    record("d_64_clients_req_per_s", 64 / statistics.median(times))
+
+
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
     times = [fn() for _ in range(n)][warmup:]
     return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
@@ -303,15 +326,8 @@ def main() -> None:
                 json.dump(result, f, indent=2)
 
     if not args.decode_only:
-        record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
-        record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
-        if args.profile:
-            profile_b(bench, args.profile)
-        if not args.skip_long:
-            record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
-        bench.batch(64, 220)
-        times = [bench.batch(64, 220) for _ in range(3)]
-        record("d_64_clients_req_per_s", 64 / statistics.median(times))
+        after_b = (lambda: profile_b(bench, args.profile)) if args.profile else None
+        run_workloads(bench, record, skip_long=args.skip_long, after_b=after_b)
     bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
     record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
     bench.decode(64, 2)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
-from bench_engine import VOCAB, Bench, random_weights, serial, shape_config, show, sync
+from bench_engine import VOCAB, Bench, random_weights, run_workloads, shape_config, show, sync
 
 from engine.executor import run_forest
 from engine.forest import Segment, build_forest
@@ -76,16 +75,8 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> Non
             record("all_reduce_us", collective_latency(device))
         if args.profile:
             profile_one(bench, rank)
-        record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
-        record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
-        if args.quick:
-            return
-        if not args.skip_long:
-            record("c_one_question_8192", serial(lambda: bench.decide(8156, 1), n=10, warmup=2))
-        bench.batch(64, 220)
-        times = [bench.batch(64, 220) for _ in range(3)]
-        record("d_64_clients_req_per_s", 64 / statistics.median(times))
-        if cuda:
+        run_workloads(bench, record, skip_long=args.skip_long, quick=args.quick)
+        if cuda and not args.quick:
             record("peak_gib_per_gpu", torch.cuda.max_memory_allocated(device) / 2**30)
     finally:
         close_group()
