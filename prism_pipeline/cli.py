@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from prism_pipeline.backfill import add_backfill
 from prism_pipeline.commands import add_demo, add_run
-from prism_pipeline.logs import configure_logging
+from prism_pipeline.logs import configure_logging, install_stack_dump
 from prism_pipeline.replay import add_replay
 from prism_pipeline.serve import add_serve
 
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     configure_logging(args.log_level, args.log_json)
+    install_stack_dump()
     return int(args.func(args) or 0)
 
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import signal
 import sys
 
 import structlog
 
 _configured = False
+
+
+def install_stack_dump() -> None:
+    """`kill -USR1 <pid>` writes every thread's stack to stderr: how a stuck process says where."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def configure_logging(level: str = "INFO", json: bool | None = None) -> None:

@@ -114,7 +114,14 @@ class WorkerProc:
         try:
             return self.signal(signal.SIGTERM, timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             return self.kill()
+
+    def dump_stacks(self) -> None:
+        """Ask a stuck worker for its threads' stacks (the CLI's SIGUSR1 handler) into its log."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
+            time.sleep(1.0)
 
     def wait_log(self, text: str, timeout: float, after: int = 0) -> bool:
         """Wait until the log (from byte `after`) contains `text`, e.g. "partitions.assigned"."""

@@ -202,6 +202,7 @@ class Pipeline:
                 rc = await asyncio.to_thread(w.stop)
                 if rc != 0:
                     self.exits[f"{w.name}.stop"] = rc
+                    log.warning("load.worker_stop_failed", name=w.name, rc=rc, log=w.log_tail(6000))
         await asyncio.sleep(1.0)  # late duplicates from the drain
         await self.checker.update()
         notes = {**(notes or {}), "topics": [self.input_topic, self.output_topic, self.dlq_topic]}

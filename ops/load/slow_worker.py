@@ -34,7 +34,7 @@ class SlowEngine:
 def main(argv: list[str] | None = None) -> int:
     from prism_pipeline.cli import build_parser
     from prism_pipeline.commands import settings_from_args
-    from prism_pipeline.logs import configure_logging
+    from prism_pipeline.logs import configure_logging, install_stack_dump
     from prism_pipeline.runner import ConfigError, load_engine, run_worker
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("slow_worker: only the `run` command is supported\n")
         return 2
     configure_logging(args.log_level, args.log_json)
+    install_stack_dump()
     try:
         settings = settings_from_args(args)
         engine = SlowEngine(load_engine(settings), known.engine_delay_ms / 1000.0)
