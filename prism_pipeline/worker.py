@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -54,6 +54,9 @@ from schemas.systemone import Limits
 log = structlog.get_logger(__name__)
 
 _POLL_MS = 100  # longest getmany wait, so stop requests and batch deadlines are seen promptly
+# Longest wait for one client to close at shutdown. By then everything is published and
+# committed; a client stuck in a broker round trip must not keep the process from exiting.
+_CLOSE_S = 20.0
 
 
 class WorkerError(RuntimeError):
@@ -231,11 +234,9 @@ class Worker:
 
     async def _shutdown(self) -> None:
         if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.stop()
+            await _close("consumer", self._consumer.stop())
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
+            await _close("producer", self._producer.stop())
         for p in self._parts.values():
             await self._close_partition(p)
         self._engine_pool.shutdown(wait=True)
@@ -664,8 +665,7 @@ class Worker:
             with contextlib.suppress(BaseException):
                 await part.txn_task
         if part.producer is not None:
-            with contextlib.suppress(Exception):
-                await part.producer.stop()
+            await _close("transactional_producer", part.producer.stop())
             part.producer = None
 
     # ---- lag ----------------------------------------------------------------------------------
@@ -688,3 +688,13 @@ class Worker:
                     self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(
                         max(0, high - pos)
                     )
+
+
+async def _close(what: str, stopping: Awaitable[None]) -> None:
+    """Await a Kafka client's stop, at most `_CLOSE_S`; a failure or a timeout is logged, not raised."""
+    try:
+        await asyncio.wait_for(stopping, _CLOSE_S)
+    except TimeoutError:
+        log.warning("worker.close_timeout", client=what, seconds=_CLOSE_S)
+    except Exception as e:
+        log.warning("worker.close_failed", client=what, error=f"{type(e).__name__}: {e}")
