@@ -36,6 +36,7 @@ import torch
 from engine import kernels
 from engine.config import ModelConfig
 from engine.forest import SegmentState
+from engine.int8_rows import gemm, norm_quantize, whole_rows
 from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
 from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
@@ -49,10 +50,8 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
-from engine.kernels.norm import norm_rows
-from engine.quant import QuantLinear, int8_matmul
+from engine.quant import QuantLinear
 from engine.reference import rope_cos_sin
-from engine.tp import RowParallelLinear
 from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
@@ -327,44 +326,27 @@ class Decoder:
                 h = self._attention(i, layer, h, bucket)
             else:
                 h = self._deltanet(i, layer, h, bucket)
-            gate_up = self._norm_quant(h, layer["post_attention_norm"], [layer["ffn_gate"], layer["ffn_up"]])
-            gate, up = (_gemm(q, s, lin) for lin, (q, s) in gate_up)
-            gate, up = _whole_rows(layer["ffn_down"], gate, up)
+            gate_up = norm_quantize(
+                h, layer["post_attention_norm"], c.rms_norm_eps, [layer["ffn_gate"], layer["ffn_up"]]
+            )
+            gate, up = (gemm(q, s, lin) for lin, (q, s) in gate_up)
+            gate, up = whole_rows(layer["ffn_down"], gate, up)
             q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
-            h = _gemm(q, s, layer["ffn_down"], residual=h)
-        ((lin, (q, s)),) = self._norm_quant(h, w.output_norm, [w.output])
-        return _gemm(q, s, lin)
-
-    def _norm_quant(
-        self, x: torch.Tensor, norm: torch.Tensor, linears: list[QuantLinear]
-    ) -> list[tuple[QuantLinear, tuple[torch.Tensor, torch.Tensor]]]:
-        """The int8 input of each linear fed by rms_norm(x) * norm; fused where s is folded (usual)."""
-        eps = self.config.rms_norm_eps
-        memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        normed: torch.Tensor | None = None
-        out = []
-        for lin in linears:
-            key = id(lin.smooth)
-            if key not in memo:
-                if lin.smooth is None:
-                    memo[key] = kernels.rms_norm_quantize(x, norm, eps, backend="triton")
-                else:
-                    if normed is None:
-                        normed = norm_rows(x, norm, eps, mean=True, backend="triton")
-                    memo[key] = kernels.quantize_rows(normed, lin.smooth, backend="triton")
-            out.append((lin, memo[key]))
-        return out
+            h = gemm(q, s, layer["ffn_down"], residual=h)
+        ((lin, (q, s)),) = norm_quantize(h, w.output_norm, c.rms_norm_eps, [w.output])
+        return gemm(q, s, lin)
 
     def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         j = self._gdn_index[i]
-        ins = self._norm_quant(
+        ins = norm_quantize(
             h,
             layer["attn_norm"],
+            c.rms_norm_eps,
             [layer["attn_qkv"], layer["attn_gate"], layer["ssm_beta"], layer["ssm_alpha"]],
         )
-        qkv, z, b_raw, a_raw = (_gemm(q, s, lin) for lin, (q, s) in ins)
+        qkv, z, b_raw, a_raw = (gemm(q, s, lin) for lin, (q, s) in ins)
         conv = conv_step(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * c.conv_dim * (c.conv_kernel - 1)
         )
@@ -372,51 +354,24 @@ class Decoder:
             conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows, j * nv * dk * dv,
             num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
-        o, z = _whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
+        o, z = whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
         o = o.view(o.shape[0], -1, dv)
         q, s = gated_norm_quantize(o, z, layer["ssm_norm"], layer["ssm_out"].smooth, c.rms_norm_eps)
-        return _gemm(q, s, layer["ssm_out"], residual=h)
+        return gemm(q, s, layer["ssm_out"], residual=h)
 
     def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         pieces = bucket.pieces[self._attn_index[i]]
-        ins = self._norm_quant(h, layer["attn_norm"], [layer["attn_q"], layer["attn_k"], layer["attn_v"]])
-        qg, k, v = (_gemm(q, s, lin) for lin, (q, s) in ins)
+        ins = norm_quantize(
+            h, layer["attn_norm"], c.rms_norm_eps, [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        )
+        qg, k, v = (gemm(q, s, lin) for lin, (q, s) in ins)
         q = attention_prep(
             qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
             num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
             eps=c.rms_norm_eps,
         )  # fmt: skip
         out = decode_attention(q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads)
-        (out,) = _whole_rows(layer["attn_output"], out)
+        (out,) = whole_rows(layer["attn_output"], out)
         q8, s8 = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
-        return _gemm(q8, s8, layer["attn_output"], residual=h)
-
-
-def _whole_rows(lin: object, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Under tensor parallelism, the whole rows of a row-parallel linear's per-head inputs.
-
-    The fused quantizers then see exactly the rows one device sees (same kernel, same row,
-    same bits) and each rank multiplies its own features (`RowParallelLinear.from_whole_rows`).
-    """
-    if isinstance(lin, RowParallelLinear):
-        return tuple(lin.gather(p) for p in parts)
-    return parts
-
-
-def _gemm(
-    q: torch.Tensor,
-    scale: torch.Tensor,
-    lin: QuantLinear | RowParallelLinear,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`QuantLinear`'s arithmetic on an already quantized input (+ residual, added last in fp32).
-
-    CUDA: the fused Triton GEMM. CPU: torch's exact integer product and the same epilogue
-    (row scale, column scale, residual), each an exactly rounded elementwise op: row-local bits.
-    """
-    if isinstance(lin, RowParallelLinear):
-        return lin.from_whole_rows(q, scale, residual)
-    if q.is_cuda:
-        return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
-    return kernels.scale_int32(int8_matmul(q, lin.qweight), scale, lin.w_scale, residual)
+        return gemm(q8, s8, layer["attn_output"], residual=h)

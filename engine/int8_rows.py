@@ -1,0 +1,68 @@
+"""Row-local int8 building blocks shared by the graph-captured passes (`engine.body`, `engine.decoder`).
+
+Each turns fp32 rows into int8 rows plus a per-row scale, or multiplies such rows by a
+`QuantLinear` with the int8 path's own arithmetic (`engine.quant`): exact int32 products and
+the fixed fp32 epilogue. Every op is computed per row with a config fixed by the row length,
+so a row's bits never depend on how many rows share the call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import kernels
+from engine.kernels.norm import norm_rows
+from engine.quant import QuantLinear, int8_matmul
+from engine.tp import RowParallelLinear
+
+
+def norm_quantize(
+    x: torch.Tensor, norm: torch.Tensor, eps: float, linears: list[QuantLinear]
+) -> list[tuple[QuantLinear, tuple[torch.Tensor, torch.Tensor]]]:
+    """The int8 input of each linear fed by rms_norm(x) * norm; fused where s is folded (usual).
+
+    Linears sharing a SmoothQuant divisor share one quantization of the row.
+    """
+    memo: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    normed: torch.Tensor | None = None
+    out = []
+    for lin in linears:
+        key = id(lin.smooth)
+        if key not in memo:
+            if lin.smooth is None:
+                memo[key] = kernels.rms_norm_quantize(x, norm, eps, backend="triton")
+            else:
+                if normed is None:
+                    normed = norm_rows(x, norm, eps, mean=True, backend="triton")
+                memo[key] = kernels.quantize_rows(normed, lin.smooth, backend="triton")
+        out.append((lin, memo[key]))
+    return out
+
+
+def whole_rows(lin: object, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under tensor parallelism, the whole rows of a row-parallel linear's per-head inputs.
+
+    The fused quantizers then see exactly the rows one device sees (same kernel, same row,
+    same bits) and each rank multiplies its own features (`RowParallelLinear.from_whole_rows`).
+    """
+    if isinstance(lin, RowParallelLinear):
+        return tuple(lin.gather(p) for p in parts)
+    return parts
+
+
+def gemm(
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    lin: QuantLinear | RowParallelLinear,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`QuantLinear`'s arithmetic on an already quantized input (+ residual, added last in fp32).
+
+    CUDA: the fused Triton GEMM. CPU: torch's exact integer product and the same epilogue
+    (row scale, column scale, residual), each an exactly rounded elementwise op: row-local bits.
+    """
+    if isinstance(lin, RowParallelLinear):
+        return lin.from_whole_rows(q, scale, residual)
+    if q.is_cuda:
+        return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
+    return kernels.scale_int32(int8_matmul(q, lin.qweight), scale, lin.w_scale, residual)
