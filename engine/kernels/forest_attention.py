@@ -1,0 +1,408 @@
+"""Gated attention for a whole-forest pass: packed prefill tokens over K/V pieces read where they lie.
+
+The prefill counterpart of `engine.kernels.decode_attention`, reading the forest tables of
+`engine.kernels.forest_tables` (one attention layer's `pieces` [S, P, 4]). Two kernels per layer:
+
+- `forest_attention_prep`: program (packed row, head) RMS-normalises (q_norm / k_norm, per head)
+  and applies partial NeoX RoPE to the row's query head, or - for the extra programs, one per KV
+  head - to its key, and stores key and value at the row's local index of its segment's own K/V
+  block (the last piece of its segment's table). cos/sin per row come from the host. Padding
+  rows (live 0) still get a query (nobody reads it) but write nothing.
+- `forest_attention`: program (query block, query head) takes the BLOCK_M consecutive tokens of
+  one segment that the block covers (blocks are aligned to the segment start) and walks the
+  segment's pieces in their fixed order: the ancestors oldest first (whole; an empty slot is
+  skipped), then the segment's own block, causally (a token at local index l sees own keys
+  0 .. l). Each piece is reduced on its own in blocks of BLOCK_L keys starting at the piece start
+  (online softmax), then folded into a running (max, sum, output), exactly the cascade of
+  `engine.reference.fold_attention_piece`; the output is multiplied by sigmoid(gate). Key blocks
+  of the own piece past a token's causal limit give it only -inf scores, which leave its running
+  max, sum and output bitwise unchanged. Dead query blocks return at once; rows no live block
+  covers keep the zeros the host initialises `out` with.
+
+Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
+token's bits depend on its own segment's data alone: never on its segment's slot, its packed
+rows, or what else (or how much) the launch holds. `P` (piece slots) is a bucket shape and a
+compile-time constant like in the decode kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.kernels._triton import Backend, kernel, use_triton
+from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
+from engine.kernels.forest_tables import (
+    BLOCK_M,
+    QB_LIVE,
+    QB_LOCAL,
+    QB_SEG,
+    QBLOCK_FIELDS,
+    ROW_FIELDS,
+    ROW_LIVE,
+    ROW_LOCAL,
+    ROW_SEG,
+    SEG_FIELDS,
+    SEG_LENGTH,
+    SEG_TOK_LO,
+)
+from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+NUM_WARPS = 4
+
+
+def _block_l(head_dim: int) -> int:
+    """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
+    return 32 if head_dim >= 256 else 64
+
+
+def _prep_kernel(
+    qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
+    stride_qg, stride_k, stride_v, eps,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    j = tl.program_id(1)
+    # row record (engine.kernels.forest_tables): segment slot, local index, live, token
+    live = tl.load(rows_ptr + row * 4 + 2)
+    seg = tl.where(live != 0, tl.load(rows_ptr + row * 4), 0)  # padding: read slot 0, write nothing
+    local = tl.load(rows_ptr + row * 4 + 1)
+    offs = tl.arange(0, HD)
+    half = RD // 2
+    in_rope = offs < RD
+    partner = tl.where(offs < half, offs + half, offs - half)
+    partner = tl.where(in_rope, partner, offs)
+    sign = tl.where(offs < half, -1.0, 1.0)
+    cos = tl.load(rope_ptr + row * 2 * RD + offs, mask=in_rope, other=1.0)
+    sin = tl.load(rope_ptr + row * 2 * RD + RD + offs, mask=in_rope, other=0.0)
+    is_q = j < NH
+    if is_q:
+        src = qg_ptr + row * stride_qg + j * 2 * HD  # attn_q interleaves [q_h | gate_h] per head
+        w_ptr = qn_ptr
+    else:
+        src = k_ptr + row * stride_k + (j - NH) * HD
+        w_ptr = kn_ptr
+    x = tl.load(src + offs).to(tl.float32)
+    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), HD * 1.0) + eps)
+    y = (x * inv) * tl.load(w_ptr + offs).to(tl.float32)
+    xp = tl.load(src + partner).to(tl.float32)
+    yp = (xp * inv) * tl.load(w_ptr + partner).to(tl.float32)
+    out = tl.where(in_rope, y * cos + (sign * yp) * sin, y)
+    if is_q:
+        tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
+    else:
+        kv = j - NH
+        own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
+        k_off = tl.load(own)
+        v_off = tl.load(own + 1)
+        head_rows = tl.load(own + 3)
+        at = (kv * head_rows + local) * HD + offs
+        m = (offs * 0 + live) != 0  # block-shaped: the interpreter rejects scalar masks
+        tl.store(base_ptr + k_off + at, out, mask=m)
+        v = tl.load(v_ptr + row * stride_v + kv * HD + offs).to(tl.float32)
+        tl.store(base_ptr + v_off + at, v, mask=m)
+
+
+def _attention_kernel(
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, scale,
+    NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
+    BL: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    qb = tl.program_id(0)
+    h = tl.program_id(1)
+    # query block record: segment slot, first local index, live
+    if tl.load(qblocks_ptr + qb * 3 + 2) == 0:
+        return
+    seg = tl.load(qblocks_ptr + qb * 3)
+    local0 = tl.load(qblocks_ptr + qb * 3 + 1)
+    tok_lo = tl.load(segs_ptr + seg * 8)  # segment record: tok_lo, length, ...
+    length = tl.load(segs_ptr + seg * 8 + 1)
+    local = local0 + tl.arange(0, BM)
+    valid = local < length
+    rows = tok_lo + local
+    offs_d = tl.arange(0, HD)
+    q = tl.load(q_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], mask=valid[:, None], other=0.0)
+    kvh = h // G
+
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    total = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, HD), dtype=tl.float32)
+    for p in tl.static_range(P):
+        rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+        k_base = base_ptr + tl.load(rec)
+        v_base = base_ptr + tl.load(rec + 1)
+        n = tl.load(rec + 2)
+        head_rows = tl.load(rec + 3)
+        if p == P - 1:
+            n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
+        k_base += kvh * head_rows * HD
+        v_base += kvh * head_rows * HD
+        m_p = tl.full((BM,), float("-inf"), tl.float32)
+        sum_p = tl.zeros((BM,), dtype=tl.float32)
+        acc_p = tl.zeros((BM, HD), dtype=tl.float32)
+        for start in range(0, n, BL):
+            offs_l = start + tl.arange(0, BL)
+            lmask = offs_l < n
+            kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
+            if p == P - 1:
+                s = tl.where(lmask[None, :] & (offs_l[None, :] <= local[:, None]), s, float("-inf"))
+            else:
+                s = tl.where(lmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_p, tl.max(s, axis=1))
+            alpha = tl.exp(m_p - m_new)
+            e = tl.exp(s - m_new[:, None])
+            sum_p = sum_p * alpha + tl.sum(e, axis=1)
+            vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+            acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
+            m_p = m_new
+        if n > 0:  # fold the piece into the running result (an empty piece is skipped)
+            m_new = tl.maximum(m, m_p)  # m_p is finite: every row sees the piece's first key
+            old_scale = tl.exp(m - m_new)
+            new_scale = tl.exp(m_p - m_new)
+            total = total * old_scale + sum_p * new_scale
+            acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
+            m = m_new
+
+    safe = tl.where(total > 0, total, 1.0)
+    o = acc / safe[:, None]
+    gate = tl.load(
+        qg_ptr + rows[:, None] * stride_qg + h * 2 * HD + HD + offs_d[None, :], mask=valid[:, None], other=0.0
+    )
+    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    tl.store(out_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], o, mask=valid[:, None])
+
+
+_prep = kernel(_prep_kernel)
+_attn = kernel(_attention_kernel)
+
+
+def _check_table(name: str, t: torch.Tensor, shape: tuple[int | None, ...], like: torch.Tensor) -> None:
+    """t must be a contiguous int64 tensor of `shape` (None: any size) on like's device."""
+    want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+    if (
+        t.dtype != torch.int64
+        or t.dim() != len(shape)
+        or any(s is not None and s != n for s, n in zip(shape, t.shape, strict=True))
+    ):
+        raise ValueError(f"{name} must be int64 {want}, got {t.dtype} {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, the activations on {like.device}")
+
+
+def _check_tables(
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    qblocks: torch.Tensor | None,
+    t: int,
+    like: torch.Tensor,
+) -> None:
+    _check_table("rows", rows, (t, ROW_FIELDS), like)
+    _check_table("segs", segs, (None, SEG_FIELDS), like)
+    _check_table("pieces", pieces, (segs.shape[0], None, PIECE_FIELDS), like)
+    if pieces.shape[1] < 1:
+        raise ValueError("pieces needs at least one piece per segment (the own K/V block, last)")
+    if qblocks is not None:
+        _check_table("qblocks", qblocks, (None, QBLOCK_FIELDS), like)
+
+
+def _check_qg(qg: torch.Tensor, t: int, nh: int, hd: int) -> None:
+    if qg.dim() != 2 or qg.shape != (t, nh * 2 * hd) or qg.stride(1) != 1:
+        raise ValueError(
+            f"qg must be [{t}, {nh * 2 * hd}] with unit column stride, got {tuple(qg.shape)} {qg.stride()}"
+        )
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"the kernels need a power-of-two head_dim >= 16, got {head_dim}")
+
+
+def forest_attention_prep(
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    backend: Backend = "triton",
+) -> torch.Tensor:
+    """Normed, rotated queries fp32 [T, nh, hd]; stores each live row's key and value in its
+    segment's own K/V block (the last piece of `pieces[seg]`) at the row's local index.
+
+    qg [T, nh * 2 * hd] (per head [q | gate]), k and v [T, nkv * hd] (any float dtype, unit
+    column stride); rope fp32 [T, 2, rope_dims] (cos, sin); rows [T, 4], segs [S, 8] and one
+    attention layer's pieces [S, P, 4] as in `engine.kernels.forest_tables`.
+    """
+    t = qg.shape[0]
+    _check_tables(rows, segs, pieces, None, t, qg)
+    _check_qg(qg, t, num_heads, head_dim)
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != 2 or x.shape != (t, num_kv_heads * head_dim) or x.stride(1) != 1:
+            raise ValueError(
+                f"{name} must be [{t}, {num_kv_heads * head_dim}] with unit column stride, "
+                f"got {tuple(x.shape)} {x.stride()}"
+            )
+    rd = rope.shape[-1]
+    if rope.shape != (t, 2, rd) or rope.dtype != torch.float32:
+        raise ValueError(f"rope must be fp32 [{t}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
+    if base.dtype != torch.float32:
+        raise ValueError(f"base must be fp32, got {base.dtype}")
+    if not use_triton(backend, qg):
+        return forest_attention_prep_reference(
+            qg, k, v, q_norm, k_norm, rope, base, rows, segs, pieces, num_heads, num_kv_heads, head_dim, eps
+        )
+    _check_head_dim(head_dim)
+    if rd % 2 or rd > head_dim:
+        raise ValueError(f"the kernel needs an even rope_dims <= head_dim: {rd}, {head_dim}")
+    q_out = torch.empty(t, num_heads, head_dim, dtype=torch.float32, device=qg.device)
+    if t == 0:
+        return q_out
+    _prep[(t, num_heads + num_kv_heads)](
+        qg, k, v, q_norm.contiguous(), k_norm.contiguous(), rope.contiguous(), base, rows, pieces, q_out,
+        qg.stride(0), k.stride(0), v.stride(0), float(eps),
+        NH=num_heads, NKV=num_kv_heads, HD=head_dim, RD=rd, P=pieces.shape[1],
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return q_out
+
+
+def forest_attention(
+    q: torch.Tensor,
+    qg: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    qblocks: torch.Tensor,
+    *,
+    num_kv_heads: int,
+    backend: Backend = "triton",
+) -> torch.Tensor:
+    """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
+
+    Rows covered by a live query block (qblocks [Q, 3]) get the output; every other row is zero
+    (`out` starts as zeros). The gate is the second half of each head's [q | gate] in qg
+    [T, nh * 2 * hd]. rows [T, 4] is only validated: the blocks come from qblocks and segs.
+    """
+    if q.dim() != 3 or q.dtype != torch.float32:
+        raise ValueError(f"q must be fp32 [T, nh, hd], got {q.dtype} {tuple(q.shape)}")
+    t, nh, hd = q.shape
+    _check_tables(rows, segs, pieces, qblocks, t, q)
+    _check_qg(qg, t, nh, hd)
+    if num_kv_heads < 1 or nh % num_kv_heads:
+        raise ValueError(f"num_heads {nh} is not a multiple of num_kv_heads {num_kv_heads}")
+    if base.dtype != torch.float32:
+        raise ValueError(f"base must be fp32, got {base.dtype}")
+    if not use_triton(backend, q):
+        return forest_attention_reference(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads)
+    _check_head_dim(hd)
+    out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
+    if qblocks.shape[0] == 0 or t == 0:
+        return out
+    _attn[(qblocks.shape[0], nh)](
+        q.contiguous(), qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
+        NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], BM=BLOCK_M,
+        BL=_block_l(hd), num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------ torch references
+def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """The fp32 block at base + off (inside base's storage) as [heads, rows, hd]; a view."""
+    h, r, d = shape
+    return torch.as_strided(base, shape, (r * d, d, 1), base.storage_offset() + off)
+
+
+def forest_attention_prep_reference(
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    nh: int,
+    nkv: int,
+    hd: int,
+    eps: float,
+) -> torch.Tensor:
+    """`engine.reference` norms and RoPE row by row (own blocks inside base's storage): the oracle."""
+    t = qg.shape[0]
+    q_out = torch.zeros(t, nh, hd, dtype=torch.float32, device=qg.device)
+    for r in range(t):
+        cos, sin = rope[r, 0:1], rope[r, 1:2]
+        q = rms_norm(qg[r].float().view(nh, 2 * hd)[:, :hd], q_norm, eps)
+        q_out[r] = apply_partial_rope(q[None], cos, sin)[0]
+        if not int(rows[r, ROW_LIVE]):
+            continue
+        kr = apply_partial_rope(rms_norm(k[r].float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
+        own = pieces[int(rows[r, ROW_SEG]), -1]
+        local = int(rows[r, ROW_LOCAL])
+        shape = (nkv, int(own[HEAD_ROWS]), hd)
+        _view(base, int(own[K_OFF]), shape)[:, local] = kr
+        _view(base, int(own[V_OFF]), shape)[:, local] = v[r].float().view(nkv, hd)
+    return q_out
+
+
+def forest_attention_reference(
+    q: torch.Tensor,
+    qg: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    qblocks: torch.Tensor,
+    nkv: int,
+) -> torch.Tensor:
+    """Per row of each live query block: the cascade of `fold_attention_piece` over its segment's
+    pieces (the own block causally), then the sigmoid gate; uncovered rows stay zero."""
+    t, nh, hd = q.shape
+    group = nh // nkv
+    out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
+    n_pieces = pieces.shape[1]
+    for qb in qblocks.tolist():
+        if not qb[QB_LIVE]:
+            continue
+        seg = qb[QB_SEG]
+        tok_lo, length = int(segs[seg, SEG_TOK_LO]), int(segs[seg, SEG_LENGTH])
+        for local in range(qb[QB_LOCAL], min(qb[QB_LOCAL] + BLOCK_M, length)):
+            r = tok_lo + local
+            qh = q[r].float()[:, None, :]  # [nh, 1, hd]
+            m = torch.full((nh, 1, 1), float("-inf"), device=q.device)
+            total = torch.zeros(nh, 1, 1, device=q.device)
+            o = torch.zeros(nh, 1, hd, device=q.device)
+            for p in range(n_pieces):
+                rec = pieces[seg, p]
+                n = local + 1 if p == n_pieces - 1 else int(rec[LENGTH])
+                if n == 0:
+                    continue
+                shape = (nkv, int(rec[HEAD_ROWS]), hd)
+                keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+                values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+                scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
+                m, total, o = fold_attention_piece(m, total, o, scores, values)
+            gate = qg[r].float().view(nh, 2 * hd)[:, hd:]
+            out[r] = ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
+    return out

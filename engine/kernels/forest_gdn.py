@@ -1,0 +1,525 @@
+"""Gated DeltaNet over a packed forest: the conv of all T tokens at once, the recurrence level by level.
+
+Two kernels per GDN layer, reading the tables of `engine.kernels.forest_tables`:
+
+- `forest_conv`: programs tile (token block, channel block) of all T packed tokens and compute
+  SiLU(causal depthwise conv) of each live row. A token at local index l of its segment sees
+  the inputs at local positions l-W+1 .. l: positions >= 0 are the segment's own rows
+  (tok_lo + p), positions < 0 come from the segment's `conv_src` (zeros, a packed row of an
+  ancestor in this pass, or a stored tail in `base`), so no level ordering is needed. The
+  window is summed oldest to newest, as `engine.kernels.conv` does. Extra programs (segment
+  slot block, channel block) write every live segment's final tail (its last W-1 inputs,
+  oldest first) to its conv_out block; a length-0 segment's final tail is its sources.
+- `forest_gdn`: program (segment slot, value head, value block) of the segments of one level
+  walks the segment's tokens with its state block S[:, block] (fp32, [dk, BV]) in registers,
+  applying per token exactly the fused math of `engine.kernels.decode_gdn` (l2-normalised q
+  and k, beta = sigmoid(b), g = ssm_a * softplus(a + dt), then
+  S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q), from the state block at
+  state_in (or zeros) to its own state_out block. The caller launches levels 0, 1, 2, ... in
+  order, so a child's state_in is its parent's state_out written by the previous launch.
+
+A program reads only its own segment's rows, sources and state with a config fixed by the
+head sizes (and `enable_fp_fusion=False`, as the decode step kernels), so a segment's bits
+never depend on what else is packed in the pass, and a forest segment continues exactly as
+decode steps would. Padding rows get zero conv outputs; padding slots read and write nothing.
+
+Blocks are written in place while others are read, in no particular order: within one pass
+no conv_out block may overlap a CONV_TAIL source, and within one level no state_out block
+may overlap a state_in block of another segment (a segment's own state_in = state_out is fine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+from engine.kernels.forest_tables import (
+    CONV_ROW,
+    CONV_TAIL,
+    CONV_ZERO,
+    ROW_FIELDS,
+    ROW_LIVE,
+    ROW_LOCAL,
+    ROW_SEG,
+    SEG_CONV_OUT,
+    SEG_FIELDS,
+    SEG_HAS_STATE_IN,
+    SEG_LENGTH,
+    SEG_LEVEL,
+    SEG_LIVE,
+    SEG_STATE_IN,
+    SEG_STATE_OUT,
+    SEG_TOK_LO,
+)
+from engine.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_normalize
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+BLOCK_T = 16
+BLOCK_C = 128
+BLOCK_S = 16
+BLOCK_V = 32
+NUM_WARPS = 4
+
+# The kernel bodies read the table fields at these fixed positions.
+assert (ROW_SEG, ROW_LOCAL, ROW_LIVE, ROW_FIELDS) == (0, 1, 2, 4)
+assert (SEG_TOK_LO, SEG_LENGTH, SEG_LEVEL, SEG_STATE_IN, SEG_HAS_STATE_IN) == (0, 1, 2, 3, 4)
+assert (SEG_STATE_OUT, SEG_CONV_OUT, SEG_LIVE, SEG_FIELDS) == (5, 6, 7, 8)
+assert (CONV_ZERO, CONV_ROW, CONV_TAIL) == (0, 1, 2)
+
+
+def _forest_conv_kernel(
+    x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
+    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_c = pid_c * BC + tl.arange(0, BC)
+    cmask = offs_c < C
+    tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
+    if pid_t < num_t_blocks:
+        offs_t = pid_t * BT + tl.arange(0, BT)
+        in_range = offs_t < T
+        # row record: (segment slot, local index, live, token)
+        rec = offs_t.to(tl.int64) * 4
+        live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
+        seg = tl.load(rows_ptr + rec, mask=live, other=0)
+        local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
+        tok_lo = tl.load(segs_ptr + seg * 8, mask=live, other=0)
+        acc = tl.zeros((BT, BC), dtype=tl.float32)
+        for j in tl.static_range(W):
+            lp = local - (W - 1) + j  # local position of window element j (oldest first)
+            own = live & (lp >= 0)
+            xv = tl.load(
+                x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
+                mask=own[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            if j < W - 1:  # only the older window elements can lie before the segment
+                pre = live & (lp < 0)
+                src = (seg * (W - 1) + lp + (W - 1)) * 2  # conv_src[seg, W - 1 + lp]
+                kind = tl.load(src_ptr + src, mask=pre, other=0)
+                val = tl.load(src_ptr + src + 1, mask=pre, other=0)
+                from_row = pre & (kind == 1)
+                from_tail = pre & (kind == 2)
+                rv = tl.load(
+                    x_ptr + val[:, None] * stride_x + offs_c[None, :],
+                    mask=from_row[:, None] & cmask[None, :],
+                    other=0.0,
+                ).to(tl.float32)
+                tv = tl.load(
+                    base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
+                    mask=from_tail[:, None] & cmask[None, :],
+                    other=0.0,
+                )
+                xv = tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+            wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+            acc += xv * wj[None, :]
+        acc = acc / (1.0 + tl.exp(-acc))  # padding rows: acc = 0, SiLU(0) = 0
+        tl.store(
+            y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :],
+            acc,
+            mask=in_range[:, None] & cmask[None, :],
+        )
+    else:
+        # final tails: the last W - 1 inputs of every live segment, oldest first
+        offs_s = (pid_t - num_t_blocks) * BS + tl.arange(0, BS)
+        smask = offs_s < S
+        rec = offs_s.to(tl.int64) * 8
+        live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
+        tok_lo = tl.load(segs_ptr + rec, mask=live, other=0)
+        length = tl.load(segs_ptr + rec + 1, mask=live, other=0)
+        conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
+        m = live[:, None] & cmask[None, :]
+        dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
+        for k in tl.static_range(W - 1):
+            lp = length - (W - 1) + k
+            own = live & (lp >= 0)
+            pre = live & (lp < 0)
+            xv = tl.load(
+                x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
+                mask=own[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            src = (offs_s.to(tl.int64) * (W - 1) + lp + (W - 1)) * 2
+            kind = tl.load(src_ptr + src, mask=pre, other=0)
+            val = tl.load(src_ptr + src + 1, mask=pre, other=0)
+            from_row = pre & (kind == 1)
+            from_tail = pre & (kind == 2)
+            rv = tl.load(
+                x_ptr + val[:, None] * stride_x + offs_c[None, :],
+                mask=from_row[:, None] & cmask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            tv = tl.load(
+                base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
+                mask=from_tail[:, None] & cmask[None, :],
+                other=0.0,
+            )
+            xv = tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+            tl.store(dst + k, xv, mask=m)
+
+
+def _forest_gdn_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr,
+    level, layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, DK)
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    live = tl.load(rec + 7)
+    seg_level = tl.load(rec + 2)
+    if (live != 0) & (seg_level == level):
+        tok_lo = tl.load(rec)
+        length = tl.load(rec + 1)
+        state_in = tl.load(rec + 3)
+        has_in = tl.load(rec + 4)
+        state_out = tl.load(rec + 5)
+        hk = h // (HV // HQK)  # grouped value heads: value head h reads key head h // (HV / HQK)
+        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
+        s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
+        for t in range(tok_lo, tok_lo + length):
+            # one token: exactly decode_gdn's _gdn_step_kernel
+            src = conv_ptr + t * stride_conv
+            q = tl.load(src + hk * DK + offs_k)
+            k = tl.load(src + HQK * DK + hk * DK + offs_k)
+            v = tl.load(src + 2 * HQK * DK + h * DV + offs_v)
+            q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
+            k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
+            b = tl.load(b_ptr + t * stride_b + h).to(tl.float32)
+            beta = 1.0 / (1.0 + tl.exp(-b))
+            x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + tl.load(dt_ptr + h).to(tl.float32)
+            soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+            soft = tl.where(x > 20.0, x, soft)
+            g = tl.load(ssm_a_ptr + h).to(tl.float32) * soft
+            s = s * tl.exp(g)
+            predicted = tl.sum(s * k[:, None], axis=0)
+            delta = beta * (v - predicted)
+            s = s + k[:, None] * delta[None, :]
+            o = tl.sum(s * q[:, None], axis=0)
+            tl.store(o_ptr + (t * HV + h) * DV + offs_v, o)
+        tl.store(base_ptr + state_out + blk, s)
+
+
+_conv = kernel(_forest_conv_kernel)
+_gdn = kernel(_forest_gdn_kernel)
+
+
+# ------------------------------------------------------------------------ table checks
+def _check_base(base: torch.Tensor, like: torch.Tensor) -> None:
+    if base.dtype != torch.float32 or base.dim() != 1 or base.stride(0) != 1:
+        raise ValueError(f"base must be a 1-D contiguous fp32 tensor, got {base.dtype} {tuple(base.shape)}")
+    if base.device != like.device:
+        raise ValueError(f"base is on {base.device}, the inputs on {like.device}")
+
+
+def _check_table(name: str, table: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    if table.dtype != torch.int64 or tuple(table.shape) != shape or not table.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous int64 {list(shape)}, got {table.dtype} {tuple(table.shape)}"
+        )
+    if table.device != like.device:
+        raise ValueError(f"{name} is on {table.device}, the inputs on {like.device}")
+
+
+def _check_block(what: str, s: int, off: int, size: int, base: torch.Tensor) -> None:
+    if off < 0 or off + size > base.numel():
+        raise ValueError(
+            f"segment slot {s}: {what} block [{off}, {off + size}) lies outside base "
+            f"({base.numel()} elements)"
+        )
+
+
+def _check_segments(segs: torch.Tensor, t: int, *, level: int | None = None) -> list[list[int]]:
+    """Host-side checks of the live segment records (of one level, if given); returns them all."""
+    records = segs.tolist()
+    for s, r in enumerate(records):
+        if not r[SEG_LIVE] or (level is not None and r[SEG_LEVEL] != level):
+            continue
+        lo, n = r[SEG_TOK_LO], r[SEG_LENGTH]
+        if lo < 0 or n < 0 or lo + n > t:
+            raise ValueError(f"segment slot {s}: rows [{lo}, {lo + n}) do not fit the T={t} packed rows")
+        if r[SEG_LEVEL] < 0:
+            raise ValueError(f"segment slot {s}: level {r[SEG_LEVEL]} is negative")
+    return records
+
+
+def _check_conv_tables(
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    conv_src: torch.Tensor,
+    base: torch.Tensor,
+    layer_off: int,
+    c: int,
+    w: int,
+    in_base: bool,
+) -> None:
+    t = rows.shape[0]
+    records = _check_segments(segs, t)
+    tail = c * (w - 1)
+    for i, (s, local, live, _) in enumerate(rows.tolist()):
+        if not live:
+            continue
+        if not 0 <= s < len(records) or not records[s][SEG_LIVE]:
+            raise ValueError(f"live row {i} names segment slot {s}, which is not a live slot")
+        lo, n = records[s][SEG_TOK_LO], records[s][SEG_LENGTH]
+        if not 0 <= local < n or lo + local != i:
+            raise ValueError(
+                f"live row {i} says local index {local} of slot {s}, whose rows are [{lo}, {lo + n})"
+            )
+    live_rows = rows[:, ROW_LIVE].tolist()
+    for s, (r, srcs) in enumerate(zip(records, conv_src.tolist(), strict=True)):
+        if not r[SEG_LIVE]:
+            continue
+        lo, n = r[SEG_TOK_LO], r[SEG_LENGTH]
+        if not all(live_rows[lo : lo + n]):
+            raise ValueError(f"segment slot {s}: its rows [{lo}, {lo + n}) are not all live")
+        if in_base:
+            _check_block("conv_out", s, r[SEG_CONV_OUT] + layer_off, tail, base)
+        for k, (kind, value) in enumerate(srcs):
+            if kind == CONV_ROW:
+                if not 0 <= value < t:
+                    raise ValueError(f"segment slot {s}: conv_src[{k}] names row {value}, outside [0, {t})")
+            elif kind == CONV_TAIL:
+                if in_base:
+                    _check_block(f"conv_src[{k}] tail", s, value + layer_off, tail - (w - 2), base)
+            elif kind != CONV_ZERO:
+                raise ValueError(
+                    f"segment slot {s}: conv_src[{k}] has kind {kind}, not CONV_ZERO/CONV_ROW/CONV_TAIL"
+                )
+
+
+# ------------------------------------------------------------------------ the conv
+def forest_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    conv_src: torch.Tensor,
+    layer_off: int,
+    *,
+    backend: Backend = "triton",
+) -> torch.Tensor:
+    """SiLU(causal depthwise conv) of all packed pre-conv inputs x [T, C]: fp32 [T, C].
+
+    weight [C, W] (taps oldest to newest, W >= 2); base fp32 1-D; rows [T, ROW_FIELDS],
+    segs [S, SEG_FIELDS] and conv_src [S, W-1, 2] int64 tables (`engine.kernels.forest_tables`);
+    layer_off: element offset of this layer inside every tail block (j * C * (W-1) for GDN layer
+    j). Also writes every live segment's final tail [C, W-1] to base + conv_out + layer_off.
+    Padding rows (live 0) get zeros. Table contents are checked when the tables are on the CPU.
+    """
+    if x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a float tensor [T, C], got {x.dtype} {tuple(x.shape)}")
+    t, c = x.shape
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2:
+        raise ValueError(f"conv weight must be [{c}, W >= 2], got {tuple(weight.shape)}")
+    w = weight.shape[1]
+    _check_base(base, x)
+    _check_table("rows", rows, (t, ROW_FIELDS), x)
+    if segs.dim() != 2 or segs.shape[0] < 1:
+        raise ValueError(f"segs must be [S >= 1, {SEG_FIELDS}], got {tuple(segs.shape)}")
+    s = segs.shape[0]
+    _check_table("segs", segs, (s, SEG_FIELDS), x)
+    _check_table("conv_src", conv_src, (s, w - 1, 2), x)
+    if layer_off < 0:
+        raise ValueError(f"layer_off must be >= 0, got {layer_off}")
+    reference = not use_triton(backend, x)
+    if segs.device.type == "cpu":
+        _check_conv_tables(rows, segs, conv_src, base, layer_off, c, w, in_base=reference)
+    if reference:
+        return forest_conv_reference(x, weight, base, rows, segs, conv_src, layer_off)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    y = torch.empty(t, c, dtype=torch.float32, device=x.device)
+    t_blocks = cdiv(t, BLOCK_T)
+    _conv[(t_blocks + cdiv(s, BLOCK_S), cdiv(c, BLOCK_C))](
+        x, weight.contiguous(), base, rows, segs, conv_src, y,
+        layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
+        W=w, BT=BLOCK_T, BC=BLOCK_C, BS=BLOCK_S, num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return y
+
+
+# ------------------------------------------------------------------------ the recurrence
+def forest_gdn(
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    base: torch.Tensor,
+    segs: torch.Tensor,
+    level: int,
+    layer_off: int,
+    out: torch.Tensor,
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    k_dim: int,
+    v_dim: int,
+    backend: Backend = "triton",
+) -> None:
+    """The delta-rule recurrence of one level's segments; writes their rows of `out` and final states.
+
+    conv fp32 [T, 2*HQK*dk + HV*dv] (q | k | v after conv + SiLU); b_raw, a_raw [T, HV] (the
+    beta and alpha projections); ssm_a, dt [HV]; out fp32 [T, HV, dv], written only at the rows
+    of live segments with segs[:, SEG_LEVEL] == level. A segment starts from the [HV, dk, dv]
+    block at base + state_in + layer_off (has_state_in) or zeros, and leaves its final state at
+    base + state_out + layer_off (layer_off = j * HV * dk * dv for GDN layer j).
+    """
+    hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
+    if conv.dim() != 2 or conv.dtype != torch.float32 or conv.shape[1] != 2 * hqk * dk + hv * dv:
+        raise ValueError(
+            f"conv must be fp32 [T, {2 * hqk * dk + hv * dv}] (q | k | v of the given heads), "
+            f"got {conv.dtype} {tuple(conv.shape)}"
+        )
+    if hqk < 1 or hv % hqk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of query/key heads ({hqk})")
+    t = conv.shape[0]
+    for name, p in (("b_raw", b_raw), ("a_raw", a_raw)):
+        if p.dim() != 2 or tuple(p.shape) != (t, hv) or not p.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a float tensor [{t}, {hv}], got {p.dtype} {tuple(p.shape)}")
+    if tuple(ssm_a.shape) != (hv,) or tuple(dt.shape) != (hv,):
+        raise ValueError(f"ssm_a and dt must be [{hv}], got {tuple(ssm_a.shape)} and {tuple(dt.shape)}")
+    if out.dtype != torch.float32 or tuple(out.shape) != (t, hv, dv) or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous fp32 [{t}, {hv}, {dv}], got {out.dtype} {tuple(out.shape)}")
+    _check_base(base, conv)
+    if segs.dim() != 2 or segs.shape[0] < 1:
+        raise ValueError(f"segs must be [S >= 1, {SEG_FIELDS}], got {tuple(segs.shape)}")
+    s = segs.shape[0]
+    _check_table("segs", segs, (s, SEG_FIELDS), conv)
+    if level < 0 or layer_off < 0:
+        raise ValueError(f"level and layer_off must be >= 0, got {level} and {layer_off}")
+    reference = not use_triton(backend, conv)
+    if segs.device.type == "cpu":
+        for i, r in enumerate(_check_segments(segs, t, level=level)):
+            if reference and r[SEG_LIVE] and r[SEG_LEVEL] == level:
+                _check_block("state_out", i, r[SEG_STATE_OUT] + layer_off, hv * dk * dv, base)
+                if r[SEG_HAS_STATE_IN]:
+                    _check_block("state_in", i, r[SEG_STATE_IN] + layer_off, hv * dk * dv, base)
+    if reference:
+        forest_gdn_reference(
+            conv, b_raw, a_raw, ssm_a, dt, base, segs, level, layer_off, out, hqk, hv, dk, dv
+        )
+        return
+    bv = BLOCK_V if dv % BLOCK_V == 0 else 16  # 16 for the tiny test models' dv=16 heads
+    if dk & (dk - 1) or dk < 16 or dv % bv:
+        raise ValueError(f"the kernel needs dk a power of two >= 16 and dv a multiple of 16, got {dk}, {dv}")
+    conv = conv if conv.stride(1) == 1 else conv.contiguous()
+    b_raw = b_raw if b_raw.stride(1) == 1 else b_raw.contiguous()
+    a_raw = a_raw if a_raw.stride(1) == 1 else a_raw.contiguous()
+    _gdn[(s, hv, dv // bv)](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, segs, out,
+        level, layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
+        dk**-0.5, L2NORM_EPS,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------ torch references
+def _block(base: torch.Tensor, off: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """The fp32 block at base + off viewed as `shape` (a view: writes land in place)."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return torch.as_strided(base, shape, tuple(reversed(strides)), base.storage_offset() + off)
+
+
+def _sources(
+    x: torch.Tensor, base: torch.Tensor, srcs: list[list[int]], layer_off: int, c: int
+) -> torch.Tensor:
+    """The W - 1 inputs before a segment, as a tail [C, W-1] (oldest first)."""
+    w1 = len(srcs)
+    tail = torch.zeros(c, w1, dtype=torch.float32, device=x.device)
+    for k, (kind, value) in enumerate(srcs):
+        if kind == CONV_ROW:
+            tail[:, k] = x[value].float()
+        elif kind == CONV_TAIL:
+            tail[:, k] = torch.as_strided(base, (c,), (w1,), base.storage_offset() + value + layer_off)
+    return tail
+
+
+def forest_conv_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    segs: torch.Tensor,
+    conv_src: torch.Tensor,
+    layer_off: int,
+) -> torch.Tensor:
+    """Segment by segment through `engine.reference.causal_conv` (fp32): the kernel's oracle.
+
+    Every source is read before any final tail is written.
+    """
+    t, c = x.shape
+    w = weight.shape[1]
+    y = torch.zeros(t, c, dtype=torch.float32, device=x.device)
+    finals = []
+    for r, srcs in zip(segs.tolist(), conv_src.tolist(), strict=True):
+        if not r[SEG_LIVE]:
+            continue
+        lo, n = r[SEG_TOK_LO], r[SEG_LENGTH]
+        tail = _sources(x, base, srcs, layer_off, c)
+        if n:
+            pre, tail = causal_conv(x[lo : lo + n].float(), tail, weight.float())
+            y[lo : lo + n] = F.silu(pre)
+        finals.append((r[SEG_CONV_OUT] + layer_off, tail))
+    for off, tail in finals:
+        _block(base, off, (c, w - 1)).copy_(tail)
+    return y
+
+
+def forest_gdn_reference(
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    base: torch.Tensor,
+    segs: torch.Tensor,
+    level: int,
+    layer_off: int,
+    out: torch.Tensor,
+    hqk: int,
+    hv: int,
+    dk: int,
+    dv: int,
+) -> None:
+    """Segment by segment through `engine.reference.gated_delta_rule` (fp32): the kernel's oracle.
+
+    Every initial state is read before any final state is written.
+    """
+    group = hv // hqk
+    finals = []
+    for r in segs.tolist():
+        if not r[SEG_LIVE] or r[SEG_LEVEL] != level:
+            continue
+        lo, n = r[SEG_TOK_LO], r[SEG_LENGTH]
+        state = (
+            _block(base, r[SEG_STATE_IN] + layer_off, (hv, dk, dv)).clone()
+            if r[SEG_HAS_STATE_IN]
+            else torch.zeros(hv, dk, dv, dtype=torch.float32, device=base.device)
+        )
+        if n:
+            q, k, v = torch.split(conv[lo : lo + n].float(), [hqk * dk, hqk * dk, hv * dv], dim=-1)
+            q = (l2_normalize(q.reshape(n, hqk, dk)) * dk**-0.5).repeat_interleave(group, dim=1)
+            k = l2_normalize(k.reshape(n, hqk, dk)).repeat_interleave(group, dim=1)
+            beta = torch.sigmoid(b_raw[lo : lo + n].float())
+            g = ssm_a.float() * F.softplus(a_raw[lo : lo + n].float() + dt.float())
+            out[lo : lo + n], state = gated_delta_rule(q, k, v.reshape(n, hv, dv), g, beta, state)
+        finals.append((r[SEG_STATE_OUT] + layer_off, state))
+    for off, state in finals:
+        _block(base, off, (hv, dk, dv)).copy_(state)

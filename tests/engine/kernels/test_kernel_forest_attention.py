@@ -1,0 +1,310 @@
+"""Forest attention kernels (prep + piece attention over packed prefill tokens) against their torch
+references and a plain-softmax oracle, and segment by segment: a segment's bits alone equal its
+bits in a bigger launch at another slot and other packed rows.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from engine.kernels.forest_attention import forest_attention, forest_attention_prep
+from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
+from engine.reference import rope_cos_sin
+from engine.testing.make_model import dims_config
+
+CFG = dims_config("tiny")  # 4 heads, 2 KV heads, head_dim 32, rope_dims 8
+NH, NKV, HD = CFG.num_attention_heads, CFG.num_kv_heads, CFG.head_dim
+KW = dict(num_heads=NH, num_kv_heads=NKV, head_dim=HD, eps=CFG.rms_norm_eps)
+QG_W, KV_W = NH * 2 * HD, NKV * HD
+SLACK = 3  # own blocks hold length + SLACK rows: padding rows aim at the spare ones
+
+# (ancestor piece lengths, oldest first, 0 = unused slot; own length): partial and multiple query
+# blocks of BLOCK_M = 16, ancestors and an own block longer than one key block of 64
+SEGMENTS = [([3, 0], 1), ([0, 0], 5), ([70, 7], 17), ([0, 12], 33), ([2, 0], 70)]
+P = 3
+
+
+class Pool:
+    """One fp32 tensor holding every K/V block, so the torch references can view them too."""
+
+    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
+        self.base = torch.randn(n, generator=gen).to(dev)
+        self.used = 0
+
+    def take(self, n: int) -> int:
+        off = self.used
+        self.used += (n + 3) // 4 * 4
+        assert self.used <= self.base.numel()
+        return off
+
+
+@dataclass
+class Case:
+    pool: Pool
+    before: torch.Tensor  # the pool's initial contents (each run starts from them)
+    pieces: list[torch.Tensor]  # per segment: its piece records [P, 4]
+    acts: list[torch.Tensor]  # per segment: fused [length, qg | k | v] rows (fp32)
+    rope: list[torch.Tensor]  # per segment: [length, 2, rope_dims]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+
+@dataclass
+class Launch:
+    rows: torch.Tensor
+    segs: torch.Tensor
+    pieces: torch.Tensor
+    qblocks: torch.Tensor
+    fused: torch.Tensor  # [T, qg | k | v]: qg, k, v are column slices (row stride > width)
+    rope: torch.Tensor
+    row_of: dict[int, int]  # segment -> its first packed row
+
+    def inputs(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+        fused = self.fused.to(dtype)
+        return fused[:, :QG_W], fused[:, QG_W : QG_W + KV_W], fused[:, QG_W + KV_W :]
+
+
+def _case(dev: torch.device, gen: torch.Generator) -> Case:
+    block = NKV * HD
+    need = sum((sum(a) + 2 * (n + SLACK)) * block * 2 + 64 for a, n in SEGMENTS)
+    pool = Pool(need, dev, gen)
+    pieces, acts, rope = [], [], []
+    for ancestors, n in SEGMENTS:
+        rec = torch.zeros(P, 4, dtype=torch.int64)
+        for p, a in enumerate(ancestors):
+            rec[p] = torch.tensor([pool.take(a * block), pool.take(a * block), a, a])
+        cap = n + SLACK
+        rec[P - 1] = torch.tensor([pool.take(cap * block), pool.take(cap * block), n, cap])
+        pieces.append(rec)
+        acts.append(torch.randn(n, QG_W + 2 * KV_W, generator=gen))
+        cos, sin = rope_cos_sin(CFG, sum(ancestors) + torch.arange(n), torch.float32)
+        rope.append(torch.stack([cos, sin], dim=1))
+    q_norm = 1 + 0.1 * torch.randn(HD, generator=gen)
+    k_norm = 1 + 0.1 * torch.randn(HD, generator=gen)
+    return Case(pool, pool.base.clone(), pieces, acts, rope, q_norm.to(dev), k_norm.to(dev))
+
+
+def _seg_record(tok_lo: int, length: int, live: int) -> list[int]:
+    rec = [0] * SEG_FIELDS
+    rec[0], rec[1], rec[SEG_LIVE] = tok_lo, length, live
+    return rec
+
+
+def _launch(case: Case, members: list[int], dev: torch.device, *, spread: bool) -> Launch:
+    """Tables for segments `members`. Not spread: slots 0.., rows from 0, nothing else. Spread:
+    slots reversed after a padding slot, padding rows before and between segments (aimed at spare
+    rows of own blocks), a padding slot, dead query blocks and a shuffled block order."""
+    rows: list[list[int]] = []
+    segs: list[list[int]] = []
+    pieces: list[torch.Tensor] = []
+    blocks: list[list[int]] = []
+    fused: list[torch.Tensor] = []
+    rope: list[torch.Tensor] = []
+    row_of: dict[int, int] = {}
+    gen = torch.Generator().manual_seed(7)
+
+    def pad_rows(count: int, slot: int, spare: int) -> None:
+        for _ in range(count):
+            rows.append([slot, spare, 0, 0])
+            fused.append(torch.randn(1, QG_W + 2 * KV_W, generator=gen))
+            rope.append(torch.randn(1, 2, CFG.rope_dims, generator=gen))
+
+    order = list(reversed(members)) if spread else list(members)
+    if spread:  # slot 0: padding, its rows 0 .. 2 padding too
+        segs.append(_seg_record(0, 3, 0))
+        pieces.append(torch.zeros(P, 4, dtype=torch.int64))
+        blocks.append([0, 0, 0])
+        pad_rows(3, 1, SEGMENTS[order[0]][1] + 1)
+    for s in order:
+        slot, n = len(segs), SEGMENTS[s][1]
+        row_of[s] = len(rows)
+        segs.append(_seg_record(len(rows), n, 1))
+        pieces.append(case.pieces[s])
+        rows += [[slot, i, 1, 0] for i in range(n)]
+        fused.append(case.acts[s])
+        rope.append(case.rope[s])
+        blocks += [[slot, lo, 1] for lo in range(0, n, BLOCK_M)]
+        if spread:
+            pad_rows(2, slot, n + SLACK - 1)
+            blocks.append([slot, 0, 0])
+    if spread:
+        segs.append(_seg_record(0, 2, 0))
+        pieces.append(torch.zeros(P, 4, dtype=torch.int64))
+        random.Random(3).shuffle(blocks)
+        blocks += [[len(segs) - 1, 0, 0], [0, 0, 0]]
+    i64 = dict(dtype=torch.int64, device=dev)
+    return Launch(
+        rows=torch.tensor(rows, **i64).view(-1, ROW_FIELDS),
+        segs=torch.tensor(segs, **i64).view(-1, SEG_FIELDS),
+        pieces=torch.stack(pieces).to(dev),
+        qblocks=torch.tensor(blocks, **i64).view(-1, QBLOCK_FIELDS),
+        fused=torch.cat(fused).to(dev),
+        rope=torch.cat(rope).to(dev),
+        row_of=row_of,
+    )
+
+
+def _prep(case: Case, lay: Launch, backend: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    qg, k, v = lay.inputs(dtype)
+    return forest_attention_prep(
+        qg, k, v, case.q_norm, case.k_norm, lay.rope, case.pool.base, lay.rows, lay.segs, lay.pieces,
+        **KW, backend=backend,
+    )  # fmt: skip
+
+
+def _attend(case: Case, lay: Launch, q: torch.Tensor, backend: str) -> torch.Tensor:
+    qg = lay.inputs()[0]
+    base = case.pool.base
+    return forest_attention(
+        q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, backend=backend
+    )
+
+
+def _own_block(case: Case, s: int) -> tuple[slice, slice]:
+    k_off, v_off, _, cap = case.pieces[s][P - 1].tolist()
+    return slice(k_off, k_off + NKV * cap * HD), slice(v_off, v_off + NKV * cap * HD)
+
+
+def _written(case: Case, lay: Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks over base of the key and value elements live rows store."""
+    kmask = torch.zeros(case.pool.base.numel(), dtype=torch.bool)
+    vmask = torch.zeros_like(kmask)
+    for s in lay.row_of:
+        n, cap = SEGMENTS[s][1], SEGMENTS[s][1] + SLACK
+        ks, vs = _own_block(case, s)
+        kmask[ks].view(NKV, cap, HD)[:, :n] = True
+        vmask[vs].view(NKV, cap, HD)[:, :n] = True
+    return kmask.to(case.pool.base.device), vmask.to(case.pool.base.device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prep_matches_reference_and_padding_writes_nothing(
+    dtype: torch.dtype, dev: torch.device, gen: torch.Generator
+) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "triton", dtype)
+    after_kernel = case.pool.base.clone()
+    case.pool.base.copy_(case.before)
+    q_ref = _prep(case, lay, "torch", dtype)
+    after_ref = case.pool.base
+    # rms_norm's sum of squares and rsqrt are not torch's ops in torch's order: rounding differs
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-6)
+    kmask, vmask = _written(case, lay)
+    torch.testing.assert_close(after_kernel[kmask], after_ref[kmask], rtol=1e-5, atol=1e-6)
+    v = lay.inputs(dtype)[2].float()
+    for s, row0 in lay.row_of.items():  # values are stored as they come
+        n = SEGMENTS[s][1]
+        stored = after_kernel[_own_block(case, s)[1]].view(NKV, n + SLACK, HD)[:, :n]
+        assert torch.equal(stored, v[row0 : row0 + n].view(n, NKV, HD).transpose(0, 1)), s
+    rest = ~(kmask | vmask)  # padding rows aim at spare rows of own blocks: those stay as they were
+    assert torch.equal(after_kernel[rest], case.before[rest])
+    assert torch.equal(after_ref[rest], case.before[rest])
+
+
+def _oracle(case: Case, lay: Launch, q: torch.Tensor) -> torch.Tensor:
+    """Plain softmax of each row over [ancestors..., own[:l + 1]], gated; uncovered rows zero."""
+    base = case.pool.base
+    out = torch.zeros(q.shape[0], NH * HD, device=q.device)
+    qg = lay.inputs()[0]
+    for s, row0 in lay.row_of.items():
+        keys, values = [], []
+        for k_off, v_off, n, rows_per_head in case.pieces[s].tolist():
+            shape = (NKV, rows_per_head, HD)
+            keys.append(base[k_off : k_off + NKV * rows_per_head * HD].view(shape)[:, :n])
+            values.append(base[v_off : v_off + NKV * rows_per_head * HD].view(shape)[:, :n])
+        ancestors = sum(SEGMENTS[s][0])
+        k_all = torch.cat(keys, dim=1).repeat_interleave(NH // NKV, dim=0)  # [nh, ancestors + n, hd]
+        v_all = torch.cat(values, dim=1).repeat_interleave(NH // NKV, dim=0)
+        for local in range(SEGMENTS[s][1]):
+            r, seen = row0 + local, ancestors + local + 1
+            scores = torch.einsum("hd,hld->hl", q[r], k_all[:, :seen]) * HD**-0.5
+            o = torch.einsum("hl,hld->hd", torch.softmax(scores, dim=-1), v_all[:, :seen])
+            out[r] = (o * torch.sigmoid(qg[r].view(NH, 2 * HD)[:, HD:])).reshape(-1)
+    return out
+
+
+def test_attention_matches_reference_and_oracle(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    out = _attend(case, lay, q, "triton")
+    out_ref = _attend(case, lay, q, "torch")
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, _oracle(case, lay, q), rtol=1e-5, atol=1e-5)
+    covered = torch.zeros(q.shape[0], dtype=torch.bool, device=dev)
+    for s, row0 in lay.row_of.items():
+        covered[row0 : row0 + SEGMENTS[s][1]] = True
+    assert torch.equal(out[~covered], torch.zeros_like(out[~covered]))  # padding rows, dead blocks
+    assert torch.equal(out_ref[~covered], torch.zeros_like(out_ref[~covered]))
+    assert out[covered].abs().amin(dim=1).gt(0).all()
+
+
+def test_segment_bits_do_not_depend_on_the_launch(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    members = list(range(len(SEGMENTS)))
+    big = _launch(case, members, dev, spread=True)
+    case.pool.base.copy_(case.before)
+    q_big = _prep(case, big, "triton")
+    out_big = _attend(case, big, q_big, "triton")
+    base_big = case.pool.base.clone()
+    for s in members:
+        alone = _launch(case, [s], dev, spread=False)
+        case.pool.base.copy_(case.before)
+        q = _prep(case, alone, "triton")
+        out = _attend(case, alone, q, "triton")
+        rows = slice(big.row_of[s], big.row_of[s] + SEGMENTS[s][1])
+        assert torch.equal(q, q_big[rows]), s
+        assert torch.equal(out, out_big[rows]), s
+        for block in _own_block(case, s):
+            assert torch.equal(case.pool.base[block], base_big[block]), s
+
+
+def test_bad_tables_raise(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, [1], dev, spread=True)
+    q = _prep(case, lay, "triton")
+    qg, k, v = lay.inputs()
+
+    def prep(**over: torch.Tensor) -> None:
+        a = dict(rows=lay.rows, segs=lay.segs, pieces=lay.pieces, rope=lay.rope, k=k) | over
+        forest_attention_prep(
+            qg, a["k"], v, case.q_norm, case.k_norm, a["rope"], case.pool.base, a["rows"], a["segs"],
+            a["pieces"], **KW,
+        )  # fmt: skip
+
+    def attend(**over: torch.Tensor) -> None:
+        a = dict(q=q, qg=qg, rows=lay.rows, segs=lay.segs, pieces=lay.pieces, qblocks=lay.qblocks) | over
+        forest_attention(
+            a["q"], a["qg"], case.pool.base, a["rows"], a["segs"], a["pieces"], a["qblocks"],
+            num_kv_heads=NKV,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"rows must be int64 \[\d+, 4\]"):
+        prep(rows=lay.rows.int())
+    with pytest.raises(ValueError, match=r"rows must be int64 \[\d+, 4\]"):
+        attend(rows=lay.rows[1:])
+    with pytest.raises(ValueError, match="rows must be contiguous"):
+        prep(rows=lay.rows.t().contiguous().t())
+    with pytest.raises(ValueError, match=r"segs must be int64 \[\?, 8\]"):
+        attend(segs=lay.segs[:, :7].contiguous())
+    with pytest.raises(ValueError, match=r"pieces must be int64 \[3, \?, 4\]"):
+        prep(pieces=lay.pieces[:2])
+    with pytest.raises(ValueError, match="at least one piece"):
+        attend(pieces=lay.pieces[:, :0].contiguous())
+    with pytest.raises(ValueError, match=r"qblocks must be int64 \[\?, 3\]"):
+        attend(qblocks=lay.qblocks[:, :2].contiguous())
+    with pytest.raises(ValueError, match=r"qblocks must be int64"):
+        attend(qblocks=lay.qblocks.float())
+    with pytest.raises(ValueError, match="rope must be fp32"):
+        prep(rope=lay.rope.double())
+    with pytest.raises(ValueError, match="k must be"):
+        prep(k=k[:, :-1])
+    with pytest.raises(ValueError, match="q must be fp32"):
+        attend(q=q.double())
+    with pytest.raises(ValueError, match="qg must be"):
+        attend(qg=qg[:, :-2])

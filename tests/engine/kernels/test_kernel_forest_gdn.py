@@ -1,0 +1,445 @@
+"""Forest conv + Gated DeltaNet kernels over a packed 3-level forest: against their torch references,
+against an oracle that runs each root-to-segment chain as one sequence, level by level, segment
+by segment (a segment's bits alone equal its bits among others), and against the decode steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels.decode_gdn import conv_step, gdn_step
+from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
+from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
+from engine.kernels.forest_gdn import forest_conv, forest_conv_reference, forest_gdn, forest_gdn_reference
+from engine.kernels.forest_tables import (
+    CONV_ROW,
+    CONV_TAIL,
+    CONV_ZERO,
+    ROW_FIELDS,
+    ROW_LIVE,
+    ROW_LOCAL,
+    SEG_CONV_OUT,
+    SEG_FIELDS,
+    SEG_HAS_STATE_IN,
+    SEG_LENGTH,
+    SEG_LEVEL,
+    SEG_LIVE,
+    SEG_STATE_IN,
+    SEG_STATE_OUT,
+    SEG_TOK_LO,
+)
+from engine.reference import causal_conv, gated_delta_rule, l2_normalize
+
+HQK, HV, DK, DV = 2, 4, 16, 16
+C = 2 * HQK * DK + HV * DV
+N_GDN, LAYER = 2, 1  # blocks hold two GDN layers; the tests run layer 1 (nonzero layer_off)
+STATE = HV * DK * DV
+KW = dict(num_k_heads=HQK, num_v_heads=HV, k_dim=DK, v_dim=DV)
+# one alpha input is 100 on purpose: exp overflows in softplus' branch that the threshold discards
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+# slot -> (parent slot or None, length); roots start from a stored state and tail or from zeros
+NODES: dict[int, tuple[int | None, int]] = {
+    0: (None, 5),  # stored start: CONV_TAIL sources, has_state_in
+    1: (None, 2),  # zero start
+    2: (0, 1),
+    3: (0, 9),
+    4: (2, 2),  # sources span the grandparent's and the parent's rows
+    5: (1, 0),  # an empty live child: its tail is its sources, its state its parent's
+    6: (5, 1),  # child of the empty segment: sources (zero, row, row)
+    8: (None, 1),  # stored start, shorter than W - 1
+    9: (8, 2),  # sources mix the stored tail and the parent's row
+}
+STORED = (0, 8)
+PAD_SLOT = 7
+S = 10
+ORDER = [3, None, 0, 9, 1, None, 4, 2, 5, 6, None, 8]  # packing order; None: a padding row
+
+
+def _chain(s: int) -> list[int]:
+    """Slots from the root down to s."""
+    parent = NODES[s][0]
+    return [s] if parent is None else [*_chain(parent), s]
+
+
+def _level(s: int) -> int:
+    return len(_chain(s)) - 1
+
+
+class Pool:
+    """One fp32 tensor holding every state and tail block, so the torch references can view them too."""
+
+    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
+        self.base = torch.randn(n, generator=gen).to(dev)
+        self.used = 0
+
+    def take(self, n: int) -> int:
+        off = self.used
+        self.used += (n + 3) // 4 * 4
+        assert self.used <= self.base.numel()
+        return off
+
+
+@dataclass
+class Case:
+    w: int
+    pool: Pool
+    before: torch.Tensor  # the pool's initial contents (each run starts from them)
+    x: torch.Tensor  # [T, C] column slice of a wider tensor (row stride > C)
+    weight: torch.Tensor
+    b_raw: torch.Tensor  # [T, HV] column slices of one [T, 2 * HV] tensor
+    a_raw: torch.Tensor
+    ssm_a: torch.Tensor
+    dt: torch.Tensor
+    rows: torch.Tensor
+    segs: torch.Tensor
+    conv_src: torch.Tensor
+    first_row: dict[int, int]  # slot -> its first packed row
+    stored: dict[int, tuple[int, int]]  # stored root slot -> (state block, tail block)
+
+    @property
+    def tail(self) -> int:
+        return C * (self.w - 1)
+
+    @property
+    def conv_off(self) -> int:
+        return LAYER * self.tail
+
+    def seg_rows(self, s: int) -> list[int]:
+        return list(range(self.first_row[s], self.first_row[s] + NODES[s][1]))
+
+
+def _case(dev: torch.device, gen: torch.Generator, w: int = 4, dtype: torch.dtype = torch.float32) -> Case:
+    tail = C * (w - 1)
+    pool = Pool((len(NODES) + len(STORED)) * N_GDN * (STATE + tail) + 64, dev, gen)
+    pool.base.mul_(0.3)
+    stored = {s: (pool.take(N_GDN * STATE), pool.take(N_GDN * tail)) for s in STORED}
+    out_blocks = {s: (pool.take(N_GDN * STATE), pool.take(N_GDN * tail)) for s in NODES}
+    first_row: dict[int, int] = {}
+    rows: list[list[int]] = []
+    for s in ORDER:
+        if s is None:
+            rows.append([1000, 99, 0, 0])  # padding row: garbage slot and local index
+        else:
+            first_row[s] = len(rows)
+            rows += [[s, i, 1, 0] for i in range(NODES[s][1])]
+    t = len(rows)
+    # what precedes each segment's first token, oldest first: stored tail slots, zeros, ancestors' rows
+    before: dict[int, list[list[int]]] = {}
+    for s in sorted(NODES, key=_level):  # parents first
+        parent, _ = NODES[s]
+        if parent is None:
+            start = stored[s][1] if s in STORED else None
+            before[s] = [
+                [CONV_TAIL, start + k] if start is not None else [CONV_ZERO, 0] for k in range(w - 1)
+            ]
+        else:
+            p_rows = range(first_row[parent], first_row[parent] + NODES[parent][1])
+            before[s] = (before[parent] + [[CONV_ROW, r] for r in p_rows])[-(w - 1) :]
+    segs = torch.zeros(S, SEG_FIELDS, dtype=torch.int64)
+    conv_src = torch.zeros(S, w - 1, 2, dtype=torch.int64)
+    garbage_state, garbage_tail = stored[0]  # never read (has_state_in 0) or never written (padding)
+    for s, (parent, n) in NODES.items():
+        rec = segs[s]
+        rec[SEG_TOK_LO], rec[SEG_LENGTH], rec[SEG_LIVE] = first_row[s], n, 1
+        rec[SEG_STATE_OUT], rec[SEG_CONV_OUT] = out_blocks[s]
+        if parent is not None:
+            rec[SEG_STATE_IN], rec[SEG_HAS_STATE_IN] = out_blocks[parent][0], 1
+        elif s in STORED:
+            rec[SEG_STATE_IN], rec[SEG_HAS_STATE_IN] = stored[s][0], 1
+        else:
+            rec[SEG_STATE_IN] = garbage_state
+        conv_src[s] = torch.tensor(before[s])
+    segs[PAD_SLOT] = torch.tensor([0, 3, 0, garbage_state, 1, garbage_state, garbage_tail, 0])
+    conv_src[PAD_SLOT, :, 0] = CONV_TAIL
+    conv_src[PAD_SLOT, :, 1] = garbage_tail
+    for s in NODES:
+        segs[s, SEG_LEVEL] = _level(s)
+    wide = torch.randn(t, C + 8, generator=gen).to(dtype)
+    ba = torch.randn(t, 2 * HV, generator=gen) * 2
+    ba[first_row[3], HV] = 25.0  # past softplus' threshold
+    ba[first_row[0] + 2, HV + 1] = 100.0  # exp overflows without the threshold (ssm_a[1] is small)
+    return Case(
+        w=w,
+        pool=pool,
+        before=pool.base.clone(),
+        x=wide.to(dev)[:, 3 : 3 + C],
+        weight=(torch.randn(C, w, generator=gen) * 0.5).to(dev),
+        b_raw=ba.to(dev)[:, :HV],
+        a_raw=ba.to(dev)[:, HV:],
+        ssm_a=(-torch.rand(HV, generator=gen) * 2).index_fill(0, torch.tensor([1]), -0.05).to(dev),
+        dt=torch.randn(HV, generator=gen).to(dev),
+        rows=torch.tensor(rows, dtype=torch.int64).to(dev),
+        segs=segs.to(dev),
+        conv_src=conv_src.to(dev),
+        first_row=first_row,
+        stored=stored,
+    )
+
+
+def _run(case: Case, backend: str = "triton") -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole forest at layer LAYER from the initial pool: (y, o); o rows never written stay NaN."""
+    case.pool.base.copy_(case.before)
+    y = forest_conv(
+        case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off,
+        backend=backend,
+    )  # fmt: skip
+    out = torch.full((y.shape[0], HV, DV), float("nan"), device=y.device)
+    for level in range(3):
+        forest_gdn(
+            y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.pool.base, case.segs, level,
+            LAYER * STATE, out, **KW, backend=backend,
+        )  # fmt: skip
+    return y, out
+
+
+def _state_out(case: Case, s: int) -> torch.Tensor:
+    off = int(case.segs[s, SEG_STATE_OUT]) + LAYER * STATE
+    return case.pool.base[off : off + STATE].view(HV, DK, DV)
+
+
+def _tail_out(case: Case, s: int) -> torch.Tensor:
+    off = int(case.segs[s, SEG_CONV_OUT]) + case.conv_off
+    return case.pool.base[off : off + case.tail].view(C, case.w - 1)
+
+
+def _oracle(case: Case, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Segment s's (y, o, final state, final tail): its root-to-s chain run as one sequence."""
+    chain = _chain(s)
+    idx = [r for c in chain for r in case.seg_rows(c)]
+    root = chain[0]
+    dev = case.x.device
+    if root in STORED:
+        state_blk, tail_blk = case.stored[root]
+        s0 = case.before[state_blk + LAYER * STATE :][:STATE].view(HV, DK, DV)
+        tail0 = case.before[tail_blk + case.conv_off :][: case.tail].view(C, case.w - 1)
+    else:
+        s0 = torch.zeros(HV, DK, DV, device=dev)
+        tail0 = torch.zeros(C, case.w - 1, device=dev)
+    pre, tail = causal_conv(case.x[idx].float(), tail0, case.weight.float())
+    y = F.silu(pre)
+    q, k, v = torch.split(y, [HQK * DK, HQK * DK, HV * DV], dim=-1)
+    n = len(idx)
+    q = (l2_normalize(q.reshape(n, HQK, DK)) * DK**-0.5).repeat_interleave(HV // HQK, dim=1)
+    k = l2_normalize(k.reshape(n, HQK, DK)).repeat_interleave(HV // HQK, dim=1)
+    beta = torch.sigmoid(case.b_raw[idx].float())
+    g = case.ssm_a * F.softplus(case.a_raw[idx].float() + case.dt)
+    o, state = gated_delta_rule(q, k, v.reshape(n, HV, DV), g, beta, s0.clone())
+    own = NODES[s][1]
+    return y[n - own :], o[n - own :], state, tail
+
+
+def _written(case: Case, *, conv: bool, state: bool) -> torch.Tensor:
+    """Mask of the pool elements a forest pass may write (layer LAYER of the live out blocks)."""
+    mask = torch.zeros(case.pool.base.numel(), dtype=torch.bool, device=case.pool.base.device)
+    for s in NODES:
+        if conv:
+            off = int(case.segs[s, SEG_CONV_OUT]) + case.conv_off
+            mask[off : off + case.tail] = True
+        if state:
+            off = int(case.segs[s, SEG_STATE_OUT]) + LAYER * STATE
+            mask[off : off + STATE] = True
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("w", "dtype"), [(4, torch.float32), (4, torch.bfloat16), (2, torch.float32), (3, torch.float32)]
+)
+def test_conv_matches_reference_and_writes_only_the_tails(
+    dev: torch.device, gen: torch.Generator, w: int, dtype: torch.dtype
+) -> None:
+    case = _case(dev, gen, w, dtype)
+    y = forest_conv(
+        case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off,
+        backend="triton",
+    )  # fmt: skip
+    after = case.pool.base.clone()
+    case.pool.base.copy_(case.before)
+    y_ref = forest_conv_reference(
+        case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off
+    )
+    # y agrees to rounding (the sum order matches, torch's sum and SiLU may round differently);
+    # padding rows are zeros in both
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    pad = case.rows[:, ROW_LIVE] == 0
+    assert pad.any() and torch.equal(y[pad], torch.zeros_like(y[pad]))
+    assert torch.equal(after, case.pool.base)  # final tails are copies of inputs: exact
+    keep = ~_written(case, conv=True, state=False)
+    assert torch.equal(after[keep], case.before[keep])  # the padding slot wrote nothing
+    for s in NODES:  # a tail is its segment's last W - 1 inputs, its sources filling in
+        lo, n = case.first_row[s], NODES[s][1]
+        own = case.x[lo : lo + n].float().T[:, max(0, n - (w - 1)) :]
+        assert torch.equal(_tail_out(case, s)[:, w - 1 - own.shape[1] :], own), s
+
+
+def test_forest_matches_each_chain_run_as_one_sequence(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    y, out = _run(case)
+    for s in NODES:
+        rows = case.seg_rows(s)
+        y_o, o_o, state_o, tail_o = _oracle(case, s)
+        torch.testing.assert_close(y[rows], y_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[rows], o_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(_state_out(case, s), state_o, rtol=1e-5, atol=1e-5)
+        assert torch.equal(_tail_out(case, s), tail_o.float()), s
+    pad = case.rows[:, ROW_LIVE] == 0
+    assert out[pad].isnan().all()  # padding rows: no segment's o
+    keep = ~_written(case, conv=True, state=True)
+    assert torch.equal(case.pool.base[keep], case.before[keep])
+    # the torch backend (segment-by-segment references) agrees
+    y_t, out_t = _run(case, "torch")
+    torch.testing.assert_close(y, y_t, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out.isnan(), out_t.isnan())
+    torch.testing.assert_close(out.nan_to_num(), out_t.nan_to_num(), rtol=1e-5, atol=1e-5)
+
+
+def test_levels_chain_through_state_blocks(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    base = case.pool.base
+    y = forest_conv(case.x, case.weight, base, case.rows, case.segs, case.conv_src, case.conv_off)
+    y_ref = y.clone()
+    ref_base = base.clone()
+    out = torch.full((y.shape[0], HV, DV), float("nan"), device=dev)
+    out_ref = out.clone()
+    done: set[int] = set()
+    for level in range(3):
+        prev = base.clone()
+        forest_gdn(
+            y, case.b_raw, case.a_raw, case.ssm_a, case.dt, base, case.segs, level, LAYER * STATE, out, **KW
+        )
+        forest_gdn_reference(
+            y_ref, case.b_raw, case.a_raw, case.ssm_a, case.dt, ref_base, case.segs, level, LAYER * STATE,
+            out_ref, HQK, HV, DK, DV,
+        )  # fmt: skip
+        torch.testing.assert_close(base, ref_base, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.nan_to_num(), out_ref.nan_to_num(), rtol=1e-5, atol=1e-5)
+        members = [s for s in NODES if _level(s) == level]
+        done.update(members)
+        # this level's rows and final states are written, nothing of the other levels
+        for s in NODES:
+            if NODES[s][1]:
+                assert out[case.seg_rows(s)].isnan().all() != (s in done), (level, s)
+            off = int(case.segs[s, SEG_STATE_OUT]) + LAYER * STATE
+            changed = not torch.equal(base[off : off + STATE], prev[off : off + STATE])
+            assert changed == (s in members), (level, s)
+        for s in members:  # children start from the state their parent left in the previous launch
+            torch.testing.assert_close(_state_out(case, s), _oracle(case, s)[2], rtol=1e-5, atol=1e-5)
+    # an empty child hands its parent's state on unchanged
+    assert torch.equal(_state_out(case, 5), _state_out(case, 1))
+
+
+def test_segment_alone_equals_segment_among_others(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    y_all, out_all = _run(case)
+    full = case.pool.base.clone()
+    for s, (_, n) in NODES.items():
+        lo = case.first_row[s]
+        src = case.conv_src[s].clone()
+        src_rows = [int(v) for kind, v in src.tolist() if kind == CONV_ROW]
+        for i, (kind, v) in enumerate(src.tolist()):
+            if kind == CONV_ROW:
+                src[i, 1] = n + src_rows.index(v)
+        idx = torch.tensor([*range(lo, lo + n), *src_rows], dtype=torch.int64, device=dev)
+        rows = torch.zeros(idx.numel(), ROW_FIELDS, dtype=torch.int64)  # source rows: padding
+        rows[:n, ROW_LOCAL] = torch.arange(n)
+        rows[:n, ROW_LIVE] = 1
+        segs = case.segs[s : s + 1].clone()
+        segs[0, SEG_TOK_LO], segs[0, SEG_LEVEL] = 0, 0
+        # start from the full pass's pool (the parent's final state is there) with the outputs spoiled
+        case.pool.base.copy_(full)
+        _state_out(case, s).fill_(7.0)
+        _tail_out(case, s).fill_(7.0)
+        src = src.unsqueeze(0).contiguous()
+        y = forest_conv(case.x[idx], case.weight, case.pool.base, rows.to(dev), segs, src, case.conv_off)
+        out = torch.zeros(y.shape[0], HV, DV, device=dev)
+        b_raw, a_raw = case.b_raw[idx], case.a_raw[idx]
+        forest_gdn(y, b_raw, a_raw, case.ssm_a, case.dt, case.pool.base, segs, 0, LAYER * STATE, out, **KW)
+        assert torch.equal(y[:n], y_all[lo : lo + n]), s
+        assert torch.equal(out[:n], out_all[lo : lo + n]), s
+        assert torch.equal(case.pool.base, full), s  # final state and tail: the same bits
+
+
+def test_forest_segment_continues_like_decode_steps(dev: torch.device, gen: torch.Generator) -> None:
+    """A stored-start root prefilled by the forest kernels equals its tokens fed one by one to the
+    decode step kernels (same fused math, same fp-fusion setting): bit for bit."""
+    case = _case(dev, gen)
+    y_all, out_all = _run(case)
+    forest_state, forest_tail = _state_out(case, 0).clone(), _tail_out(case, 0).clone()
+    case.pool.base.copy_(case.before)
+    state_blk, tail_blk = case.stored[0]
+    dec_rows = torch.zeros(1, DECODE_ROW_FIELDS, dtype=torch.int64)
+    dec_rows[0, STATE_OFF], dec_rows[0, CONV_OFF], dec_rows[0, LIVE] = state_blk, tail_blk, 1
+    dec_rows = dec_rows.to(dev)
+    for r in case.seg_rows(0):
+        y = conv_step(case.x[r : r + 1], case.weight, case.pool.base, dec_rows, case.conv_off)
+        o = gdn_step(
+            y, case.b_raw[r : r + 1], case.a_raw[r : r + 1], case.ssm_a, case.dt, case.pool.base, dec_rows,
+            LAYER * STATE, **KW,
+        )  # fmt: skip
+        assert torch.equal(y[0], y_all[r]) and torch.equal(o[0], out_all[r]), r
+    off = state_blk + LAYER * STATE
+    assert torch.equal(case.pool.base[off : off + STATE].view(HV, DK, DV), forest_state)
+    off = tail_blk + case.conv_off
+    assert torch.equal(case.pool.base[off : off + case.tail].view(C, case.w - 1), forest_tail)
+
+
+def test_bad_tables_are_named(gen: torch.Generator) -> None:
+    cpu = torch.device("cpu")
+    case = _case(cpu, gen)
+    base = case.pool.base
+    t = case.x.shape[0]
+
+    def conv(**kw: object) -> None:
+        args = dict(
+            x=case.x, weight=case.weight, base=base, rows=case.rows, segs=case.segs,
+            conv_src=case.conv_src, layer_off=case.conv_off,
+        )  # fmt: skip
+        args.update(kw)
+        forest_conv(**args, backend="torch")  # type: ignore[arg-type]
+
+    def gdn(**kw: object) -> None:
+        y = torch.zeros(t, C)
+        args = dict(
+            conv=y, b_raw=case.b_raw, a_raw=case.a_raw, ssm_a=case.ssm_a, dt=case.dt, base=base,
+            segs=case.segs, level=0, layer_off=LAYER * STATE, out=torch.zeros(t, HV, DV), **KW,
+        )  # fmt: skip
+        args.update(kw)
+        forest_gdn(**args, backend="torch")  # type: ignore[arg-type]
+
+    def edit(table: torch.Tensor, index: tuple[int, ...], value: int) -> torch.Tensor:
+        table = table.clone()
+        table[index] = value
+        return table
+
+    live_row = case.first_row[3]
+    cases = [
+        (conv, dict(rows=case.rows.int()), "rows must be contiguous int64"),
+        (conv, dict(segs=case.segs[:, :7].contiguous()), "segs must be contiguous int64"),
+        (conv, dict(weight=case.weight[:, :3]), "conv_src must be contiguous int64"),
+        (conv, dict(weight=case.weight[:, :1]), r"W >= 2"),
+        (conv, dict(base=base.double()), "base must be"),
+        (conv, dict(conv_src=edit(case.conv_src, (0, 1, 0), 5)), "kind 5"),
+        (conv, dict(conv_src=edit(case.conv_src, (3, 0, 1), t)), f"names row {t}"),
+        (conv, dict(conv_src=edit(case.conv_src, (0, 0, 1), base.numel())), "tail block"),
+        (conv, dict(rows=edit(case.rows, (live_row, 0), PAD_SLOT)), "not a live slot"),
+        (conv, dict(rows=edit(case.rows, (live_row, 1), 4)), "local index 4"),
+        (conv, dict(rows=edit(case.rows, (live_row, 2), 0)), "not all live"),
+        (conv, dict(segs=edit(case.segs, (3, SEG_LENGTH), t + 1)), "do not fit"),
+        (conv, dict(segs=edit(case.segs, (2, SEG_CONV_OUT), base.numel())), "conv_out block"),
+        (gdn, dict(segs=edit(case.segs, (0, SEG_STATE_IN), base.numel())), "state_in block"),
+        (gdn, dict(segs=edit(case.segs, (1, SEG_STATE_OUT), base.numel())), "state_out block"),
+        (gdn, dict(conv=torch.zeros(t, C + 1)), "conv must be fp32"),
+        (gdn, dict(out=torch.zeros(t, HV, DV + 1)), "out must be"),
+        (gdn, dict(b_raw=case.b_raw[:, :2]), "b_raw must be"),
+        (gdn, dict(num_k_heads=3, conv=torch.zeros(t, 2 * 3 * DK + HV * DV)), "multiple"),
+        (gdn, dict(level=-1), "level"),
+    ]
+    for fn, kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fn(**kw)
+    # a table that is valid but for another level's segment is not checked at this level
+    gdn(segs=edit(case.segs, (2, SEG_STATE_OUT), base.numel()))
