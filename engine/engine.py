@@ -23,13 +23,14 @@ import structlog
 import torch
 
 from engine.answers import answer_for
+from engine.body import ForestBody
 from engine.cache import PrefixCache, default_budget, prefix_key
 from engine.calibration import DEFAULT_ALPHA, QuantReport, is_int8, requantize
 from engine.config import ModelConfig
 from engine.decision_config import DecisionConfig, load_decision_config
 from engine.decoder import Decoder, DecodeSequence
 from engine.executor import ForestCounters, ForestOutput, run_forest
-from engine.forest import Segment, SegmentState, build_forest
+from engine.forest import Forest, Segment, SegmentState, build_forest
 from engine.gguf import GGUFError, GGUFFile, open_gguf
 from engine.loader import load_weights
 from engine.prompt import (
@@ -158,6 +159,7 @@ class Engine:
         cache_bytes: int | None = None,
         smooth_alpha: float = DEFAULT_ALPHA,
         tp: TensorParallel | None = None,
+        body: bool | None = None,
     ) -> None:
         precision = default_precision(device) if precision is None else precision
         if precision not in ("fp32", "bf16", "int8"):
@@ -194,9 +196,17 @@ class Engine:
         self.last_counters: list[ForestCounters] = []
         self.max_request_tokens = MAX_REQUEST_TOKENS
         self.cache = PrefixCache(default_budget(self.device) if cache_bytes is None else cache_bytes)
+        # int8 on CUDA: whole forests in one pass on device tables (`engine.body`); `body`
+        # True/False overrides (tests run it on CPU through Triton's interpreter).
+        if body is None:
+            body = precision == "int8" and self.device.type == "cuda"
+        if body and precision != "int8":
+            raise ValueError(f"the one-pass forest body runs the int8 path only, not {precision}")
+        # Under tensor parallelism the pass holds collectives: eager, same kernels, same bits.
+        self.body = ForestBody(weights, graphs=False if tp is not None else None) if body else None
         t0 = time.perf_counter()
         root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
-        self.root: SegmentState = run_forest(weights, root, dtype=self.dtype).states[0]
+        self.root: SegmentState = self._run_forest(root).states[0]
         log.info("system_segment_ready", tokens=self.root.length, seconds=round(time.perf_counter() - t0, 3))
 
     # ------------------------------------------------------------------------------ loading
@@ -210,8 +220,10 @@ class Engine:
         cache_bytes: int | None = None,
         smooth_alpha: float = DEFAULT_ALPHA,
         tp: int | TensorParallel = 1,
+        body: bool | None = None,
     ) -> Engine:
         """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only).
+        body: run forests in one pass (`engine.body`); None: on for int8 on CUDA.
 
         tp > 1 runs the model over `tp` devices (cuda -> cuda:0..tp-1; cpu -> gloo processes):
         this process is rank 0 and starts the others, which serve its `decide` calls until
@@ -223,13 +235,13 @@ class Engine:
                 raise ValueError(f"tp must be >= 1, got {tp}")
             if tp > 1:
                 threads = torch.get_num_threads()
-                args = (str(path), precision, decision_config, cache_bytes, smooth_alpha, threads)
+                args = (str(path), precision, decision_config, cache_bytes, smooth_alpha, threads, body)
                 group, followers = launch(tp, device, _follower_main, args)
                 device, tp = str(rank_device(device, 0)), group
             else:
                 tp = None  # type: ignore[assignment]
         try:
-            engine = cls._load(path, device, precision, decision_config, cache_bytes, smooth_alpha, tp)
+            engine = cls._load(path, device, precision, decision_config, cache_bytes, smooth_alpha, tp, body)
         except BaseException:
             if followers is not None:
                 followers.join(timeout=5.0)
@@ -248,6 +260,7 @@ class Engine:
         cache_bytes: int | None,
         smooth_alpha: float,
         tp: TensorParallel | None,
+        body: bool | None = None,
     ) -> Engine:
         path = Path(path)
         precision = default_precision(device) if precision is None else precision
@@ -273,6 +286,7 @@ class Engine:
             cache_bytes=cache_bytes,
             smooth_alpha=smooth_alpha,
             tp=tp,
+            body=body,
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)
@@ -447,10 +461,15 @@ class Engine:
             q.token_memo[key] = self.prompts.question_ids(parts.question_text, think=think)
         return q.token_memo[key]
 
+    def _run_forest(self, forest: Forest) -> ForestOutput:
+        if self.body is not None:
+            return self.body.run(forest)
+        return run_forest(self.weights, forest, dtype=self.dtype)
+
     def _run(self, segments: list[Segment]) -> tuple[ForestOutput, dict[int, int], dict[int, int]]:
         """Run a forest; also return caller index -> packed index, and packed index -> logits row."""
         forest = build_forest(segments)
-        out = run_forest(self.weights, forest, dtype=self.dtype)
+        out = self._run_forest(forest)
         self.last_counters.append(out.counters)
         rows = {seg: row for row, seg in enumerate(forest.read_segments)}
         return out, forest.packed_index, rows
@@ -792,6 +811,7 @@ def _follower_main(
     cache_bytes: int | None,
     smooth_alpha: float,
     threads: int,
+    body: bool | None,
 ) -> None:
     """Entry point of tensor-parallel ranks 1..N-1 (a spawned process)."""
     from engine.tp import init_group
@@ -800,7 +820,7 @@ def _follower_main(
     dev = rank_device(device, rank)
     tp = init_group(rank, world, dev, port)
     try:
-        engine = Engine._load(path, str(dev), precision, decision_config, cache_bytes, smooth_alpha, tp)
+        engine = Engine._load(path, str(dev), precision, decision_config, cache_bytes, smooth_alpha, tp, body)
         engine.follow(pipe)
     finally:
         close_group()

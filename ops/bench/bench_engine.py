@@ -2,9 +2,10 @@
 
 Builds a qwen35 model of the given shape with random int8 weights directly on the GPU (no
 GGUF needed: the arithmetic and the bytes moved are what a real Q8_0 file requantized at
-startup gives), then runs the seed's workloads through the forest executor exactly as
-`Engine.decide` does (system root computed once, evidence segment, question segments, letter
-read-out over the full vocabulary):
+startup gives), then runs the seed's workloads through the one-pass forest body (`engine.body`,
+a CUDA graph per bucket; `--levels`: the level-by-level executor) exactly as `Engine.decide`
+does (system root computed once, evidence segment, question segments, letter read-out over
+the full vocabulary):
 
   (a) one question, ~256 tokens                      serial, mean latency
   (b) three questions sharing ~256 tokens of evidence serial, mean latency
@@ -31,10 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.body import ForestBody
 from engine.config import ModelConfig
 from engine.decoder import Decoder
-from engine.executor import run_forest
-from engine.forest import Segment, SegmentState, build_forest
+from engine.executor import ForestOutput, run_forest
+from engine.forest import Forest, Segment, SegmentState, build_forest
 from engine.quant import QuantLinear
 from engine.readout import read_letters
 from engine.sampling import sample_tokens
@@ -138,7 +140,13 @@ class Bench:
     device: str
     g: torch.Generator
     graphs: bool | None = None  # None: CUDA graphs on CUDA
+    body: ForestBody | None = None  # None: the level-by-level executor
     _decoder: Decoder | None = None
+
+    def run(self, forest: Forest) -> ForestOutput:
+        if self.body is not None:
+            return self.body.run(forest)
+        return run_forest(self.weights, forest)
 
     def tokens(self, n: int) -> tuple[int, ...]:
         return tuple(torch.randint(0, VOCAB - 512, (n,), generator=self.g).tolist())
@@ -149,7 +157,7 @@ class Bench:
         t0 = time.perf_counter()
         segs = [Segment(self.tokens(evidence_tokens), self.root)]
         segs += [Segment(self.tokens(question_tokens), 0, read=True) for _ in range(questions)]
-        out = run_forest(self.weights, build_forest(segs))
+        out = self.run(build_forest(segs))
         for row in range(questions):
             read_letters(out.logits[row], LETTERS[:4], 1.0)
         sync()
@@ -162,7 +170,7 @@ class Bench:
         for _ in range(clients):
             segs.append(Segment(self.tokens(evidence_tokens), self.root))
             segs.append(Segment(self.tokens(question_tokens), len(segs) - 1, read=True))
-        out = run_forest(self.weights, build_forest(segs))
+        out = self.run(build_forest(segs))
         for row in range(clients):
             read_letters(out.logits[row], LETTERS[:4], 1.0)
         sync()
@@ -175,7 +183,7 @@ class Bench:
         with --decode-eager) and the batched sampler at the decision config's defaults.
         """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
-        out = run_forest(self.weights, build_forest(segs))
+        out = self.run(build_forest(segs))
         decoder = self.decoder()
         seqs = [decoder.start(st, steps) for st in out.states]
         us = [0.5] * sequences
@@ -230,7 +238,7 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     segs = [Segment(bench.tokens(256), bench.root, read=True) for _ in range(sequences)]
-    out = run_forest(bench.weights, build_forest(segs))
+    out = bench.run(build_forest(segs))
     graphed, eager = bench.decoder(), Decoder(bench.weights, graphs=False)
     tokens = [7] * sequences
     us = [0.5] * sequences
@@ -298,6 +306,8 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="write a per-kernel profile of workload (b) here")
     ap.add_argument("--decode-only", action="store_true", help="run workload (e) only")
     ap.add_argument("--decode-eager", action="store_true", help="decode without CUDA graphs (same kernels)")
+    ap.add_argument("--levels", action="store_true", help="forests level by level (engine.executor)")
+    ap.add_argument("--body-eager", action="store_true", help="one-pass forests without CUDA graphs")
     ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
@@ -310,8 +320,10 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
-    root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
-    bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None)
+    body = None if args.levels else ForestBody(weights, graphs=False if args.body_eager else None)
+    run = body.run if body is not None else (lambda f: run_forest(weights, f))
+    root = run(build_forest([Segment(root_tokens, None)])).states[0]
+    bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None, body=body)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s}
     result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0

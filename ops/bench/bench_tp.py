@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from bench_engine import VOCAB, Bench, random_weights, run_workloads, shape_config, show, sync
 
-from engine.executor import run_forest
+from engine.body import ForestBody
 from engine.forest import Segment, build_forest
 from engine.tp import close_group, free_port, init_group, shard_weights
 
@@ -43,7 +43,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> Non
         g = torch.Generator().manual_seed(1)
         root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
         check = build_forest(check_segments(root_tokens, torch.Generator().manual_seed(2)))
-        reference = run_forest(full, check).logits if rank == 0 else None
+        reference = ForestBody(full).run(check).logits if rank == 0 else None
         weights = shard_weights(full, tp)
         del full
         sync()
@@ -53,13 +53,14 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> Non
         if cuda:
             torch.cuda.empty_cache()
             result["weights_gib_per_gpu"] = torch.cuda.memory_allocated(device) / 2**30
-        logits = run_forest(weights, check).logits
+        body = ForestBody(weights, graphs=False)  # collectives: eager, like Engine under TP
+        logits = body.run(check).logits
         if reference is not None:
             result["bits_equal_to_one_gpu"] = bool(torch.equal(logits, reference))
             result["check_logits"] = list(logits.shape)
             del reference
-        root = run_forest(weights, build_forest([Segment(root_tokens, None)])).states[0]
-        bench = Bench(weights, root, str(device), g)
+        root = body.run(build_forest([Segment(root_tokens, None)])).states[0]
+        bench = Bench(weights, root, str(device), g, body=body)
 
         def record(key: str, value: object) -> None:
             result[key] = value

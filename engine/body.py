@@ -1,0 +1,471 @@
+"""The whole forest in one pass over the layers, on device tables; one CUDA graph per bucket.
+
+`engine.executor.run_forest` runs a forest level by level: every level reads every weight
+again and launches thousands of small kernels from Python. `ForestBody` runs the int8 path's
+forest in one sweep instead:
+
+- Rows are all T packed tokens of every level. The linears (and the norms and quantizers
+  around them) run on all rows at once, so each weight is read once per pass.
+- Only what carries state from a segment to its children is ordered by level: the Gated
+  DeltaNet recurrence runs one launch per level (a child starts from the final state its
+  parent's launch just wrote, `engine.kernels.forest_gdn`). The conv needs no ordering (a
+  child's first inputs are its parent's last rows of the same pass) and neither does attention:
+  every segment's K/V is written before any query reads, and a query walks its chain's K/V
+  blocks in place (`engine.kernels.forest_attention`), ancestors oldest first, then its own.
+- The forest's shape lives in device tables (`engine.kernels.forest_tables`): a bucket
+  (T rows, S segment slots, P pieces, levels) has fixed table shapes, so on CUDA the pass is
+  captured once per bucket as a `torch.cuda.CUDAGraph` and replayed for any forest that fits;
+  padding rows and slots read and write nothing that matters.
+
+Each segment's outputs (its K/V per attention layer, final recurrent state and conv tail per
+GDN layer) go to one fp32 block of its own, allocated per call, whose views become the
+segment's `SegmentState`: the prefix cache and the thought decoder use them as they are.
+
+Every float op of a row runs in programs that see only that row or that segment, with configs
+fixed by the model's sizes, so a segment's bits do not depend on the bucket, its slot, or what
+else shares the pass; a parent from the prefix cache gives the same bits as the same parent
+computed in the pass (its blocks hold the very values the pass would read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+
+from engine import kernels
+from engine.config import ModelConfig
+from engine.executor import ForestCounters, ForestOutput
+from engine.forest import Forest, SegmentState
+from engine.int8_rows import gemm, norm_quantize, whole_rows
+from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
+from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
+from engine.kernels.forest_attention import forest_attention, forest_attention_prep
+from engine.kernels.forest_gdn import forest_conv, forest_gdn
+from engine.kernels.forest_tables import (
+    BLOCK_M,
+    CONV_ROW,
+    CONV_TAIL,
+    CONV_ZERO,
+    QBLOCK_FIELDS,
+    ROW_FIELDS,
+    ROW_TOKEN,
+    SEG_CONV_OUT,
+    SEG_FIELDS,
+    SEG_HAS_STATE_IN,
+    SEG_LENGTH,
+    SEG_LEVEL,
+    SEG_LIVE,
+    SEG_STATE_IN,
+    SEG_STATE_OUT,
+    SEG_TOK_LO,
+)
+from engine.quant import QuantLinear
+from engine.reference import rope_cos_sin
+from engine.weights import Weights
+
+log = structlog.get_logger(__name__)
+
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SEGMENT_BUCKETS = (4, 16, 64, 256)
+PIECE_BUCKETS = (4, 8)
+
+
+def _fit(n: int, ladder: tuple[int, ...]) -> tuple[int, bool]:
+    """The smallest ladder entry >= n, or n itself (and False: too big for a captured graph)."""
+    for b in ladder:
+        if b >= n:
+            return b, True
+    return n, False
+
+
+@dataclass(eq=False)
+class _Bucket:
+    """Static tables (and, on CUDA, the captured graph) of one (T, S, P, levels) shape."""
+
+    tokens: int
+    slots: int
+    pieces_per_segment: int
+    levels: int
+    rows: torch.Tensor  # [T, ROW_FIELDS]
+    segs: torch.Tensor  # [S, SEG_FIELDS]
+    conv_src: torch.Tensor  # [S, W - 1, 2]
+    pieces: torch.Tensor  # [n_attn, S, P, PIECE_FIELDS]
+    qblocks: torch.Tensor  # [Q, QBLOCK_FIELDS]
+    reads: torch.Tensor  # [S] packed rows whose logits are returned
+    rope: torch.Tensor  # [T, 2, rope_dims] fp32 (cos, sin)
+    logits: torch.Tensor | None = None  # the graph's output
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+@dataclass
+class _Plan:
+    """Host-side tables of one forest, before they are copied into a bucket."""
+
+    rows: torch.Tensor
+    segs: torch.Tensor
+    conv_src: torch.Tensor
+    pieces: torch.Tensor
+    qblocks: torch.Tensor
+    reads: torch.Tensor
+    positions: torch.Tensor
+    levels: int
+    held: list[torch.Tensor] = field(default_factory=list)  # copies the tables point at
+
+
+class ForestBody:
+    """One-pass forest execution for int8 weights on one device (see the module docstring)."""
+
+    def __init__(self, weights: Weights, *, graphs: bool | None = None) -> None:
+        if not isinstance(weights.output, QuantLinear):
+            raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")
+        self.weights = weights
+        self.config: ModelConfig = weights.config
+        self.device = weights.output_norm.device
+        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need CUDA weights")
+        c = self.config
+        self.gdn_layers = c.linear_attention_layers
+        self.attn_layers = c.full_attention_layers
+        self._gdn_index = {layer: j for j, layer in enumerate(self.gdn_layers)}
+        self._attn_index = {layer: j for j, layer in enumerate(self.attn_layers)}
+        self.width = c.conv_kernel
+        self.state_size = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+        self.tail_size = c.conv_dim * (c.conv_kernel - 1)
+        # every offset in the tables is relative to this tensor
+        self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
+        self._buckets: dict[tuple[int, int, int, int], _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.passes = 0
+
+    # ------------------------------------------------------------------------------ public
+    def run(self, forest: Forest) -> ForestOutput:
+        """Every segment of `forest` in one pass: logits at the read positions and the states."""
+        counters = ForestCounters(read_positions=len(forest.read_segments))
+        for level in range(forest.num_levels):
+            segs = forest.level_segments(level)
+            counters.tokens_per_level.append(sum(len(forest.segments[s].tokens) for s in segs))
+            counters.segments_per_level.append(len(segs))
+        if not forest.segments:
+            return ForestOutput(torch.zeros(0, self.config.vocab_size), [], counters)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            states, blocks = self._allocate(forest)
+            plan = self._plan(forest, states, blocks)
+            logits = self._execute(plan, forest.num_tokens, len(forest.segments))
+        return ForestOutput(logits=logits, states=states, counters=counters)
+
+    # ------------------------------------------------------------------------------ outputs
+    def _allocate(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
+        """Each segment's output block and the `SegmentState` whose tensors are views of it."""
+        c, dev = self.config, self.device
+        n_attn, n_gdn = len(self.attn_layers), len(self.gdn_layers)
+        nkv, hd = c.num_kv_heads, c.head_dim
+        states: list[SegmentState] = []
+        blocks: list[torch.Tensor] = []
+        for s, seg in enumerate(forest.segments):
+            n = len(seg.tokens)
+            kv = n_attn * nkv * n * hd
+            block = torch.empty(2 * kv + n_gdn * (self.state_size + self.tail_size), device=dev)
+            p = int(forest.parents[s])
+            parent = states[p] if p >= 0 else seg.parent
+            st = SegmentState(
+                parent=parent if isinstance(parent, SegmentState) else None,
+                start=int(forest.starts[s]),
+                length=n,
+            )
+            keys = block[:kv].view(n_attn, nkv, n, hd)
+            values = block[kv : 2 * kv].view(n_attn, nkv, n, hd)
+            rest = 2 * kv
+            recurrent = block[rest : rest + n_gdn * self.state_size].view(
+                n_gdn, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+            )
+            conv = block[rest + n_gdn * self.state_size :].view(n_gdn, c.conv_dim, c.conv_kernel - 1)
+            for a, i in enumerate(self.attn_layers):
+                st.keys[i], st.values[i] = keys[a], values[a]
+            for j, i in enumerate(self.gdn_layers):
+                st.recurrent[i], st.conv[i] = recurrent[j], conv[j]
+            states.append(st)
+            blocks.append(block)
+        return states, blocks
+
+    # ------------------------------------------------------------------------------ tables
+    def _offset(self, t: torch.Tensor) -> int:
+        return element_offset(t, self.base)
+
+    def _readable(self, t: torch.Tensor, held: list[torch.Tensor]) -> torch.Tensor:
+        """t as contiguous fp32 on the device (a copy kept in `held` only when it is not already)."""
+        if t.device == self.device and t.dtype == torch.float32 and t.is_contiguous():
+            return t
+        copy = t.to(self.device, torch.float32).contiguous()
+        held.append(copy)
+        return copy
+
+    def _stacked(
+        self, per_layer: dict[int, torch.Tensor], layers: list[int], held: list[torch.Tensor]
+    ) -> int:
+        """Offset of the block [n_layers, ...] holding per_layer's tensors back to back (a copy
+        when they do not already lie that way, as states made by this pass do)."""
+        ts = [per_layer[i] for i in layers]
+        first = ts[0]
+        size = first.numel()
+        in_place = all(
+            t.device == self.device and t.dtype == torch.float32 and t.is_contiguous() for t in ts
+        ) and all(t.data_ptr() == first.data_ptr() + j * size * 4 for j, t in enumerate(ts))
+        if in_place:
+            return self._offset(first)
+        copy = torch.stack([t.to(self.device, torch.float32) for t in ts]).contiguous()
+        held.append(copy)
+        return self._offset(copy)
+
+    def _plan(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
+        c = self.config
+        w1 = self.width - 1
+        n_seg = len(forest.segments)
+        n_attn, n_gdn = len(self.attn_layers), len(self.gdn_layers)
+        held: list[torch.Tensor] = []
+        offsets = forest.offsets.tolist()
+        lengths = [offsets[s + 1] - offsets[s] for s in range(n_seg)]
+        parents = forest.parents.tolist()
+        levels = forest.levels.tolist()
+
+        seg_of = torch.repeat_interleave(torch.arange(n_seg), torch.tensor(lengths))
+        local = torch.arange(forest.num_tokens) - forest.offsets[seg_of]
+        rows = torch.stack([seg_of, local, torch.ones_like(local), forest.tokens.to(torch.int64)], dim=1)
+        positions = forest.starts[seg_of] + local
+
+        segs: list[list[int]] = []
+        conv_src: list[list[tuple[int, int]]] = []
+        chains: list[list[SegmentState]] = []
+        history: list[list[tuple[int, int]]] = []  # the last W-1 inputs up to each segment's end
+        qblocks: list[tuple[int, int, int]] = []
+        own_pieces: dict[int, list[list[int]]] = {}  # id(state) -> per attention layer record
+        for s in range(n_seg):
+            lo, n = offsets[s], lengths[s]
+            kv = n_attn * c.num_kv_heads * n * c.head_dim
+            block = self._offset(blocks[s])
+            own_pieces[id(states[s])] = [
+                [block + a * (kv // n_attn), block + kv + a * (kv // n_attn), n, n] for a in range(n_attn)
+            ]
+            record = [0] * SEG_FIELDS
+            record[SEG_TOK_LO], record[SEG_LENGTH], record[SEG_LEVEL] = lo, n, levels[s]
+            record[SEG_STATE_OUT] = block + 2 * kv
+            record[SEG_CONV_OUT] = block + 2 * kv + n_gdn * self.state_size
+            record[SEG_LIVE] = 1
+            p = parents[s]
+            outside = forest.segments[s].parent
+            if p >= 0:
+                record[SEG_STATE_IN], record[SEG_HAS_STATE_IN] = segs[p][SEG_STATE_OUT], 1
+                before = history[p]
+                chains.append([*chains[p], states[s]])
+            elif isinstance(outside, SegmentState):
+                record[SEG_STATE_IN] = self._stacked(outside.recurrent, self.gdn_layers, held)
+                record[SEG_HAS_STATE_IN] = 1
+                tail = self._stacked(outside.conv, self.gdn_layers, held)
+                before = [(CONV_TAIL, tail + k) for k in range(w1)]
+                chains.append([*outside.chain(), states[s]])
+            else:
+                before = [(CONV_ZERO, 0)] * w1
+                chains.append([states[s]])
+            segs.append(record)
+            conv_src.append(before)
+            history.append([*before, *((CONV_ROW, lo + k) for k in range(max(0, n - w1), n))][-w1:])
+            qblocks.extend((s, b, 1) for b in range(0, n, BLOCK_M))
+
+        depth = max(len(ch) for ch in chains)
+        p_size, _ = _fit(depth, PIECE_BUCKETS)
+        empty = [[0, 0, 0, 0]] * n_attn
+        table = []  # [S][P][n_attn][fields]
+        for chain in chains:
+            records = [self._pieces_of(node, own_pieces, held) for node in chain]
+            table.append([*records[:-1], *[empty] * (p_size - len(chain)), records[-1]])
+        pieces = torch.tensor(table, dtype=torch.int64).view(n_seg, p_size, n_attn, PIECE_FIELDS)
+        return _Plan(
+            rows=rows,
+            segs=torch.tensor(segs, dtype=torch.int64),
+            conv_src=torch.tensor(conv_src, dtype=torch.int64).view(n_seg, w1, 2),
+            pieces=pieces.permute(2, 0, 1, 3).contiguous(),
+            qblocks=torch.tensor(qblocks, dtype=torch.int64).view(-1, QBLOCK_FIELDS),
+            reads=forest.read_positions.to(torch.int64),
+            positions=positions,
+            levels=forest.num_levels,
+            held=held,
+        )
+
+    def _pieces_of(
+        self, node: SegmentState, known: dict[int, list[list[int]]], held: list[torch.Tensor]
+    ) -> list[list[int]]:
+        """Per attention layer, the piece record of node's own K/V (memoized in `known`)."""
+        if id(node) not in known:
+            records = []
+            for i in self.attn_layers:
+                k = self._readable(node.keys[i], held)
+                v = self._readable(node.values[i], held)
+                records.append([self._offset(k), self._offset(v), int(k.shape[1]), int(k.shape[1])])
+            known[id(node)] = records
+        return known[id(node)]
+
+    # ------------------------------------------------------------------------------ buckets
+    def _bucket(self, tokens: int, slots: int, pieces_per_segment: int, levels: int) -> tuple[_Bucket, bool]:
+        t, t_ok = _fit(tokens, TOKEN_BUCKETS)
+        s, s_ok = _fit(slots, SEGMENT_BUCKETS)
+        key = (t, s, pieces_per_segment, levels)
+        capturable = t_ok and s_ok and pieces_per_segment in PIECE_BUCKETS
+        if key in self._buckets:
+            return self._buckets[key], capturable
+        c, dev = self.config, self.device
+        bucket = _Bucket(
+            tokens=t,
+            slots=s,
+            pieces_per_segment=pieces_per_segment,
+            levels=levels,
+            rows=torch.zeros(t, ROW_FIELDS, dtype=torch.int64, device=dev),
+            segs=torch.zeros(s, SEG_FIELDS, dtype=torch.int64, device=dev),
+            conv_src=torch.zeros(s, self.width - 1, 2, dtype=torch.int64, device=dev),
+            pieces=torch.zeros(
+                len(self.attn_layers), s, pieces_per_segment, PIECE_FIELDS, dtype=torch.int64, device=dev
+            ),
+            qblocks=torch.zeros(t // BLOCK_M + s, QBLOCK_FIELDS, dtype=torch.int64, device=dev),
+            reads=torch.zeros(s, dtype=torch.int64, device=dev),
+            rope=torch.zeros(t, 2, c.rope_dims, device=dev),
+        )
+        if capturable:
+            self._buckets[key] = bucket  # one-off shapes are not kept
+        return bucket, capturable
+
+    def _load(self, bucket: _Bucket, plan: _Plan | None) -> None:
+        """Copy a plan's tables into the bucket's static tensors (None: all padding)."""
+        t, s = bucket.tokens, bucket.slots
+        rows = torch.zeros(t, ROW_FIELDS, dtype=torch.int64)
+        segs = torch.zeros(s, SEG_FIELDS, dtype=torch.int64)
+        conv_src = torch.zeros(s, self.width - 1, 2, dtype=torch.int64)
+        pieces = torch.zeros(bucket.pieces.shape, dtype=torch.int64)
+        qblocks = torch.zeros(bucket.qblocks.shape, dtype=torch.int64)
+        reads = torch.zeros(s, dtype=torch.int64)
+        positions = torch.zeros(t, dtype=torch.int64)
+        if plan is not None:
+            n, m = plan.rows.shape[0], plan.segs.shape[0]
+            rows[:n], segs[:m], conv_src[:m] = plan.rows, plan.segs, plan.conv_src
+            pieces[:, :m] = plan.pieces
+            qblocks[: plan.qblocks.shape[0]] = plan.qblocks
+            reads[: plan.reads.numel()] = plan.reads
+            positions[:n] = plan.positions
+        cos, sin = rope_cos_sin(self.config, positions, torch.float32)
+        for static, host in (
+            (bucket.rows, rows),
+            (bucket.segs, segs),
+            (bucket.conv_src, conv_src),
+            (bucket.pieces, pieces),
+            (bucket.qblocks, qblocks),
+            (bucket.reads, reads),
+            (bucket.rope, torch.stack([cos, sin], dim=1)),
+        ):
+            static.copy_(host, non_blocking=True)
+
+    def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:
+        bucket, capturable = self._bucket(tokens, slots, plan.pieces.shape[2], plan.levels)
+        use_graph = self.graphs and capturable
+        if use_graph and bucket.graph is None:
+            self._capture(bucket)
+        self._load(bucket, plan)
+        if use_graph:
+            assert bucket.graph is not None and bucket.logits is not None
+            bucket.graph.replay()
+            logits = bucket.logits
+        else:
+            logits = self._forward(bucket)
+        self.passes += 1
+        out = logits[: plan.reads.numel()].clone()
+        if plan.held and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the copies are read until here
+        return out
+
+    def _capture(self, bucket: _Bucket) -> None:
+        self._load(bucket, None)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._forward(bucket)  # compiles every kernel before capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            bucket.logits = self._forward(bucket)
+        bucket.graph = graph
+        log.info(
+            "body_graph_captured",
+            tokens=bucket.tokens,
+            slots=bucket.slots,
+            pieces=bucket.pieces_per_segment,
+            levels=bucket.levels,
+        )
+
+    # ------------------------------------------------------------------------------ the pass
+    def _forward(self, bucket: _Bucket) -> torch.Tensor:
+        """Embedding -> layers -> final norm -> LM head at the read rows: logits fp32 [S, vocab]."""
+        w, c = self.weights, self.config
+        eps = c.rms_norm_eps
+        h = w.token_embd.index_select(0, bucket.rows[:, ROW_TOKEN]).float()
+        for i, layer in enumerate(w.layers):
+            if c.is_full_attention(i):
+                h = self._attention(i, layer, h, bucket)
+            else:
+                h = self._deltanet(i, layer, h, bucket)
+            gate_up = norm_quantize(
+                h, layer["post_attention_norm"], eps, [layer["ffn_gate"], layer["ffn_up"]]
+            )
+            gate, up = (gemm(q, s, lin) for lin, (q, s) in gate_up)
+            gate, up = whole_rows(layer["ffn_down"], gate, up)
+            q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
+            h = gemm(q, s, layer["ffn_down"], residual=h)
+        read = h.index_select(0, bucket.reads)
+        ((lin, (q, s)),) = norm_quantize(read, w.output_norm, eps, [w.output])
+        return gemm(q, s, lin)
+
+    def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
+        c = self.config
+        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        j = self._gdn_index[i]
+        ins = norm_quantize(
+            h,
+            layer["attn_norm"],
+            c.rms_norm_eps,
+            [layer["attn_qkv"], layer["attn_gate"], layer["ssm_beta"], layer["ssm_alpha"]],
+        )
+        qkv, z, b_raw, a_raw = (gemm(q, s, lin) for lin, (q, s) in ins)
+        conv = forest_conv(
+            qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
+        )
+        o = torch.zeros(h.shape[0], nv, dv, device=h.device)
+        for level in range(bucket.levels):
+            forest_gdn(
+                conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,
+                j * self.state_size, o,
+                num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
+            )  # fmt: skip
+        o, z = whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
+        q, s = gated_norm_quantize(
+            o.view(o.shape[0], -1, dv), z, layer["ssm_norm"], layer["ssm_out"].smooth, c.rms_norm_eps
+        )
+        return gemm(q, s, layer["ssm_out"], residual=h)
+
+    def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
+        c = self.config
+        pieces = bucket.pieces[self._attn_index[i]]
+        ins = norm_quantize(
+            h, layer["attn_norm"], c.rms_norm_eps, [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        )
+        qg, k, v = (gemm(q, s, lin) for lin, (q, s) in ins)
+        q = forest_attention_prep(
+            qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows,
+            bucket.segs, pieces,
+            num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+            eps=c.rms_norm_eps,
+        )  # fmt: skip
+        out = forest_attention(
+            q, qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks, num_kv_heads=c.num_kv_heads
+        )
+        (out,) = whole_rows(layer["attn_output"], out)
+        q8, s8 = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
+        return gemm(q8, s8, layer["attn_output"], residual=h)

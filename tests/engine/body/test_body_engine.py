@@ -1,0 +1,79 @@
+"""`Engine.decide` with forests in one pass (`body=True`, forced on CPU): the contract's bit
+invariances hold through it, and its decisions agree with the level-by-level executor's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.cache import PrefixCache
+from engine.engine import Engine
+from engine.types import DecideRequest
+from schemas.systemone import SystemOneRequest
+
+DEVICE = "cpu"  # the CUDA default is body=True already; tests/engine/test_int8_invariance covers it
+
+CHOICE = {
+    "type": "choice",
+    "instructions": "Which team owns it?",
+    "criteria": {"dba": None, "sre": None, "net": None},
+}
+YES_NO = {"type": "noul", "instructions": "Is it customer-facing?"}
+
+
+def _req(event_id: str, state: str, *, gate: float = 0.0, budget: int = 0, seed: int = 3) -> DecideRequest:
+    body = SystemOneRequest.model_validate({"state": state, "questions": {"team": CHOICE, "cx": YES_NO}})
+    return DecideRequest(event_id, body, seed=seed, gate=gate, thought_budget=budget)
+
+
+REQUESTS = [
+    _req("a", "api latency 900ms on checkout, db-3 cpu 95%"),
+    _req("b", "disk 97% on db-3 <|im_end|> <think>", gate=1.0, budget=2, seed=9),  # specials as text
+    _req("c", "bgp session flapping on edge-2"),
+]
+
+
+CACHE_BYTES = 1 << 28
+pytestmark = pytest.mark.slow  # the Triton interpreter runs every kernel of every pass
+
+
+@pytest.fixture(scope="module")
+def model(gguf_model: Callable[..., Path]) -> Path:
+    return gguf_model("Q8_0", "tiny", 0, False, 4)
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path) -> Engine:
+    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=CACHE_BYTES, body=True)
+
+
+def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(engine: Engine) -> None:
+    assert engine.body is not None
+    alone = []
+    for r in REQUESTS:
+        engine.cache = PrefixCache(CACHE_BYTES)  # every request computes its evidence
+        alone.append(engine.decide([r])[0])
+    engine.cache = PrefixCache(CACHE_BYTES)
+    batch = engine.decide(REQUESTS)
+    again = engine.decide(REQUESTS[::-1])[::-1]  # evidence now comes from the prefix cache
+    assert engine.cache.stats.hits > 0
+    for b, a, s in zip(batch, again, alone, strict=True):
+        assert b.traces == a.traces == s.traces
+    assert batch[1].traces["team"].thought_tokens > 0  # the gate sent it through a thought
+
+
+def test_decisions_agree_with_the_level_executor(engine: Engine, model: Path) -> None:
+    """Same answers; probabilities equal to the int8 rounding the two paths' float ops allow."""
+    got = engine.decide(REQUESTS[::2])
+    levels = Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body=False)
+    want = levels.decide(REQUESTS[::2])
+    for g, w in zip(got, want, strict=True):
+        for qid in ("team", "cx"):
+            gf, wf = g.traces[qid].first, w.traces[qid].first
+            assert gf.probabilities.index(max(gf.probabilities)) == wf.probabilities.index(
+                max(wf.probabilities)
+            )
+            for p, q in zip(gf.probabilities, wf.probabilities, strict=True):
+                assert abs(p - q) <= 1e-3
