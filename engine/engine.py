@@ -60,6 +60,10 @@ from schemas.systemone import Question, SystemOneRequest
 
 log = structlog.get_logger(__name__)
 
+# The one-pass body has run in Triton's interpreter only so far: it becomes the CUDA int8
+# default once `ops/device/body_check.sh` has passed on the GPU (see ops/bench/NOTES-kernels.md).
+BODY_BY_DEFAULT = False
+
 Precision = Literal["fp32", "bf16", "int8"]
 Mode = Literal["forest", "per_question"]
 ENGINE_VERSION = "0.1.0"
@@ -196,10 +200,10 @@ class Engine:
         self.last_counters: list[ForestCounters] = []
         self.max_request_tokens = MAX_REQUEST_TOKENS
         self.cache = PrefixCache(default_budget(self.device) if cache_bytes is None else cache_bytes)
-        # int8 on CUDA: whole forests in one pass on device tables (`engine.body`); `body`
-        # True/False overrides (tests run it on CPU through Triton's interpreter).
+        # Whole forests in one pass on device tables (`engine.body`): `body` True/False chooses
+        # (tests run it on CPU through Triton's interpreter); None: BODY_BY_DEFAULT on CUDA int8.
         if body is None:
-            body = precision == "int8" and self.device.type == "cuda"
+            body = BODY_BY_DEFAULT and precision == "int8" and self.device.type == "cuda"
         if body and precision != "int8":
             raise ValueError(f"the one-pass forest body runs the int8 path only, not {precision}")
         # Under tensor parallelism the pass holds collectives: eager, same kernels, same bits.
@@ -223,7 +227,7 @@ class Engine:
         body: bool | None = None,
     ) -> Engine:
         """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only).
-        body: run forests in one pass (`engine.body`); None: on for int8 on CUDA.
+        body: run forests in one pass (`engine.body`); None: `BODY_BY_DEFAULT` for int8 on CUDA.
 
         tp > 1 runs the model over `tp` devices (cuda -> cuda:0..tp-1; cpu -> gloo processes):
         this process is rank 0 and starts the others, which serve its `decide` calls until

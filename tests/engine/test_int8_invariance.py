@@ -31,6 +31,8 @@ from schemas.systemone import SystemOneRequest
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+    # the one-pass forest body (engine.body) with its CUDA graphs
+    pytest.param("cuda-body", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
 ]
 N_REQUESTS = 32
 WORDS = [
@@ -128,8 +130,13 @@ def _bits(result: DecideResult) -> dict[str, list[str]]:
 @pytest.fixture(scope="module", params=DEVICES)
 def int8_engine(request: pytest.FixtureRequest, gguf_model: Callable[..., Path]) -> Engine:
     # cache_bytes=0: every decide recomputes its evidence, so batches really share levels
+    device, _, body = request.param.partition("-")
     return Engine.load(
-        gguf_model("Q8_0", "tiny", 0, False, 4), device=request.param, precision="int8", cache_bytes=0
+        gguf_model("Q8_0", "tiny", 0, False, 4),
+        device=device,
+        precision="int8",
+        cache_bytes=0,
+        body=bool(body) or None,
     )
 
 
@@ -192,7 +199,7 @@ from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 args = json.loads(sys.stdin.read())
 torch.set_num_threads(args["threads"])
-engine = Engine.load(args["path"], device=args["device"], precision="int8")  # prefix cache on
+engine = Engine.load(args["path"], device=args["device"], precision="int8", body=args["body"])  # cache on
 out = []
 for attempt in range(2):  # miss, then hit
     reqs = [DecideRequest(r["id"], SystemOneRequest.model_validate(r["request"]), r["seed"], r["gate"], 3)
@@ -211,6 +218,7 @@ def test_bits_survive_a_process_restart_and_the_prefix_cache(
     payload = {
         "path": str(gguf_model("Q8_0", "tiny", 0, False, 4)),
         "device": str(int8_engine.device.type),
+        "body": int8_engine.body is not None,
         # a different intra-op thread count on purpose: no reduction may depend on it
         "threads": 2 if torch.get_num_threads() == 1 else 1,
         "requests": [

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 
-DEVICE = "cpu"  # the CUDA default is body=True already; tests/engine/test_int8_invariance covers it
+DEVICE = "cpu"  # CUDA: test_int8_invariance runs its suite on a body=True engine ("cuda-body")
 
 CHOICE = {
     "type": "choice",

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: the one-pass forest body (engine/body.py) compiled for
+# the first time - its kernels' CUDA tests, graph == eager and batch invariance through
+# Engine.decide - then workloads (a)-(d) with the body against the level-by-level executor.
+#   STAGE=tests  bash ops/device/body_check.sh     # tests only
+#   STAGE=bench  bash ops/device/body_check.sh     # benchmarks only (SHAPES, default "4B 27B")
+# Needs the wheels the image lacks in .gpuwheels/ (carry it). Uses GPU 0.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}
+STAGE=${STAGE:-all}
+mkdir -p "$OUT"
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpuwheels/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+git log -1 --format='commit %H' 2>/dev/null || true
+if [ "$STAGE" != bench ]; then
+    # --confcutdir keeps pytest off tests/conftest.py (Kafka fixtures need packages the image lacks)
+    python3 -m pytest tests/engine/kernels/test_kernel_forest_attention.py \
+        tests/engine/kernels/test_kernel_forest_gdn.py -q --confcutdir=tests/engine/kernels \
+        -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_forest_kernels.log" | tail -3
+    python3 -m pytest tests/engine/body/test_body.py -q --confcutdir=tests/engine -p no:cacheprovider \
+        -o addopts="" -rs 2>&1 | tee "$OUT/pytest_body.log" | tail -5
+    python3 -m pytest tests/engine/test_int8_invariance.py -k "cuda" -q --confcutdir=tests/engine \
+        -p no:cacheprovider -o addopts="" -rs 2>&1 | tee "$OUT/pytest_int8.log" | tail -3
+fi
+if [ "$STAGE" != tests ]; then
+    for shape in ${SHAPES:-4B 27B}; do  # BENCH_ARGS="--profile $OUT/prof_b.txt" adds (b)'s kernel table
+        python3 ops/bench/bench_engine.py --shape "$shape" --json "$OUT/body_$shape.json" \
+            ${BENCH_ARGS:-} 2>&1 | tee "$OUT/body_$shape.log" | grep -v '^\s*$' | tail -12
+        python3 ops/bench/bench_engine.py --shape "$shape" --levels --skip-long --decode-steps 8 \
+            --json "$OUT/levels_$shape.json" 2>&1 | tee "$OUT/levels_$shape.log" | grep -v '^\s*$' | tail -8
+    done
+fi
