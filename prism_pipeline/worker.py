@@ -54,8 +54,8 @@ from schemas.systemone import Limits
 log = structlog.get_logger(__name__)
 
 _POLL_MS = 100  # longest getmany wait, so stop requests and batch deadlines are seen promptly
-# Longest wait for one client to close at shutdown. By then everything is published and
-# committed; a client stuck in a broker round trip must not keep the process from exiting.
+# Longest wait at shutdown for the final commit, then for each client to close: a client
+# stuck in a broker round trip must not keep a drained worker from exiting.
 _CLOSE_S = 20.0
 
 
@@ -217,7 +217,11 @@ class Worker:
         self._dispatch(self._batcher.flush())
         await self._wait_until(lambda: self._idle() or self._fatal is not None, timeout=None)
         if not self.s.exactly_once:
-            await self._commit()
+            try:
+                await asyncio.wait_for(self._commit(), _CLOSE_S)
+            except TimeoutError:
+                # Published but not committed: a restart decides them again, to the same bytes.
+                log.warning("offsets.final_commit_timeout", seconds=_CLOSE_S)
         else:
             await self._wait_until(
                 lambda: all(p.txn_task is None or p.txn_task.done() for p in self._parts.values()),

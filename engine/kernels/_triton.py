@@ -48,6 +48,10 @@ def interpreting() -> bool:
     return type(tl.standard.cdiv).__name__ == "InterpretedFunction"
 
 
+# Set by `engine.kernels.aot.record`: launches are handed to it instead of running.
+RECORDER: Callable[[LazyKernel, tuple[int, ...], tuple[Any, ...], dict[str, Any]], None] | None = None
+
+
 class LazyKernel:
     """A kernel body jitted on first launch; `kernel[grid](*args, **meta)` launches it.
 
@@ -73,6 +77,9 @@ class LazyKernel:
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         def launch(*args: Any, **meta: Any) -> Any:
+            if RECORDER is not None:  # engine.kernels.aot: note the launch, run nothing
+                RECORDER(self, grid, args, meta)
+                return None
             jitted = self._get()
             on_gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
             interp = interpreting()

@@ -55,6 +55,13 @@ libdevice: Any = None
 NUM_WARPS = 4
 
 
+def _attention_warps(head_dim: int) -> int:
+    """Warps of the attention kernel. At head_dim 256 (q, running output and per-piece output
+    [16, 256] fp32, K and V [32, 256]) 4 warps leave sm_90 spilling 6 KB per thread to the stack;
+    8 warps fit in 190 registers (`ops/bench/kernel_resources.py`)."""
+    return 8 if head_dim >= 256 else NUM_WARPS
+
+
 def _block_l(head_dim: int) -> int:
     """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
     return 32 if head_dim >= 256 else 64
@@ -320,7 +327,7 @@ def forest_attention(
     _attn[(qblocks.shape[0], nh)](
         q.contiguous(), qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
         NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], BM=BLOCK_M,
-        BL=_block_l(hd), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        BL=_block_l(hd), num_warps=_attention_warps(hd), enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

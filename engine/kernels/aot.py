@@ -1,0 +1,261 @@
+"""Compile the Triton kernels for a GPU this machine does not have (ahead of time, no driver).
+
+CI has no GPU, and Triton's interpreter accepts programs the compiler rejects (or compiles
+into something that does not fit: shared memory, registers). `record()` runs the public kernel
+wrappers on small CPU tensors without executing anything: every launch they would make is
+recorded with its real constexprs and argument types; `compile_launch` then compiles each one
+for a target such as Hopper (sm_90), through the `ptxas` shipped in the triton wheel.
+
+    with record() as launches:
+        forest_attention(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=4)
+    for launch in launches:
+        print(launch.name, compile_launch(launch).shared_bytes)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import ModelConfig
+from engine.kernels import _triton
+
+HOPPER = ("cuda", 90, 32)  # H100 / H200: compute capability 9.0, warp size 32
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
+_DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+}
+
+
+@dataclass
+class Launch:
+    """One recorded kernel launch: the kernel, its grid, arguments and launch options."""
+
+    kernel: _triton.LazyKernel
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    meta: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+
+@dataclass
+class Compiled:
+    """What the compiler made of a launch: the cubin's resources per thread block."""
+
+    name: str
+    shared_bytes: int
+    registers: int | None  # per thread, from cuobjdump (None when it is not available)
+    local_bytes: int | None  # stack frame + spilled registers
+    cubin: bytes
+
+
+@contextlib.contextmanager
+def record() -> Iterator[list[Launch]]:
+    """Within the block, kernel launches are recorded into the yielded list, not executed."""
+    launches: list[Launch] = []
+    previous = _triton.RECORDER
+    _triton.RECORDER = lambda kernel, grid, args, meta: launches.append(Launch(kernel, grid, args, meta))
+    try:
+        yield launches
+    finally:
+        _triton.RECORDER = previous
+
+
+def _arg_type(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _DTYPES:
+            raise ValueError(f"no Triton pointer type for {value.dtype}")
+        return "*" + _DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise ValueError(f"no Triton argument type for {type(value).__name__}")
+
+
+def compile_launch(launch: Launch, target: tuple[str, int, int] = HOPPER) -> Compiled:
+    """Compile the launch's kernel with its constexprs and argument types for `target`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    fn = launch.kernel.fn
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    fn.__globals__["tl"], fn.__globals__["libdevice"] = tl, libdevice
+    names = list(inspect.signature(fn).parameters)
+    constexprs = {k: v for k, v in launch.meta.items() if k not in _LAUNCH_OPTIONS}
+    constexprs["ON_GPU"] = True
+    if len(launch.args) + len(constexprs) != len(names):
+        raise ValueError(
+            f"{fn.__name__}: {len(launch.args)} arguments and {sorted(constexprs)} do not fill {names}"
+        )
+    signature = {}
+    positional = iter(launch.args)
+    for name in names:
+        signature[name] = "constexpr" if name in constexprs else _arg_type(next(positional))
+    options = {k: v for k, v in launch.meta.items() if k in _LAUNCH_OPTIONS}
+    source = ASTSource(JITFunction(fn), signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget(*target), options=options)
+    cubin = compiled.asm["cubin"]
+    registers, spills = _resource_usage(cubin)
+    return Compiled(fn.__name__, int(compiled.metadata.shared), registers, spills, cubin)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    """Registers per thread and local-memory bytes (stack + spills) of the cubin, via cuobjdump."""
+    import triton.backends.nvidia as nvidia
+
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            text = subprocess.run(
+                [tool, "-res-usage", f.name], capture_output=True, text=True, check=True, timeout=60
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None, None
+    registers = re.search(r"REG:(\d+)", text)
+    local = [int(m) for m in re.findall(r"(?:STACK|LOCAL):(\d+)", text)]
+    return (int(registers.group(1)) if registers else None), (sum(local) if local else None)
+
+
+def _dedupe(launches: list[Launch]) -> list[Launch]:
+    """One launch per distinct compile: kernel, constexprs, options and argument types."""
+    seen: dict[tuple, Launch] = {}
+    for launch in launches:
+        key = (
+            launch.name,
+            tuple(sorted((k, repr(v)) for k, v in launch.meta.items())),
+            tuple(_arg_type(a) for a in launch.args),
+        )
+        seen.setdefault(key, launch)
+    return list(seen.values())
+
+
+def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
+    """Every distinct kernel launch the int8 GPU path makes for a model of `config`'s sizes:
+    the GEMM tiles (small and large M), norms and quantizers at each row length, the level
+    executor's varlen kernels, the decoder's step kernels and the forest body's kernels.
+
+    Runs the public wrappers on small CPU tensors inside `record()`; nothing executes, and the
+    weights are zero-stride views, so a 27B shape costs no memory.
+    """
+    from engine.kernels import (
+        causal_conv_varlen,
+        gated_delta_rule_varlen,
+        int8_gemm,
+        quantize_rows,
+        rms_norm_quantize,
+    )
+    from engine.kernels.decode_attention import attention_prep, decode_attention
+    from engine.kernels.decode_gdn import conv_step, gdn_step
+    from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
+    from engine.kernels.forest_attention import forest_attention, forest_attention_prep
+    from engine.kernels.forest_gdn import forest_conv, forest_gdn
+    from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
+    from engine.kernels.norm import norm_rows
+
+    c = config
+    t = rows
+    h, inter = c.hidden_size, c.intermediate_size
+    nh, nkv, hd = c.num_attention_heads, c.num_kv_heads, c.head_dim
+    hqk, hv = c.linear_num_key_heads, c.linear_num_value_heads
+    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+    conv_dim, width = c.conv_dim, c.conv_kernel
+
+    def f32(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape)
+
+    def weight(n: int, k: int) -> torch.Tensor:
+        return torch.zeros(1, 1, dtype=torch.int8).expand(n, k)
+
+    base = f32(64)
+    n_pieces = 4
+    with record() as launches:
+        q8, scale = torch.zeros(t, h, dtype=torch.int8), f32(t)
+        for m in (t, 1024):  # both tile configs of the GEMM table
+            a, a_scale = torch.zeros(m, h, dtype=torch.int8), f32(m)
+            for n in (h, inter, c.vocab_size):
+                int8_gemm(a, weight(n, h), a_scale, f32(n), backend="triton")
+            int8_gemm(a, weight(h, h), a_scale, f32(h), f32(m, h), backend="triton")
+            a_inter = torch.zeros(m, inter, dtype=torch.int8)
+            int8_gemm(a_inter, weight(h, inter), a_scale, f32(h), f32(m, h), backend="triton")
+        for k in sorted({h, inter, nh * hd, hv * dv, conv_dim}):
+            quantize_rows(f32(t, k), f32(k), backend="triton")
+            rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")
+            norm_rows(f32(t, k), f32(k), 1e-6, backend="triton")
+        norm_rows(f32(t, hqk, dk), None, 1e-6, mean=False, backend="triton")
+        norm_rows(f32(t, hv, dv), f32(dv), 1e-6, backend="triton")
+        # the level executor's varlen kernels
+        offsets = torch.tensor([0, t], dtype=torch.int32)
+        causal_conv_varlen(f32(t, conv_dim), f32(conv_dim, width), offsets, f32(1, conv_dim, width - 1),
+                           backend="triton")  # fmt: skip
+        gated_delta_rule_varlen(
+            f32(t, hqk, dk), f32(t, hqk, dk), f32(t, hv, dv), f32(t, hv), f32(t, hv), offsets,
+            f32(1, hv, dk, dv), backend="triton",
+        )  # fmt: skip
+        # the decoder's step kernels
+        from engine.kernels.decode_rows import PIECE_FIELDS
+        from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
+
+        drows = torch.zeros(t, DECODE_ROW_FIELDS, dtype=torch.int64)
+        dpieces = torch.zeros(t, n_pieces, PIECE_FIELDS, dtype=torch.int64)
+        if width == 4:
+            conv_step(f32(t, conv_dim), f32(conv_dim, width), base, drows, 0)
+        gdn_step(
+            f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, drows, 0,
+            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        )  # fmt: skip
+        rope = f32(t, 2, c.rope_dims)
+        qg, k_rows, v_rows = f32(t, nh * 2 * hd), f32(t, nkv * hd), f32(t, nkv * hd)
+        q = attention_prep(
+            qg, k_rows, v_rows, f32(hd), f32(hd), rope, base, drows, dpieces,
+            num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=1e-6,
+        )  # fmt: skip
+        decode_attention(f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv)
+        gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
+        swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+        # the forest body's kernels (all-padding tables: valid, and nothing would be touched)
+        frows = torch.zeros(t, ROW_FIELDS, dtype=torch.int64)
+        segs = torch.zeros(4, SEG_FIELDS, dtype=torch.int64)
+        fpieces = torch.zeros(4, n_pieces, PIECE_FIELDS, dtype=torch.int64)
+        qblocks = torch.zeros(t // 16 + 4, QBLOCK_FIELDS, dtype=torch.int64)
+        conv_src = torch.zeros(4, width - 1, 2, dtype=torch.int64)
+        forest_attention_prep(
+            qg, k_rows, v_rows, f32(hd), f32(hd), rope, base, frows, segs, fpieces,
+            num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=1e-6,
+        )  # fmt: skip
+        forest_attention(f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv)
+        forest_conv(f32(t, conv_dim), f32(conv_dim, width), base, frows, segs, conv_src, 0)
+        forest_gdn(
+            f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
+            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        )  # fmt: skip
+        del q, q8, scale
+    return _dedupe(launches)
