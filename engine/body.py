@@ -68,7 +68,9 @@ from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
 
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Rows a pass computes: every linear runs on all of them, so steps of at most 1.5x above 256
+# (a 300-token forest runs 384 rows, not 512); each size used captures one graph.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 SEGMENT_BUCKETS = (4, 16, 64, 256)
 PIECE_BUCKETS = (4, 8)
 
@@ -118,7 +120,9 @@ class _Plan:
 class ForestBody:
     """One-pass forest execution for int8 weights on one device (see the module docstring)."""
 
-    def __init__(self, weights: Weights, *, graphs: bool | None = None) -> None:
+    def __init__(self, weights: Weights, *, graphs: bool | None = None, gdn_chunk: int = 0) -> None:
+        """gdn_chunk: 0 runs the recurrence token by token; C > 0 in chunks of C tokens
+        (`engine.kernels.forest_gdn`: the same recurrence in another summation order)."""
         if not isinstance(weights.output, QuantLinear):
             raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")
         self.weights = weights
@@ -140,6 +144,7 @@ class ForestBody:
         self._buckets: dict[tuple[int, int, int, int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.passes = 0
+        self.gdn_chunk = gdn_chunk
 
     # ------------------------------------------------------------------------------ public
     def run(self, forest: Forest) -> ForestOutput:
@@ -442,7 +447,7 @@ class ForestBody:
             forest_gdn(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,
                 j * self.state_size, o,
-                num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
+                num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv, chunk=self.gdn_chunk,
             )  # fmt: skip
         o, z = whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
         q, s = gated_norm_quantize(

@@ -177,7 +177,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_gdn import conv_step, gdn_step
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
     from engine.kernels.forest_attention import forest_attention, forest_attention_prep
-    from engine.kernels.forest_gdn import forest_conv, forest_gdn
+    from engine.kernels.forest_gdn import CHUNK, forest_conv, forest_gdn
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
     from engine.kernels.norm import norm_rows
 
@@ -256,6 +256,10 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         forest_gdn(
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
             num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        )  # fmt: skip
+        forest_gdn(
+            f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
+            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK,
         )  # fmt: skip
         del q, q8, scale
     return _dedupe(launches)

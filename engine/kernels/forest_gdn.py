@@ -64,6 +64,8 @@ BLOCK_C = 128
 BLOCK_S = 16
 BLOCK_V = 32
 NUM_WARPS = 4
+CHUNK = 64  # tokens per step of the chunked recurrence
+CHUNK_WARPS = 8
 
 # The kernel bodies read the table fields at these fixed positions.
 assert (ROW_SEG, ROW_LOCAL, ROW_LIVE, ROW_FIELDS) == (0, 1, 2, 4)
@@ -211,8 +213,79 @@ def _forest_gdn_kernel(
         tl.store(base_ptr + state_out + blk, s)
 
 
+def _forest_gdn_chunk_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr,
+    level, layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The same recurrence as `_forest_gdn_kernel`, BC tokens at a time (see `forest_gdn`)."""
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, DK)
+    offs_c = tl.arange(0, BC)
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    live = tl.load(rec + 7)
+    seg_level = tl.load(rec + 2)
+    if (live != 0) & (seg_level == level):
+        tok_lo = tl.load(rec)
+        length = tl.load(rec + 1)
+        state_in = tl.load(rec + 3)
+        has_in = tl.load(rec + 4)
+        state_out = tl.load(rec + 5)
+        hk = h // (HV // HQK)
+        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0
+        s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)  # [DK, BV]
+        ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
+        dt = tl.load(dt_ptr + h).to(tl.float32)
+        below = offs_c[:, None] > offs_c[None, :]  # strictly earlier token j < i
+        causal = offs_c[:, None] >= offs_c[None, :]
+        eye = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
+        for c0 in range(0, length, BC):
+            valid = (c0 + offs_c) < length
+            rows = tok_lo + c0 + offs_c
+            src = conv_ptr + rows[:, None] * stride_conv
+            q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+            q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+            k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
+            b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+            beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+            x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
+            soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+            soft = tl.where(x > 20.0, x, soft)
+            g = tl.where(valid, ssm_a * soft, 0.0)  # log decay per token; 0 past the segment end
+            gam = tl.cumsum(g, axis=0)  # decay from the chunk start through token i
+            # exp(gam_i - gam_j) for j <= i (at most 1: g <= 0); 0 above the diagonal
+            decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))
+            kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+            a_mat = tl.where(below, (beta[:, None] * kk) * decay, 0.0)
+            # T = (I + A)^-1, A strictly lower: row i of T is e_i - A_i T (rows j < i final)
+            t_mat = eye
+            for i in range(1, BC):
+                a_row = tl.sum(tl.where(offs_c[:, None] == i, a_mat, 0.0), axis=0)
+                t_row = -tl.sum(a_row[:, None] * t_mat, axis=0)
+                t_mat = tl.where(offs_c[:, None] == i, eye + t_row[None, :], t_mat)
+            # u = T (beta v) - T (beta exp(gam) k) S: the chunk's delta-rule updates
+            w = tl.dot(t_mat, k * (beta * tl.exp(gam))[:, None], input_precision="ieee")
+            u = tl.dot(t_mat, v * beta[:, None], input_precision="ieee")
+            u = u - tl.dot(w, s, input_precision="ieee")
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            o = tl.dot(q * tl.exp(gam)[:, None], s, input_precision="ieee")
+            o = o + tl.dot(tl.where(causal, qk * decay, 0.0), u, input_precision="ieee")
+            tl.store(o_ptr + (rows[:, None] * HV + h) * DV + offs_v[None, :], o, mask=valid[:, None])
+            g_all = tl.sum(g, axis=0)
+            kd = k * tl.exp(g_all - gam)[:, None]
+            s = s * tl.exp(g_all) + tl.dot(tl.trans(kd), u, input_precision="ieee")
+        tl.store(base_ptr + state_out + blk, s)
+
+
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
+_gdn_chunked = kernel(_forest_gdn_chunk_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -367,6 +440,7 @@ def forest_gdn(
     num_v_heads: int,
     k_dim: int,
     v_dim: int,
+    chunk: int = 0,
     backend: Backend = "triton",
 ) -> None:
     """The delta-rule recurrence of one level's segments; writes their rows of `out` and final states.
@@ -376,8 +450,19 @@ def forest_gdn(
     of live segments with segs[:, SEG_LEVEL] == level. A segment starts from the [HV, dk, dv]
     block at base + state_in + layer_off (has_state_in) or zeros, and leaves its final state at
     base + state_out + layer_off (layer_off = j * HV * dk * dv for GDN layer j).
+
+    chunk 0: token by token, exactly the decode step's arithmetic. chunk C (a power of two >= 16):
+    the chunked form, C tokens per step in matrix products (chunks start at the segment start):
+    with gam the cumulative log decay inside the chunk, A_ij = beta_i exp(gam_i - gam_j) k_i.k_j
+    (j < i) and T = (I + A)^-1, the chunk's updates are U = T (beta v) - T (beta exp(gam) k) S,
+    its outputs exp(gam_i) S^T q_i + sum_{j<=i} exp(gam_i - gam_j) (q_i.k_j) u_j, and the state
+    leaves as exp(gam_C) S + sum_j exp(gam_C - gam_j) k_j u_j^T: the same recurrence, summed in
+    another order (equal to rounding, not bitwise), with no token-to-token dependency inside a
+    chunk. Either way a segment's bits depend on its own tokens and initial state alone.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
+    if chunk and (chunk < 16 or chunk & (chunk - 1)):
+        raise ValueError(f"chunk must be 0 or a power of two >= 16, got {chunk}")
     if conv.dim() != 2 or conv.dtype != torch.float32 or conv.shape[1] != 2 * hqk * dk + hv * dv:
         raise ValueError(
             f"conv must be fp32 [T, {2 * hqk * dk + hv * dv}] (q | k | v of the given heads), "
@@ -418,13 +503,20 @@ def forest_gdn(
     conv = conv if conv.stride(1) == 1 else conv.contiguous()
     b_raw = b_raw if b_raw.stride(1) == 1 else b_raw.contiguous()
     a_raw = a_raw if a_raw.stride(1) == 1 else a_raw.contiguous()
-    _gdn[(s, hv, dv // bv)](
+    args = (
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, segs, out,
         level, layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
         dk**-0.5, L2NORM_EPS,
-        HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
+    if chunk:
+        _gdn_chunked[(s, hv, dv // bv)](
+            *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk,
+            num_warps=CHUNK_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+    else:
+        _gdn[(s, hv, dv // bv)](
+            *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, num_warps=NUM_WARPS, enable_fp_fusion=False
+        )
 
 
 # ------------------------------------------------------------------------ torch references

@@ -308,6 +308,7 @@ def main() -> None:
     ap.add_argument("--decode-eager", action="store_true", help="decode without CUDA graphs (same kernels)")
     ap.add_argument("--levels", action="store_true", help="forests level by level (engine.executor)")
     ap.add_argument("--body-eager", action="store_true", help="one-pass forests without CUDA graphs")
+    ap.add_argument("--gdn-chunk", type=int, default=0, help="body: GDN recurrence in chunks of N tokens")
     ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
@@ -320,7 +321,11 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
-    body = None if args.levels else ForestBody(weights, graphs=False if args.body_eager else None)
+    body = (
+        None
+        if args.levels
+        else ForestBody(weights, graphs=False if args.body_eager else None, gdn_chunk=args.gdn_chunk)
+    )
     run = body.run if body is not None else (lambda f: run_forest(weights, f))
     root = run(build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None, body=body)

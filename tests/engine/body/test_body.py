@@ -158,3 +158,15 @@ def test_the_bucket_a_forest_lands_in_does_not_change_its_bits(
     monkeypatch.setattr(body_module, "SEGMENT_BUCKETS", (1,))
     exact = ForestBody(engine.weights)
     _assert_same_bits(expected, _result(*_run(exact, segs), [0, 1, 2], segs))
+
+
+def test_the_chunked_recurrence_agrees_with_the_token_by_token_one(engine: Engine, body: ForestBody) -> None:
+    """gdn_chunk=16 over segments longer than a chunk: the same answers, logits to int8 rounding."""
+    g = torch.Generator().manual_seed(9)
+    segs = _request(g, engine.root, 45, [20, 3])
+    forest = build_forest(segs)
+    want = body.run(forest).logits
+    got = ForestBody(engine.weights, gdn_chunk=16).run(forest).logits
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    errors = ((got - want).abs().amax(-1) / want.abs().amax(-1)).tolist()
+    assert max(errors) <= 2e-2, errors

@@ -443,3 +443,71 @@ def test_bad_tables_are_named(gen: torch.Generator) -> None:
             fn(**kw)
     # a table that is valid but for another level's segment is not checked at this level
     gdn(segs=edit(case.segs, (2, SEG_STATE_OUT), base.numel()))
+
+
+def _long_forest(dev: torch.device, gen: torch.Generator, lengths: list[int], first_row: list[int], t: int):
+    """A root of lengths[0] tokens from a stored state, its child of lengths[1] (level 1): tables,
+    inputs, and the pool (its state blocks at known offsets)."""
+    pool = Pool(4 * N_GDN * STATE + 64, dev, gen)
+    pool.base.mul_(0.3)
+    stored, out0, out1 = (pool.take(N_GDN * STATE) for _ in range(3))
+    segs = torch.zeros(2, SEG_FIELDS, dtype=torch.int64)
+    segs[:, SEG_LIVE] = 1
+    segs[0, [SEG_TOK_LO, SEG_LENGTH, SEG_LEVEL, SEG_STATE_IN, SEG_HAS_STATE_IN, SEG_STATE_OUT]] = (
+        torch.tensor([first_row[0], lengths[0], 0, stored, 1, out0])
+    )
+    segs[1, [SEG_TOK_LO, SEG_LENGTH, SEG_LEVEL, SEG_STATE_IN, SEG_HAS_STATE_IN, SEG_STATE_OUT]] = (
+        torch.tensor([first_row[1], lengths[1], 1, out0, 1, out1])
+    )
+    conv = torch.randn(t, C, generator=gen).to(dev)
+    ab = torch.randn(t, 2 * HV, generator=gen).to(dev)
+    ssm_a = -torch.rand(HV, generator=gen).to(dev) - 0.1
+    dt = torch.randn(HV, generator=gen).to(dev) * 0.1
+    return pool, segs.to(dev), conv, ab[:, :HV], ab[:, HV:], ssm_a, dt, (out0, out1)
+
+
+def _run_levels(
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk: int, backend: str = "triton"
+) -> torch.Tensor:
+    out = torch.zeros(conv.shape[0], HV, DV, device=conv.device)
+    for level in range(2):
+        forest_gdn(
+            conv, b_raw, a_raw, ssm_a, dt, pool.base, segs, level, LAYER * STATE, out, **KW,
+            chunk=chunk, backend=backend,
+        )  # fmt: skip
+    return out
+
+
+def test_chunked_recurrence_equals_the_token_by_token_one(dev: torch.device, gen: torch.Generator) -> None:
+    """Chunks of 16 over segments of 40 and 21 tokens (partial chunks, a child starting from its
+    parent's final state): outputs and final states agree with the token-by-token kernel and the
+    torch reference to fp32 rounding; and a segment's bits alone equal its bits packed."""
+    lengths, t = [40, 21], 64
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, lengths, [3, 43], t)
+    before = pool.base.clone()
+    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=16)
+    got_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
+    pool.base.copy_(before)
+    ref = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0, backend="torch")
+    ref_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
+    pool.base.copy_(before)
+    step = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0)
+    rows = [*range(3, 43), *range(43, 64)]
+    torch.testing.assert_close(got[rows], ref[rows], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[rows], step[rows], rtol=1e-4, atol=1e-5)
+    for g, r in zip(got_states, ref_states, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    assert not got[rows].isnan().any()
+    # the child alone: its rows at 0, its parent's final state (from the packed run) as its start
+    pool.base.copy_(before)
+    _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=16)
+    alone_segs = segs[1:].clone()
+    alone_segs[0, SEG_TOK_LO], alone_segs[0, SEG_LEVEL] = 0, 0
+    idx = torch.arange(43, 64, device=dev)
+    out = torch.zeros(21, HV, DV, device=dev)
+    forest_gdn(
+        conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt, pool.base, alone_segs, 0, LAYER * STATE, out, **KW,
+        chunk=16,
+    )  # fmt: skip
+    assert torch.equal(out, got[43:64])
+    assert torch.equal(pool.base[outs[1] + LAYER * STATE :][:STATE], got_states[1])
