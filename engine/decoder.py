@@ -33,13 +33,17 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine import kernels
 from engine.config import ModelConfig
 from engine.forest import SegmentState
-from engine.int8_rows import gemm, norm_quantize, whole_rows
+from engine.int8_rows import (
+    attention_output_residual,
+    gdn_output_residual,
+    lm_head,
+    mlp_residual,
+    projections,
+)
 from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
-from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.decode_rows import (
     CONV_OFF,
     LIVE,
@@ -326,27 +330,19 @@ class Decoder:
                 h = self._attention(i, layer, h, bucket)
             else:
                 h = self._deltanet(i, layer, h, bucket)
-            gate_up = norm_quantize(
-                h, layer["post_attention_norm"], c.rms_norm_eps, [layer["ffn_gate"], layer["ffn_up"]]
-            )
-            gate, up = (gemm(q, s, lin) for lin, (q, s) in gate_up)
-            gate, up = whole_rows(layer["ffn_down"], gate, up)
-            q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
-            h = gemm(q, s, layer["ffn_down"], residual=h)
-        ((lin, (q, s)),) = norm_quantize(h, w.output_norm, c.rms_norm_eps, [w.output])
-        return gemm(q, s, lin)
+            h = mlp_residual(h, layer, c.rms_norm_eps)
+        return lm_head(h, w.output_norm, w.output, c.rms_norm_eps)
 
     def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         j = self._gdn_index[i]
-        ins = norm_quantize(
+        qkv, z, b_raw, a_raw = projections(
             h,
             layer["attn_norm"],
             c.rms_norm_eps,
-            [layer["attn_qkv"], layer["attn_gate"], layer["ssm_beta"], layer["ssm_alpha"]],
+            [layer[n] for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
         )
-        qkv, z, b_raw, a_raw = (gemm(q, s, lin) for lin, (q, s) in ins)
         conv = conv_step(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * c.conv_dim * (c.conv_kernel - 1)
         )
@@ -354,24 +350,18 @@ class Decoder:
             conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows, j * nv * dk * dv,
             num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
-        o, z = whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
-        o = o.view(o.shape[0], -1, dv)
-        q, s = gated_norm_quantize(o, z, layer["ssm_norm"], layer["ssm_out"].smooth, c.rms_norm_eps)
-        return gemm(q, s, layer["ssm_out"], residual=h)
+        return gdn_output_residual(o, z, layer, c.rms_norm_eps, h)
 
     def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         pieces = bucket.pieces[self._attn_index[i]]
-        ins = norm_quantize(
+        qg, k, v = projections(
             h, layer["attn_norm"], c.rms_norm_eps, [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
         )
-        qg, k, v = (gemm(q, s, lin) for lin, (q, s) in ins)
         q = attention_prep(
             qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
             num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
             eps=c.rms_norm_eps,
         )  # fmt: skip
         out = decode_attention(q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads)
-        (out,) = whole_rows(layer["attn_output"], out)
-        q8, s8 = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
-        return gemm(q8, s8, layer["attn_output"], residual=h)
+        return attention_output_residual(out, layer, h)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine import kernels
+from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.norm import norm_rows
 from engine.quant import QuantLinear, int8_matmul
 from engine.tp import RowParallelLinear
@@ -66,3 +67,41 @@ def gemm(
     if q.is_cuda:
         return kernels.int8_gemm(q, lin.qweight, scale, lin.w_scale, residual)
     return kernels.scale_int32(int8_matmul(q, lin.qweight), scale, lin.w_scale, residual)
+
+
+def projections(
+    x: torch.Tensor, norm: torch.Tensor, eps: float, linears: list[QuantLinear]
+) -> list[torch.Tensor]:
+    """linear(rms_norm(x) * norm) for each of `linears` (sharing quantizations where they can)."""
+    return [gemm(q, s, lin) for lin, (q, s) in norm_quantize(x, norm, eps, linears)]
+
+
+def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
+    """h + ffn_down(silu(ffn_gate(x)) * ffn_up(x)), x = post-attention rms_norm(h): the layer's MLP."""
+    gate, up = projections(h, layer["post_attention_norm"], eps, [layer["ffn_gate"], layer["ffn_up"]])
+    gate, up = whole_rows(layer["ffn_down"], gate, up)
+    q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
+    return gemm(q, s, layer["ffn_down"], residual=h)
+
+
+def gdn_output_residual(
+    o: torch.Tensor, z: torch.Tensor, layer: dict, eps: float, h: torch.Tensor
+) -> torch.Tensor:
+    """h + ssm_out(rms_norm(o) * ssm_norm * silu(z)) per value head; o fp32 [B, HV, dv]."""
+    dv = o.shape[-1]
+    o, z = whole_rows(layer["ssm_out"], o.reshape(o.shape[0], -1), z)
+    q, s = gated_norm_quantize(o.view(o.shape[0], -1, dv), z, layer["ssm_norm"], layer["ssm_out"].smooth, eps)
+    return gemm(q, s, layer["ssm_out"], residual=h)
+
+
+def attention_output_residual(out: torch.Tensor, layer: dict, h: torch.Tensor) -> torch.Tensor:
+    """h + attn_output(out), out the gated attention rows fp32 [B, nh * hd]."""
+    (out,) = whole_rows(layer["attn_output"], out)
+    q, s = kernels.quantize_rows(out, layer["attn_output"].smooth, backend="triton")
+    return gemm(q, s, layer["attn_output"], residual=h)
+
+
+def lm_head(h: torch.Tensor, norm: torch.Tensor, output: QuantLinear, eps: float) -> torch.Tensor:
+    """Logits fp32 [B, vocab] of the final rms_norm(h) * norm."""
+    ((lin, (q, s)),) = norm_quantize(h, norm, eps, [output])
+    return gemm(q, s, lin)
