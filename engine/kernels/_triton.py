@@ -66,12 +66,8 @@ class LazyKernel:
     def _get(self) -> Any:
         if self._jitted is None:
             import triton
-            import triton.language as tl
-            from triton.language.extra import libdevice
 
-            module_globals = self.fn.__globals__
-            module_globals["tl"] = tl
-            module_globals["libdevice"] = libdevice
+            bind(self.fn)
             self._jitted = triton.jit(self.fn)
         return self._jitted
 
@@ -98,6 +94,39 @@ class LazyKernel:
 
 def kernel(fn: Callable[..., Any]) -> LazyKernel:
     return LazyKernel(fn)
+
+
+class LazyHelper:
+    """A function kernels call (inlined by Triton), jitted when the first kernel naming it is."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._jitted: Any = None
+
+    def jitted(self) -> Any:
+        if self._jitted is None:
+            import triton
+
+            self._jitted = triton.jit(self.fn)  # first: binding its own module finds it done
+            bind(self.fn)
+        return self._jitted
+
+
+def helper(fn: Callable[..., Any]) -> LazyHelper:
+    return LazyHelper(fn)
+
+
+def bind(fn: Callable[..., Any]) -> None:
+    """Bind `tl`/`libdevice` in fn's module and swap the helpers it names for their jitted form."""
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    module_globals = fn.__globals__
+    module_globals["tl"] = tl
+    module_globals["libdevice"] = libdevice
+    for name, value in list(module_globals.items()):
+        if isinstance(value, LazyHelper):
+            module_globals[name] = value.jitted()
 
 
 def triton_loaded() -> bool:

@@ -101,10 +101,7 @@ def compile_launch(launch: Launch, target: tuple[str, int, int] = HOPPER) -> Com
     from triton.runtime.jit import JITFunction
 
     fn = launch.kernel.fn
-    import triton.language as tl
-    from triton.language.extra import libdevice
-
-    fn.__globals__["tl"], fn.__globals__["libdevice"] = tl, libdevice
+    _triton.bind(fn)
     names = list(inspect.signature(fn).parameters)
     constexprs = {k: v for k, v in launch.meta.items() if k not in _LAUNCH_OPTIONS}
     constexprs["ON_GPU"] = True

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+from engine.kernels._triton import Backend, helper, kernel, next_pow2, use_triton
 from engine.kernels.decode_rows import (
     HEAD_ROWS,
     K_OFF,
@@ -49,6 +49,25 @@ def _block_l(head_dim: int) -> int:
     return 32 if head_dim >= 256 else 64
 
 
+def _norm_rope(src, w_ptr, rope_ptr, eps, HD: tl.constexpr, RD: tl.constexpr):
+    """One head vector at src: RMS-normalised (weights at w_ptr), then partial NeoX RoPE with the
+    row's cos at rope_ptr and sin at rope_ptr + RD (the first RD dims rotate, halves paired)."""
+    offs = tl.arange(0, HD)
+    half = RD // 2
+    in_rope = offs < RD
+    partner = tl.where(offs < half, offs + half, offs - half)
+    partner = tl.where(in_rope, partner, offs)
+    sign = tl.where(offs < half, -1.0, 1.0)
+    cos = tl.load(rope_ptr + offs, mask=in_rope, other=1.0)
+    sin = tl.load(rope_ptr + RD + offs, mask=in_rope, other=0.0)
+    x = tl.load(src + offs).to(tl.float32)
+    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), HD * 1.0) + eps)
+    y = (x * inv) * tl.load(w_ptr + offs).to(tl.float32)
+    xp = tl.load(src + partner).to(tl.float32)
+    yp = (xp * inv) * tl.load(w_ptr + partner).to(tl.float32)
+    return tl.where(in_rope, y * cos + (sign * yp) * sin, y)
+
+
 def _prep_kernel(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
     stride_qg, stride_k, stride_v, eps,
@@ -61,13 +80,6 @@ def _prep_kernel(
     tlen = tl.load(rows_ptr + row * 5 + 1)
     live = tl.load(rows_ptr + row * 5 + 4)
     offs = tl.arange(0, HD)
-    half = RD // 2
-    in_rope = offs < RD
-    partner = tl.where(offs < half, offs + half, offs - half)
-    partner = tl.where(in_rope, partner, offs)
-    sign = tl.where(offs < half, -1.0, 1.0)
-    cos = tl.load(rope_ptr + row * 2 * RD + offs, mask=in_rope, other=1.0)
-    sin = tl.load(rope_ptr + row * 2 * RD + RD + offs, mask=in_rope, other=0.0)
     is_q = j < NH
     if is_q:
         src = qg_ptr + row * stride_qg + j * 2 * HD  # attn_q interleaves [q_h | gate_h] per head
@@ -75,12 +87,7 @@ def _prep_kernel(
     else:
         src = k_ptr + row * stride_k + (j - NH) * HD
         w_ptr = kn_ptr
-    x = tl.load(src + offs).to(tl.float32)
-    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), HD * 1.0) + eps)
-    y = (x * inv) * tl.load(w_ptr + offs).to(tl.float32)
-    xp = tl.load(src + partner).to(tl.float32)
-    yp = (xp * inv) * tl.load(w_ptr + partner).to(tl.float32)
-    out = tl.where(in_rope, y * cos + (sign * yp) * sin, y)
+    out = _norm_rope(src, w_ptr, rope_ptr + row * 2 * RD, eps, HD, RD)
     if is_q:
         tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
     else:
@@ -162,6 +169,7 @@ def _attention_kernel(
     tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
 
 
+_norm_rope = helper(_norm_rope)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 

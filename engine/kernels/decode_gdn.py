@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF
 from engine.reference import L2NORM_EPS
 
@@ -69,6 +69,23 @@ def _conv_step_kernel(
     tl.store(tail + 2, x, mask=m)
 
 
+def _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU: tl.constexpr):
+    """One token of the gated delta rule on a state block s [DK, BV] from the token's conv output
+    q, k [DK] (raw: l2-normalised here), v [BV], beta logit b and alpha + dt x: returns (s, o)."""
+    q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
+    k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+    soft = tl.where(x > 20.0, x, soft)
+    g = ssm_a * soft
+    s = s * tl.exp(g)
+    predicted = tl.sum(s * k[:, None], axis=0)
+    delta = beta * (v - predicted)
+    s = s + k[:, None] * delta[None, :]
+    o = tl.sum(s * q[:, None], axis=0)
+    return s, o
+
+
 def _gdn_step_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, rows_ptr, o_ptr,
     layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
@@ -86,27 +103,18 @@ def _gdn_step_kernel(
     q = tl.load(src + hk * DK + offs_k)
     k = tl.load(src + HQK * DK + hk * DK + offs_k)
     v = tl.load(src + 2 * HQK * DK + h * DV + offs_v)
-    q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
-    k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
     b = tl.load(b_ptr + row * stride_b + h).to(tl.float32)
-    beta = 1.0 / (1.0 + tl.exp(-b))
     x = tl.load(a_ptr + row * stride_a + h).to(tl.float32) + tl.load(dt_ptr + h).to(tl.float32)
-    soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
-    soft = tl.where(x > 20.0, x, soft)
-    g = tl.load(ssm_a_ptr + h).to(tl.float32) * soft
-
+    ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
     ptrs = base_ptr + state_off + layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
     smask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + live) != 0
     s = tl.load(ptrs, mask=smask, other=0.0)
-    s = s * tl.exp(g)
-    predicted = tl.sum(s * k[:, None], axis=0)
-    delta = beta * (v - predicted)
-    s = s + k[:, None] * delta[None, :]
-    o = tl.sum(s * q[:, None], axis=0)
+    s, o = _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU)
     tl.store(ptrs, s, mask=smask)
     tl.store(o_ptr + (row * HV + h) * DV + offs_v, o)
 
 
+_gdn_token = helper(_gdn_token)  # type: ignore[assignment]
 _conv = kernel(_conv_step_kernel)
 _gdn = kernel(_gdn_step_kernel)
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, kernel, use_triton
+from engine.kernels.decode_attention import _norm_rope
 from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -80,13 +81,6 @@ def _prep_kernel(
     seg = tl.where(live != 0, tl.load(rows_ptr + row * 4), 0)  # padding: read slot 0, write nothing
     local = tl.load(rows_ptr + row * 4 + 1)
     offs = tl.arange(0, HD)
-    half = RD // 2
-    in_rope = offs < RD
-    partner = tl.where(offs < half, offs + half, offs - half)
-    partner = tl.where(in_rope, partner, offs)
-    sign = tl.where(offs < half, -1.0, 1.0)
-    cos = tl.load(rope_ptr + row * 2 * RD + offs, mask=in_rope, other=1.0)
-    sin = tl.load(rope_ptr + row * 2 * RD + RD + offs, mask=in_rope, other=0.0)
     is_q = j < NH
     if is_q:
         src = qg_ptr + row * stride_qg + j * 2 * HD  # attn_q interleaves [q_h | gate_h] per head
@@ -94,12 +88,7 @@ def _prep_kernel(
     else:
         src = k_ptr + row * stride_k + (j - NH) * HD
         w_ptr = kn_ptr
-    x = tl.load(src + offs).to(tl.float32)
-    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(x * x, axis=0), HD * 1.0) + eps)
-    y = (x * inv) * tl.load(w_ptr + offs).to(tl.float32)
-    xp = tl.load(src + partner).to(tl.float32)
-    yp = (xp * inv) * tl.load(w_ptr + partner).to(tl.float32)
-    out = tl.where(in_rope, y * cos + (sign * yp) * sin, y)
+    out = _norm_rope(src, w_ptr, rope_ptr + row * 2 * RD, eps, HD, RD)  # the decode prep's math
     if is_q:
         tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
     else:

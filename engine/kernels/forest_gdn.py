@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+from engine.kernels.decode_gdn import _gdn_token
 from engine.kernels.forest_tables import (
     CONV_ROW,
     CONV_TAIL,
@@ -190,25 +191,17 @@ def _forest_gdn_kernel(
         blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
         imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
         s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
+        ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
+        dt = tl.load(dt_ptr + h).to(tl.float32)
         for t in range(tok_lo, tok_lo + length):
-            # one token: exactly decode_gdn's _gdn_step_kernel
+            # one token: exactly the decode step's arithmetic (decode_gdn._gdn_token)
             src = conv_ptr + t * stride_conv
             q = tl.load(src + hk * DK + offs_k)
             k = tl.load(src + HQK * DK + hk * DK + offs_k)
             v = tl.load(src + 2 * HQK * DK + h * DV + offs_v)
-            q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * q_scale
-            k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
             b = tl.load(b_ptr + t * stride_b + h).to(tl.float32)
-            beta = 1.0 / (1.0 + tl.exp(-b))
-            x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + tl.load(dt_ptr + h).to(tl.float32)
-            soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
-            soft = tl.where(x > 20.0, x, soft)
-            g = tl.load(ssm_a_ptr + h).to(tl.float32) * soft
-            s = s * tl.exp(g)
-            predicted = tl.sum(s * k[:, None], axis=0)
-            delta = beta * (v - predicted)
-            s = s + k[:, None] * delta[None, :]
-            o = tl.sum(s * q[:, None], axis=0)
+            x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt
+            s, o = _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU)
             tl.store(o_ptr + (t * HV + h) * DV + offs_v, o)
         tl.store(base_ptr + state_out + blk, s)
 
