@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, kernel, use_triton
-from engine.kernels.decode_attention import _norm_rope
+from engine.kernels.decode_attention import _norm_rope, _view
 from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -322,12 +322,6 @@ def forest_attention(
 
 
 # ------------------------------------------------------------------------ torch references
-def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Tensor:
-    """The fp32 block at base + off (inside base's storage) as [heads, rows, hd]; a view."""
-    h, r, d = shape
-    return torch.as_strided(base, shape, (r * d, d, 1), base.storage_offset() + off)
-
-
 def forest_attention_prep_reference(
     qg: torch.Tensor,
     k: torch.Tensor,

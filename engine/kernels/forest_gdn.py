@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_gdn import _gdn_token
 from engine.kernels.forest_tables import (
     CONV_ROW,
@@ -75,6 +75,38 @@ assert (SEG_STATE_OUT, SEG_CONV_OUT, SEG_LIVE, SEG_FIELDS) == (5, 6, 7, 8)
 assert (CONV_ZERO, CONV_ROW, CONV_TAIL) == (0, 1, 2)
 
 
+def _input_at(
+    x_ptr, base_ptr, src_ptr, tok_lo, slot, lp, live, offs_c, cmask, tail_c, stride_x, layer_off,
+    W: tl.constexpr,
+):  # fmt: skip
+    """Pre-conv inputs [rows, channels] at local positions lp of segments `slot` (per row): their
+    own packed rows where lp >= 0, else conv_src[slot, W - 1 + lp] - a row of this pass, a
+    stored tail's column, or zero. Dead rows (live false) read zeros."""
+    own = live & (lp >= 0)
+    pre = live & (lp < 0)
+    xv = tl.load(
+        x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
+        mask=own[:, None] & cmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    src = (slot * (W - 1) + lp + (W - 1)) * 2
+    kind = tl.load(src_ptr + src, mask=pre, other=0)
+    val = tl.load(src_ptr + src + 1, mask=pre, other=0)
+    from_row = pre & (kind == 1)
+    from_tail = pre & (kind == 2)
+    rv = tl.load(
+        x_ptr + val[:, None] * stride_x + offs_c[None, :],
+        mask=from_row[:, None] & cmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    tv = tl.load(
+        base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
+        mask=from_tail[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    return tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+
+
 def _forest_conv_kernel(
     x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
     layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
@@ -97,30 +129,9 @@ def _forest_conv_kernel(
         acc = tl.zeros((BT, BC), dtype=tl.float32)
         for j in tl.static_range(W):
             lp = local - (W - 1) + j  # local position of window element j (oldest first)
-            own = live & (lp >= 0)
-            xv = tl.load(
-                x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
-                mask=own[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            if j < W - 1:  # only the older window elements can lie before the segment
-                pre = live & (lp < 0)
-                src = (seg * (W - 1) + lp + (W - 1)) * 2  # conv_src[seg, W - 1 + lp]
-                kind = tl.load(src_ptr + src, mask=pre, other=0)
-                val = tl.load(src_ptr + src + 1, mask=pre, other=0)
-                from_row = pre & (kind == 1)
-                from_tail = pre & (kind == 2)
-                rv = tl.load(
-                    x_ptr + val[:, None] * stride_x + offs_c[None, :],
-                    mask=from_row[:, None] & cmask[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                tv = tl.load(
-                    base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
-                    mask=from_tail[:, None] & cmask[None, :],
-                    other=0.0,
-                )
-                xv = tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+            xv = _input_at(
+                x_ptr, base_ptr, src_ptr, tok_lo, seg, lp, live, offs_c, cmask, tail_c, stride_x, layer_off, W
+            )
             wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
             acc += xv * wj[None, :]
         acc = acc / (1.0 + tl.exp(-acc))  # padding rows: acc = 0, SiLU(0) = 0
@@ -140,31 +151,13 @@ def _forest_conv_kernel(
         conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
         m = live[:, None] & cmask[None, :]
         dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
+        slots = offs_s.to(tl.int64)
         for k in tl.static_range(W - 1):
             lp = length - (W - 1) + k
-            own = live & (lp >= 0)
-            pre = live & (lp < 0)
-            xv = tl.load(
-                x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
-                mask=own[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            src = (offs_s.to(tl.int64) * (W - 1) + lp + (W - 1)) * 2
-            kind = tl.load(src_ptr + src, mask=pre, other=0)
-            val = tl.load(src_ptr + src + 1, mask=pre, other=0)
-            from_row = pre & (kind == 1)
-            from_tail = pre & (kind == 2)
-            rv = tl.load(
-                x_ptr + val[:, None] * stride_x + offs_c[None, :],
-                mask=from_row[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            tv = tl.load(
-                base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
-                mask=from_tail[:, None] & cmask[None, :],
-                other=0.0,
-            )
-            xv = tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+            xv = _input_at(
+                x_ptr, base_ptr, src_ptr, tok_lo, slots, lp, live, offs_c, cmask, tail_c, stride_x,
+                layer_off, W,
+            )  # fmt: skip
             tl.store(dst + k, xv, mask=m)
 
 
@@ -276,6 +269,7 @@ def _forest_gdn_chunk_kernel(
         tl.store(base_ptr + state_out + blk, s)
 
 
+_input_at = helper(_input_at)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
 _gdn_chunked = kernel(_forest_gdn_chunk_kernel)

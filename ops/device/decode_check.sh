@@ -5,15 +5,9 @@
 #   STAGE=bench  bash ops/device/decode_check.sh     # benchmarks only (SHAPES, default "4B 27B")
 # Needs the wheels the image lacks in .gpuwheels/ (carry it). Uses GPU 0.
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
 STAGE=${STAGE:-all}
-mkdir -p "$OUT"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpuwheels/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-git log -1 --format='commit %H' 2>/dev/null || true
+source ops/device/setup.sh
 if [ "$STAGE" != bench ]; then
     # --confcutdir keeps pytest off tests/conftest.py (Kafka fixtures need packages the image lacks)
     python3 -m pytest tests/engine/kernels/test_kernel_decode.py -q --confcutdir=tests/engine/kernels \

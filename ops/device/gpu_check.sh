@@ -2,13 +2,7 @@
 # On the GPU machine, from the repo root: CUDA tests of the int8 path and kernels, then the
 # engine benchmark at 4B/9B/27B shapes. Needs the wheels the image lacks in .gpuwheels/ (carry it).
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpuwheels/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-git log -1 --format='commit %H' 2>/dev/null || true
+source ops/device/setup.sh
 # --confcutdir keeps pytest off tests/conftest.py (Kafka fixtures need packages the image lacks)
 python3 -m pytest tests/engine/kernels -q --confcutdir=tests/engine/kernels -p no:cacheprovider -o addopts="" \
     2>&1 | tee "$OUT/pytest_kernels.log" | tail -3

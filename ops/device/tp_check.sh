@@ -4,13 +4,8 @@
 # the 27B shape on 2 GPUs (bench_tp) beside one GPU (bench_engine) in the same session.
 # Needs the wheels the image lacks in .gpuwheels/ (carry it).
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpuwheels/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-git log -1 --format='commit %H' 2>/dev/null || true
+source ops/device/setup.sh
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off (see KINDS.md)
 python3 -m pytest tests/engine/test_tp.py tests/engine/test_int8_invariance.py -k "cuda or tp" -q \
     --confcutdir=tests/engine -p no:cacheprovider -o addopts="" -rs 2>&1 | tee "$OUT/pytest_tp.log" | tail -5
 python3 ops/bench/bench_tp.py --shape "${SHAPE:-27B}" --tp 2 --json "$OUT/bench_tp2.json" ${TP_ARGS:-} \

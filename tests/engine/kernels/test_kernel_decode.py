@@ -13,20 +13,7 @@ from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF, THOUGHT_LEN
 from engine.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
-
-
-class Pool:
-    """One fp32 tensor holding every state block, so the torch references can view them too."""
-
-    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
-        self.base = torch.randn(n, generator=gen).to(dev)
-        self.used = 0
-
-    def take(self, n: int) -> int:
-        off = self.used
-        self.used += (n + 3) // 4 * 4
-        assert self.used <= self.base.numel()
-        return off
+from tests.engine.kernels.pool import Pool
 
 
 def _rows(b: int, dev: torch.device, **fields: list[int]) -> torch.Tensor:

@@ -15,6 +15,7 @@ from engine.kernels.forest_attention import forest_attention, forest_attention_p
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
 from engine.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
+from tests.engine.kernels.pool import Pool
 
 CFG = dims_config("tiny")  # 4 heads, 2 KV heads, head_dim 32, rope_dims 8
 NH, NKV, HD = CFG.num_attention_heads, CFG.num_kv_heads, CFG.head_dim
@@ -26,20 +27,6 @@ SLACK = 3  # own blocks hold length + SLACK rows: padding rows aim at the spare 
 # blocks of BLOCK_M = 16, ancestors and an own block longer than one key block of 64
 SEGMENTS = [([3, 0], 1), ([0, 0], 5), ([70, 7], 17), ([0, 12], 33), ([2, 0], 70)]
 P = 3
-
-
-class Pool:
-    """One fp32 tensor holding every K/V block, so the torch references can view them too."""
-
-    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
-        self.base = torch.randn(n, generator=gen).to(dev)
-        self.used = 0
-
-    def take(self, n: int) -> int:
-        off = self.used
-        self.used += (n + 3) // 4 * 4
-        assert self.used <= self.base.numel()
-        return off
 
 
 @dataclass

@@ -33,6 +33,7 @@ from engine.kernels.forest_tables import (
     SEG_TOK_LO,
 )
 from engine.reference import causal_conv, gated_delta_rule, l2_normalize
+from tests.engine.kernels.pool import Pool
 
 HQK, HV, DK, DV = 2, 4, 16, 16
 C = 2 * HQK * DK + HV * DV
@@ -68,20 +69,6 @@ def _chain(s: int) -> list[int]:
 
 def _level(s: int) -> int:
     return len(_chain(s)) - 1
-
-
-class Pool:
-    """One fp32 tensor holding every state and tail block, so the torch references can view them too."""
-
-    def __init__(self, n: int, dev: torch.device, gen: torch.Generator) -> None:
-        self.base = torch.randn(n, generator=gen).to(dev)
-        self.used = 0
-
-    def take(self, n: int) -> int:
-        off = self.used
-        self.used += (n + 3) // 4 * 4
-        assert self.used <= self.base.numel()
-        return off
 
 
 @dataclass
