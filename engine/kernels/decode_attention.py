@@ -103,6 +103,30 @@ def _prep_kernel(
         tl.store(base_ptr + v_off + at, v, mask=m)
 
 
+def _reduce_piece(q, k_base, v_base, n, last, scale, M: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr):
+    """Online softmax of queries q [M, HD] over one piece's n keys/values ([n, HD] at k_base,
+    v_base), query row r seeing keys 0 .. last[r], in blocks of BL keys from the piece start:
+    the piece's (max, sum, unnormalised output) for `fold` into the running result."""
+    offs_d = tl.arange(0, HD)
+    m_p = tl.full((M,), float("-inf"), tl.float32)
+    sum_p = tl.zeros((M,), dtype=tl.float32)
+    acc_p = tl.zeros((M, HD), dtype=tl.float32)
+    for start in range(0, n, BL):
+        offs_l = start + tl.arange(0, BL)
+        lmask = offs_l < n
+        kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
+        s = tl.where(lmask[None, :] & (offs_l[None, :] <= last[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_p, tl.max(s, axis=1))
+        alpha = tl.exp(m_p - m_new)
+        e = tl.exp(s - m_new[:, None])
+        sum_p = sum_p * alpha + tl.sum(e, axis=1)
+        vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
+        acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
+        m_p = m_new
+    return m_p, sum_p, acc_p
+
+
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
@@ -132,22 +156,8 @@ def _attention_kernel(
         n = tl.where(live != 0, n, 0)
         k_base += kvh * head_rows * HD
         v_base += kvh * head_rows * HD
-        m_p = tl.full((GP,), float("-inf"), tl.float32)
-        sum_p = tl.zeros((GP,), dtype=tl.float32)
-        acc_p = tl.zeros((GP, HD), dtype=tl.float32)
-        for start in range(0, n, BL):
-            offs_l = start + tl.arange(0, BL)
-            lmask = offs_l < n
-            kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
-            s = tl.where(lmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_p, tl.max(s, axis=1))
-            alpha = tl.exp(m_p - m_new)
-            e = tl.exp(s - m_new[:, None])
-            sum_p = sum_p * alpha + tl.sum(e, axis=1)
-            vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-            acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
-            m_p = m_new
+        last = tl.full((GP,), 0, tl.int64) + n - 1  # every key of the piece (the own one ends here)
+        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL)
         # fold the piece into the running result (an empty piece changes nothing)
         has = n > 0
         m_new = tl.where(has, tl.maximum(m, m_p), m)
@@ -170,6 +180,7 @@ def _attention_kernel(
 
 
 _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
+_reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 

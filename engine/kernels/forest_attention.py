@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, kernel, use_triton
-from engine.kernels.decode_attention import _norm_rope, _view
+from engine.kernels.decode_attention import _norm_rope, _reduce_piece, _view
 from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -138,25 +138,9 @@ def _attention_kernel(
             n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
         k_base += kvh * head_rows * HD
         v_base += kvh * head_rows * HD
-        m_p = tl.full((BM,), float("-inf"), tl.float32)
-        sum_p = tl.zeros((BM,), dtype=tl.float32)
-        acc_p = tl.zeros((BM, HD), dtype=tl.float32)
-        for start in range(0, n, BL):
-            offs_l = start + tl.arange(0, BL)
-            lmask = offs_l < n
-            kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
-            if p == P - 1:
-                s = tl.where(lmask[None, :] & (offs_l[None, :] <= local[:, None]), s, float("-inf"))
-            else:
-                s = tl.where(lmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_p, tl.max(s, axis=1))
-            alpha = tl.exp(m_p - m_new)
-            e = tl.exp(s - m_new[:, None])
-            sum_p = sum_p * alpha + tl.sum(e, axis=1)
-            vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-            acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
-            m_p = m_new
+        # the own block causally (key l' <= the row's local index); ancestors whole
+        last = local if p == P - 1 else tl.full((BM,), 0, tl.int64) + n - 1
+        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, BM, HD, BL)
         if n > 0:  # fold the piece into the running result (an empty piece is skipped)
             m_new = tl.maximum(m, m_p)  # m_p is finite: every row sees the piece's first key
             old_scale = tl.exp(m - m_new)
