@@ -72,9 +72,13 @@ from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
 
-# Rows a pass computes: every linear runs on all of them, so steps of at most 1.5x above 256
-# (a 300-token forest runs 384 rows, not 512); each size used captures one graph.
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+# Rows a pass computes. Every linear runs on all of them and at 27B the linears are compute
+# bound from a few hundred rows on, so padding costs time in proportion: steps of 64 rows up to
+# 1,024 (the one- and few-question requests), then at most 1.25x. Each size used captures a graph.
+TOKEN_BUCKETS = (
+    16, 32, *range(64, 1025, 64), 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
+    5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384,
+)  # fmt: skip
 SEGMENT_BUCKETS = (4, 16, 64, 256)
 PIECE_BUCKETS = (4, 8)
 
