@@ -164,6 +164,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     weights are zero-stride views, so a 27B shape costs no memory.
     """
     from engine.kernels import (
+        GemmConfig,
         causal_conv_varlen,
         gated_delta_rule_varlen,
         int8_gemm,
@@ -203,6 +204,9 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             int8_gemm(a, weight(h, h), a_scale, f32(h), f32(m, h), backend="triton")
             a_inter = torch.zeros(m, inter, dtype=torch.int8)
             int8_gemm(a_inter, weight(h, inter), a_scale, f32(h), f32(m, h), backend="triton")
+        # split K (the decode rows' candidate; any split gives the same bits)
+        split = GemmConfig(64, 128, 128, 4, 4, split_k=4)
+        int8_gemm(q8, weight(h, inter), scale, f32(h), f32(t, h), backend="triton", config=split)
         for k in sorted({h, inter, nh * hd, hv * dv, conv_dim}):
             quantize_rows(f32(t, k), f32(k), backend="triton")
             rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 
 tl: Any = None  # bound to triton.language at first launch (see engine.kernels._triton)
 
@@ -32,6 +32,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    split_k: int = 1  # > 1: K split over programs whose exact int32 partials are added atomically
 
 
 # (largest M, config): fixed, so a given M always runs the same program. Measured on an H200
@@ -90,6 +91,18 @@ def _int8_gemm_kernel(
         a_ptrs += BK * stride_ak
         w_ptrs += BK * stride_wk
 
+    _epilogue(
+        acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+    )  # fmt: skip
+
+
+def _epilogue(
+    acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """y[m, n] = (acc * a_scale[m]) * w_scale[n] (+ residual), stored as fp32 or bf16."""
     a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
     w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
     y = (acc.to(tl.float32) * a_s[:, None]) * w_s[None, :]
@@ -108,7 +121,56 @@ def _int8_gemm_kernel(
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y, mask=mask)
 
 
+def _int8_partial_kernel(
+    a_ptr, w_ptr, ws_ptr, M, N, K, k_per_split,
+    stride_am, stride_ak, stride_wn, stride_wk,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Split-K: program (tile, split) adds the exact int32 product over its K slice into ws."""
+    num_n = tl.cdiv(N, BN)
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+    k0 = tl.program_id(1) * k_per_split
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    rows = tl.where(offs_m < M, offs_m, 0)
+    cols = tl.where(offs_n < N, offs_n, 0)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+    w_ptrs = w_ptr + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+    acc = tl.zeros((BM, BN), dtype=tl.int32)
+    for kb in range(0, tl.cdiv(k_per_split, BK)):
+        rem = tl.minimum(K - k0, k_per_split) - kb * BK
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < rem, other=0)
+        w = tl.load(w_ptrs, mask=offs_k[:, None] < rem, other=0)
+        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+        a_ptrs += BK * stride_ak
+        w_ptrs += BK * stride_wk
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)  # integers: exact
+
+
+def _int32_epilogue_kernel(
+    ws_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr, M, N,
+    stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    num_n = tl.cdiv(N, BN)
+    offs_m = (tl.program_id(0) // num_n) * BM + tl.arange(0, BM)
+    offs_n = (tl.program_id(0) % num_n) * BN + tl.arange(0, BN)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.load(ws_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    _epilogue(
+        acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+    )  # fmt: skip
+
+
+_epilogue = helper(_epilogue)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
+_partial = kernel(_int8_partial_kernel)
+_finish = kernel(_int32_epilogue_kernel)
 
 
 def int8_matmul_exact(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -210,6 +272,22 @@ def int8_gemm(
     cfg = config or config_for(m)
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     res = residual if residual is not None else y
+    if cfg.split_k > 1:
+        # exact int32 partial sums added atomically (any order: the same integers), then the epilogue
+        ws = torch.zeros(m, n, dtype=torch.int32, device=a.device)
+        k_per = cdiv(cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+        _partial[(tiles, cdiv(k, k_per))](
+            a, w, ws, m, n, k, k_per, a.stride(0), a.stride(1), w.stride(0), w.stride(1),
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        _finish[(tiles,)](
+            ws, a_scale, w_scale, res, y, m, n, res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+            HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
+            BM=cfg.block_m, BN=cfg.block_n, num_warps=4, enable_fp_fusion=False,
+        )  # fmt: skip
+        return y
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _kernel[grid](
         a, w, a_scale, w_scale, res, y,

@@ -36,6 +36,9 @@ SWEEP = [
     GemmConfig(128, 128, 128, 8, 3),
     GemmConfig(128, 256, 128, 8, 3),
     GemmConfig(128, 128, 128, 4, 4),
+    GemmConfig(64, 128, 128, 4, 4, split_k=2),  # split K: more programs for decode's small M
+    GemmConfig(64, 128, 128, 4, 4, split_k=4),
+    GemmConfig(64, 64, 128, 4, 4, split_k=4),
 ]
 
 
@@ -52,7 +55,7 @@ def gemm_rows(quick: bool) -> list[dict]:
         w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda", generator=gen)
         w_bf = w.to(torch.bfloat16)
         ws = torch.rand(n, device="cuda", generator=gen) * 0.01
-        for m in [64, 256, 1024, 4096]:
+        for m in [1, 16, 64, 256, 1024, 4096]:
             a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda", generator=gen)
             a_bf = a.to(torch.bfloat16)
             a_s = torch.rand(m, device="cuda", generator=gen) * 0.05
@@ -65,8 +68,11 @@ def gemm_rows(quick: bool) -> list[dict]:
             t_bf16 = bench(lambda a_bf=a_bf: a_bf @ w_bf.t())
             t_table = bench(lambda a=a, a_s=a_s: int8_gemm(a, w, a_s, ws))
             sweep = {}
+            table_out = int8_gemm(a, w, a_s, ws)
             if not quick:
                 for cfg in SWEEP:
+                    if not torch.equal(int8_gemm(a, w, a_s, ws, config=cfg), table_out):
+                        raise AssertionError(f"{cfg} changed the bits at M={m}")  # int32 is exact
                     sweep[str(cfg)] = bench(
                         lambda a=a, a_s=a_s, cfg=cfg: int8_gemm(a, w, a_s, ws, config=cfg), rep=50
                     )

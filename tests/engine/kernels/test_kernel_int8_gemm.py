@@ -40,6 +40,8 @@ def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
         (1, 128, 128, None),  # decode row, table config, M far below the tile
         (37, 200, 300, SMALL),  # K, N not multiples of the tile: masked edges
         (64, 256, 96, SMALL),
+        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, split_k=3)),  # split K: atomic int32 partials
+        (33, 96, 64, GemmConfig(16, 32, 32, 4, 2, split_k=4)),  # more splits than K blocks need
     ],
 )
 @pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
@@ -79,6 +81,7 @@ def test_reference_epilogue_order(gen: torch.Generator) -> None:
 def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) -> None:
     a, w, a_scale, w_scale = _operands(gen, 40, 256, 128, dev)
     configs = [SMALL, GemmConfig(32, 64, 64, 4, 2), *[c for _, c in CONFIG_TABLE]]
+    configs += [GemmConfig(16, 32, 32, 4, 2, split_k=s) for s in (2, 5)]
     outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
