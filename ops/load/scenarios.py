@@ -245,27 +245,54 @@ async def _broker(bootstrap: str | None, workdir: Path) -> AsyncIterator[str]:
 # ---- the scenarios --------------------------------------------------------------------------------
 
 
+async def _part(
+    cfg: ScenarioConfig, bootstrap: str, topic: str, make: Callable[[int], Message], lo: int, hi: int
+) -> LoadReport:
+    """Messages lo .. hi - 1 of the mix `make`."""
+
+    def shifted(i: int) -> Message:
+        return make(lo + i)
+
+    return await generate(
+        bootstrap, topic, count=hi - lo, producers=cfg.producers, rate=cfg.rate, messages=shifted
+    )
+
+
+def _joined(first: LoadReport, second: LoadReport) -> LoadReport:
+    retries = first.send_retries + second.send_retries
+    return LoadReport(first.produced + second.produced, first.seconds + second.seconds, retries)
+
+
 async def worker_kill(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
-    """SIGKILL the only worker once a third of the outcomes exist, restart it, finish the load."""
+    """SIGKILL the only worker once a third of the outcomes exist, restart it, finish the load.
+
+    The second half of the load is produced only after the kill, so the kill lands mid-load
+    however fast the worker decides the first half."""
     async with Pipeline(cfg, bootstrap, "worker_kill") as p:
         # Rare commits: what the killed worker published after its last commit is decided again.
         w = p.worker("w", ["--commit-interval-ms", "2000"])
-        load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "kill")))
+        make, half = _mix(cfg, "kill"), cfg.events // 2
+        first = await _part(cfg, bootstrap, p.input_topic, make, 0, half)
         seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
         await asyncio.to_thread(w.kill)
         w.start()
-        return await p.finish(await load, {"outcomes_at_kill": seen})
+        second = await _part(cfg, bootstrap, p.input_topic, make, half, cfg.events)
+        return await p.finish(_joined(first, second), {"outcomes_at_kill": seen})
 
 
 async def rebalance(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
-    """Two workers share the group; one leaves (SIGTERM) mid-load and the other takes over."""
+    """Two workers share the group; one leaves (SIGTERM) mid-load and the other takes over.
+
+    As in `worker_kill`, the second half of the load is produced after the leave."""
     async with Pipeline(cfg, bootstrap, "rebalance") as p:
         p.worker("a")
         b = p.worker("b")
-        load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "rebalance")))
+        make, half = _mix(cfg, "rebalance"), cfg.events // 2
+        first = await _part(cfg, bootstrap, p.input_topic, make, 0, half)
         seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
         rc = await asyncio.to_thread(b.stop)
-        return await p.finish(await load, {"outcomes_at_leave": seen, "leaver_rc": rc})
+        second = await _part(cfg, bootstrap, p.input_topic, make, half, cfg.events)
+        return await p.finish(_joined(first, second), {"outcomes_at_leave": seen, "leaver_rc": rc})
 
 
 async def poison_burst(cfg: ScenarioConfig, bootstrap: str, burst: int = 40) -> ScenarioResult:
@@ -376,16 +403,20 @@ async def hostile(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
 
 
 async def broker_restart(cfg: ScenarioConfig, workdir: Path, down_s: float = 2.0) -> ScenarioResult:
-    """The broker is stopped and started again (same data, same address) during the load."""
+    """The broker is stopped and started again (same data, same address) during the load; the
+    second half of the load is produced after the restart, so the bounce lands mid-load."""
     broker = BounceableBroker(workdir / "kafka-bounce")
     bootstrap = await asyncio.to_thread(broker.start)
     try:
         async with Pipeline(cfg, bootstrap, "broker_restart") as p:
             p.worker("w")
-            load = asyncio.create_task(_load(cfg, bootstrap, p.input_topic, _mix(cfg, "bounce")))
+            make, half = _mix(cfg, "bounce"), cfg.events // 2
+            first = await _part(cfg, bootstrap, p.input_topic, make, 0, half)
             seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
             outage = await asyncio.to_thread(broker.bounce, down_s)
-            return await p.finish(await load, {"outcomes_at_bounce": seen, "outage_s": round(outage, 2)})
+            second = await _part(cfg, bootstrap, p.input_topic, make, half, cfg.events)
+            notes = {"outcomes_at_bounce": seen, "outage_s": round(outage, 2)}
+            return await p.finish(_joined(first, second), notes)
     finally:
         await asyncio.to_thread(broker.stop)
 
