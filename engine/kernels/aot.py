@@ -29,7 +29,6 @@ from engine.config import ModelConfig
 from engine.kernels import _triton
 
 HOPPER = ("cuda", 90, 32)  # H100 / H200: compute capability 9.0, warp size 32
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
 _DTYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
@@ -170,6 +169,8 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_attention import attention_prep, decode_attention
     from engine.kernels.decode_gdn import conv_step, gdn_step
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
+    from engine.kernels.decode_rows import PIECE_FIELDS
+    from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
     from engine.kernels.forest_attention import forest_attention, forest_attention_prep
     from engine.kernels.forest_gdn import CHUNK, forest_conv, forest_gdn
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
@@ -218,9 +219,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             f32(1, hv, dk, dv), backend="triton",
         )  # fmt: skip
         # the decoder's step kernels
-        from engine.kernels.decode_rows import PIECE_FIELDS
-        from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
-
         drows = torch.zeros(t, DECODE_ROW_FIELDS, dtype=torch.int64)
         dpieces = torch.zeros(t, n_pieces, PIECE_FIELDS, dtype=torch.int64)
         if width == 4:

@@ -165,7 +165,7 @@ def _forest_gdn_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr,
     level, layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, ON_GPU: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     slot = tl.program_id(0)
     h = tl.program_id(1)
@@ -186,93 +186,65 @@ def _forest_gdn_kernel(
         s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
         ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
         dt = tl.load(dt_ptr + h).to(tl.float32)
-        for t in range(tok_lo, tok_lo + length):
-            # one token: exactly the decode step's arithmetic (decode_gdn._gdn_token)
-            src = conv_ptr + t * stride_conv
-            q = tl.load(src + hk * DK + offs_k)
-            k = tl.load(src + HQK * DK + hk * DK + offs_k)
-            v = tl.load(src + 2 * HQK * DK + h * DV + offs_v)
-            b = tl.load(b_ptr + t * stride_b + h).to(tl.float32)
-            x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt
-            s, o = _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU)
-            tl.store(o_ptr + (t * HV + h) * DV + offs_v, o)
-        tl.store(base_ptr + state_out + blk, s)
-
-
-def _forest_gdn_chunk_kernel(
-    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr,
-    level, layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
-    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, ON_GPU: tl.constexpr,
-):  # fmt: skip
-    """The same recurrence as `_forest_gdn_kernel`, BC tokens at a time (see `forest_gdn`)."""
-    slot = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    offs_k = tl.arange(0, DK)
-    offs_c = tl.arange(0, BC)
-    rec = segs_ptr + slot.to(tl.int64) * 8
-    live = tl.load(rec + 7)
-    seg_level = tl.load(rec + 2)
-    if (live != 0) & (seg_level == level):
-        tok_lo = tl.load(rec)
-        length = tl.load(rec + 1)
-        state_in = tl.load(rec + 3)
-        has_in = tl.load(rec + 4)
-        state_out = tl.load(rec + 5)
-        hk = h // (HV // HQK)
-        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0
-        s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)  # [DK, BV]
-        ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
-        dt = tl.load(dt_ptr + h).to(tl.float32)
-        below = offs_c[:, None] > offs_c[None, :]  # strictly earlier token j < i
-        causal = offs_c[:, None] >= offs_c[None, :]
-        eye = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
-        for c0 in range(0, length, BC):
-            valid = (c0 + offs_c) < length
-            rows = tok_lo + c0 + offs_c
-            src = conv_ptr + rows[:, None] * stride_conv
-            q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-            k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-            v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
-            q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
-            k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
-            b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
-            beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
-            x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
-            soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
-            soft = tl.where(x > 20.0, x, soft)
-            g = tl.where(valid, ssm_a * soft, 0.0)  # log decay per token; 0 past the segment end
-            gam = tl.cumsum(g, axis=0)  # decay from the chunk start through token i
-            # exp(gam_i - gam_j) for j <= i (at most 1: g <= 0); 0 above the diagonal
-            decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))
-            kk = tl.dot(k, tl.trans(k), input_precision="ieee")
-            a_mat = tl.where(below, (beta[:, None] * kk) * decay, 0.0)
-            # T = (I + A)^-1, A strictly lower: row i of T is e_i - A_i T (rows j < i final)
-            t_mat = eye
-            for i in range(1, BC):
-                a_row = tl.sum(tl.where(offs_c[:, None] == i, a_mat, 0.0), axis=0)
-                t_row = -tl.sum(a_row[:, None] * t_mat, axis=0)
-                t_mat = tl.where(offs_c[:, None] == i, eye + t_row[None, :], t_mat)
-            # u = T (beta v) - T (beta exp(gam) k) S: the chunk's delta-rule updates
-            w = tl.dot(t_mat, k * (beta * tl.exp(gam))[:, None], input_precision="ieee")
-            u = tl.dot(t_mat, v * beta[:, None], input_precision="ieee")
-            u = u - tl.dot(w, s, input_precision="ieee")
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-            o = tl.dot(q * tl.exp(gam)[:, None], s, input_precision="ieee")
-            o = o + tl.dot(tl.where(causal, qk * decay, 0.0), u, input_precision="ieee")
-            tl.store(o_ptr + (rows[:, None] * HV + h) * DV + offs_v[None, :], o, mask=valid[:, None])
-            g_all = tl.sum(g, axis=0)
-            kd = k * tl.exp(g_all - gam)[:, None]
-            s = s * tl.exp(g_all) + tl.dot(tl.trans(kd), u, input_precision="ieee")
+        if BC == 0:
+            for t in range(tok_lo, tok_lo + length):
+                # one token: exactly the decode step's arithmetic (decode_gdn._gdn_token)
+                src = conv_ptr + t * stride_conv
+                q = tl.load(src + hk * DK + offs_k)
+                k = tl.load(src + HQK * DK + hk * DK + offs_k)
+                v = tl.load(src + 2 * HQK * DK + h * DV + offs_v)
+                b = tl.load(b_ptr + t * stride_b + h).to(tl.float32)
+                x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt
+                s, o = _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU)
+                tl.store(o_ptr + (t * HV + h) * DV + offs_v, o)
+        else:  # BC tokens at a time (see `forest_gdn`)
+            offs_c = tl.arange(0, BC)
+            below = offs_c[:, None] > offs_c[None, :]  # strictly earlier token j < i
+            causal = offs_c[:, None] >= offs_c[None, :]
+            eye = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
+            for c0 in range(0, length, BC):
+                valid = (c0 + offs_c) < length
+                rows = tok_lo + c0 + offs_c
+                src = conv_ptr + rows[:, None] * stride_conv
+                q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+                k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+                v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+                q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+                k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
+                b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+                beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+                x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
+                soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+                soft = tl.where(x > 20.0, x, soft)
+                g = tl.where(valid, ssm_a * soft, 0.0)  # log decay per token; 0 past the segment end
+                gam = tl.cumsum(g, axis=0)  # decay from the chunk start through token i
+                # exp(gam_i - gam_j) for j <= i (at most 1: g <= 0); 0 above the diagonal
+                decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))
+                kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+                a_mat = tl.where(below, (beta[:, None] * kk) * decay, 0.0)
+                # T = (I + A)^-1, A strictly lower: row i of T is e_i - A_i T (rows j < i final)
+                t_mat = eye
+                for i in range(1, BC):
+                    a_row = tl.sum(tl.where(offs_c[:, None] == i, a_mat, 0.0), axis=0)
+                    t_row = -tl.sum(a_row[:, None] * t_mat, axis=0)
+                    t_mat = tl.where(offs_c[:, None] == i, eye + t_row[None, :], t_mat)
+                # u = T (beta v) - T (beta exp(gam) k) S: the chunk's delta-rule updates
+                w = tl.dot(t_mat, k * (beta * tl.exp(gam))[:, None], input_precision="ieee")
+                u = tl.dot(t_mat, v * beta[:, None], input_precision="ieee")
+                u = u - tl.dot(w, s, input_precision="ieee")
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+                o = tl.dot(q * tl.exp(gam)[:, None], s, input_precision="ieee")
+                o = o + tl.dot(tl.where(causal, qk * decay, 0.0), u, input_precision="ieee")
+                tl.store(o_ptr + (rows[:, None] * HV + h) * DV + offs_v[None, :], o, mask=valid[:, None])
+                g_all = tl.sum(g, axis=0)
+                kd = k * tl.exp(g_all - gam)[:, None]
+                s = s * tl.exp(g_all) + tl.dot(tl.trans(kd), u, input_precision="ieee")
         tl.store(base_ptr + state_out + blk, s)
 
 
 _input_at = helper(_input_at)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
-_gdn_chunked = kernel(_forest_gdn_chunk_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -495,15 +467,10 @@ def forest_gdn(
         level, layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
         dk**-0.5, L2NORM_EPS,
     )  # fmt: skip
-    if chunk:
-        _gdn_chunked[(s, hv, dv // bv)](
-            *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk,
-            num_warps=CHUNK_WARPS, enable_fp_fusion=False,
-        )  # fmt: skip
-    else:
-        _gdn[(s, hv, dv // bv)](
-            *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, num_warps=NUM_WARPS, enable_fp_fusion=False
-        )
+    _gdn[(s, hv, dv // bv)](
+        *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk,
+        num_warps=CHUNK_WARPS if chunk else NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------ torch references
