@@ -10,8 +10,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -e '.[test]'
+	bash ops/install_venv.sh $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -49,9 +49,18 @@ cmd_fetch() {
   # Offline first: with the Maven repository already warm nothing is downloaded at all.
   if mvn -o "${mvn_args[@]}" > "$tmp/offline.log" 2>&1; then
     log "resolved from the local Maven repository (offline)"
-  elif ! mvn "${mvn_args[@]}" >&2; then
-    rm -rf "$tmp"
-    die "mvn dependency:copy-dependencies failed (see the output above)"
+  else
+    # Online: a dropped connection to Maven Central is retried (Maven keeps what it already has).
+    local attempt
+    for attempt in 1 2 3 4; do
+      mvn "${mvn_args[@]}" >&2 && break
+      if ((attempt == 4)); then
+        rm -rf "$tmp"
+        die "mvn dependency:copy-dependencies failed 4 times (see the output above)"
+      fi
+      log "mvn failed (attempt $attempt of 4); retrying in $((attempt * 20)) s"
+      sleep $((attempt * 20))
+    done
   fi
   pom_hash > "$tmp/lib/.fetched"
   rm -rf "$LIB"
