@@ -46,8 +46,8 @@ from engine.int8_rows import (
     projections,
 )
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
-from engine.kernels.forest_attention import forest_attention, forest_attention_prep
-from engine.kernels.forest_gdn import forest_conv, forest_gdn
+from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
+from engine.kernels.forest_gdn import GDN_DOTS, forest_conv, forest_gdn, forest_gdn_prep
 from engine.kernels.forest_tables import (
     BLOCK_M,
     CONV_ROW,
@@ -130,9 +130,25 @@ class _Plan:
 class ForestBody:
     """One-pass forest execution for int8 weights on one device (see the module docstring)."""
 
-    def __init__(self, weights: Weights, *, graphs: bool | None = None, gdn_chunk: int = 0) -> None:
+    def __init__(
+        self,
+        weights: Weights,
+        *,
+        graphs: bool | None = None,
+        gdn_chunk: int = 0,
+        gdn_dots: str = "ieee",
+        attention_dots: str = "ieee",
+    ) -> None:
         """gdn_chunk: 0 runs the recurrence token by token; C > 0 in chunks of C tokens
-        (`engine.kernels.forest_gdn`: the same recurrence in another summation order)."""
+        (`engine.kernels.forest_gdn`: the same recurrence in another summation order), whose
+        matrix products run at `gdn_dots` precision (GDN_DOTS). attention_dots: the precision of
+        the attention dots (`engine.kernels.forest_attention.ATTENTION_DOTS`). Each setting
+        changes rounding, never invariance: a segment's bits still depend on its own inputs."""
+        if gdn_dots not in GDN_DOTS or attention_dots not in ATTENTION_DOTS:
+            raise ValueError(
+                f"gdn_dots must be one of {GDN_DOTS} and attention_dots one of {ATTENTION_DOTS}, "
+                f"got {gdn_dots!r} and {attention_dots!r}"
+            )
         if not isinstance(weights.output, QuantLinear):
             raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")
         self.weights = weights
@@ -155,6 +171,8 @@ class ForestBody:
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.passes = 0
         self.gdn_chunk = gdn_chunk
+        self.gdn_dots = gdn_dots
+        self.attention_dots = attention_dots
 
     # ------------------------------------------------------------------------------ public
     def run(self, forest: Forest) -> ForestOutput:
@@ -443,11 +461,17 @@ class ForestBody:
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
         )
         o = torch.zeros(h.shape[0], nv, dv, device=h.device)
+        heads = dict(num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv)
+        chunked = dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
+        prep = None
+        if self.gdn_chunk:  # the state-free chunk products of every level at once
+            prep = forest_gdn_prep(
+                conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, **heads, **chunked
+            )
         for level in range(bucket.levels):
             forest_gdn(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,
-                j * self.state_size, o,
-                num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv, chunk=self.gdn_chunk,
+                j * self.state_size, o, **heads, **chunked, prep=prep,
             )  # fmt: skip
         return gdn_output_residual(o, z, layer, c.rms_norm_eps, h)
 
@@ -464,6 +488,7 @@ class ForestBody:
             eps=c.rms_norm_eps,
         )  # fmt: skip
         out = forest_attention(
-            q, qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks, num_kv_heads=c.num_kv_heads
-        )
+            q, qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks,
+            num_kv_heads=c.num_kv_heads, dots=self.attention_dots,
+        )  # fmt: skip
         return attention_output_residual(out, layer, h)

@@ -171,8 +171,8 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
     from engine.kernels.decode_rows import PIECE_FIELDS
     from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
-    from engine.kernels.forest_attention import forest_attention, forest_attention_prep
-    from engine.kernels.forest_gdn import CHUNK, forest_conv, forest_gdn
+    from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
+    from engine.kernels.forest_gdn import CHUNK, GDN_DOTS, forest_conv, forest_gdn
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
     from engine.kernels.norm import norm_rows
 
@@ -246,15 +246,19 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             qg, k_rows, v_rows, f32(hd), f32(hd), rope, base, frows, segs, fpieces,
             num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=1e-6,
         )  # fmt: skip
-        forest_attention(f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv)
+        for dots in ATTENTION_DOTS:
+            forest_attention(
+                f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots
+            )
         forest_conv(f32(t, conv_dim), f32(conv_dim, width), base, frows, segs, conv_src, 0)
         forest_gdn(
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
             num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
-        forest_gdn(
-            f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
-            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK,
-        )  # fmt: skip
+        for dots in GDN_DOTS:  # the chunked form: its prep and its walk over the chunks
+            forest_gdn(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK, dots=dots,
+            )  # fmt: skip
         del q, q8, scale
     return _dedupe(launches)

@@ -103,10 +103,28 @@ def _prep_kernel(
         tl.store(base_ptr + v_off + at, v, mask=m)
 
 
-def _reduce_piece(q, k_base, v_base, n, last, scale, M: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr):
+def _bf16_operand(x, ON_GPU: tl.constexpr):
+    """x rounded to bf16 (nearest even) for a tensor-core dot. The interpreter's bf16 dot is not
+    usable and its conversion truncates, so there the rounded values stay fp32 (exact: a bf16
+    value is an fp32 value, and so is the product of two) and the dot runs in fp32."""
+    if ON_GPU:
+        out = x.to(tl.bfloat16)
+    else:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True)
+    return out
+
+
+def _reduce_piece(
+    q, k_base, v_base, n, last, scale,
+    M: tl.constexpr, HD: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
     """Online softmax of queries q [M, HD] over one piece's n keys/values ([n, HD] at k_base,
     v_base), query row r seeing keys 0 .. last[r], in blocks of BL keys from the piece start:
-    the piece's (max, sum, unnormalised output) for `fold` into the running result."""
+    the piece's (max, sum, unnormalised output) for `fold` into the running result. DOTS: "ieee"
+    (fp32 FMA dots), "tf32" or "bf16" (tensor cores; bf16 rounds q, k, the block's probabilities
+    and v to bf16, accumulating in fp32)."""
     offs_d = tl.arange(0, HD)
     m_p = tl.full((M,), float("-inf"), tl.float32)
     sum_p = tl.zeros((M,), dtype=tl.float32)
@@ -115,14 +133,21 @@ def _reduce_piece(q, k_base, v_base, n, last, scale, M: tl.constexpr, HD: tl.con
         offs_l = start + tl.arange(0, BL)
         lmask = offs_l < n
         kt = tl.load(k_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(kt), input_precision="ieee") * scale
+        if DOTS == "bf16":
+            s = tl.dot(_bf16_operand(q, ON_GPU), tl.trans(_bf16_operand(kt, ON_GPU))) * scale
+        else:
+            s = tl.dot(q, tl.trans(kt), input_precision=DOTS) * scale
         s = tl.where(lmask[None, :] & (offs_l[None, :] <= last[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_p, tl.max(s, axis=1))
         alpha = tl.exp(m_p - m_new)
         e = tl.exp(s - m_new[:, None])
         sum_p = sum_p * alpha + tl.sum(e, axis=1)
         vt = tl.load(v_base + offs_l[:, None] * HD + offs_d[None, :], mask=lmask[:, None], other=0.0)
-        acc_p = acc_p * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
+        if DOTS == "bf16":
+            pv = tl.dot(_bf16_operand(e, ON_GPU), _bf16_operand(vt, ON_GPU))
+        else:
+            pv = tl.dot(e, vt, input_precision=DOTS)
+        acc_p = acc_p * alpha[:, None] + pv
         m_p = m_new
     return m_p, sum_p, acc_p
 
@@ -157,7 +182,7 @@ def _attention_kernel(
         k_base += kvh * head_rows * HD
         v_base += kvh * head_rows * HD
         last = tl.full((GP,), 0, tl.int64) + n - 1  # every key of the piece (the own one ends here)
-        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL)
+        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL, "ieee", ON_GPU)
         # fold the piece into the running result (an empty piece changes nothing)
         has = n > 0
         m_new = tl.where(has, tl.maximum(m, m_p), m)
@@ -180,6 +205,7 @@ def _attention_kernel(
 
 
 _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
+_bf16_operand = helper(_bf16_operand)  # type: ignore[assignment]
 _reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)

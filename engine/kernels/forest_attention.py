@@ -54,6 +54,10 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 NUM_WARPS = 4
+# Precisions of the attention dots (`_reduce_piece`): "ieee" fp32 on the FMA units (the decode
+# kernel's), "tf32" / "bf16" on tensor cores. Each is row-local with a fixed config, so a token's
+# bits still depend on its own segment alone; the choice is one setting per engine.
+ATTENTION_DOTS = ("ieee", "tf32", "bf16")
 
 
 def _attention_warps(head_dim: int) -> int:
@@ -107,7 +111,7 @@ def _prep_kernel(
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
-    BL: tl.constexpr, ON_GPU: tl.constexpr,
+    BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -140,7 +144,7 @@ def _attention_kernel(
         v_base += kvh * head_rows * HD
         # the own block causally (key l' <= the row's local index); ancestors whole
         last = local if p == P - 1 else tl.full((BM,), 0, tl.int64) + n - 1
-        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, BM, HD, BL)
+        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, BM, HD, BL, DOTS, ON_GPU)
         if n > 0:  # fold the piece into the running result (an empty piece is skipped)
             m_new = tl.maximum(m, m_p)  # m_p is finite: every row sees the piece's first key
             old_scale = tl.exp(m - m_new)
@@ -274,6 +278,7 @@ def forest_attention(
     qblocks: torch.Tensor,
     *,
     num_kv_heads: int,
+    dots: str = "ieee",
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
@@ -281,7 +286,10 @@ def forest_attention(
     Rows covered by a live query block (qblocks [Q, 3]) get the output; every other row is zero
     (`out` starts as zeros). The gate is the second half of each head's [q | gate] in qg
     [T, nh * 2 * hd]. rows [T, 4] is only validated: the blocks come from qblocks and segs.
+    dots: one of ATTENTION_DOTS; the torch reference computes in fp32 whatever it is.
     """
+    if dots not in ATTENTION_DOTS:
+        raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
     if q.dim() != 3 or q.dtype != torch.float32:
         raise ValueError(f"q must be fp32 [T, nh, hd], got {q.dtype} {tuple(q.shape)}")
     t, nh, hd = q.shape
@@ -300,7 +308,7 @@ def forest_attention(
     _attn[(qblocks.shape[0], nh)](
         q.contiguous(), qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
         NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], BM=BLOCK_M,
-        BL=_block_l(hd), num_warps=_attention_warps(hd), enable_fp_fusion=False,
+        BL=_block_l(hd), DOTS=dots, num_warps=_attention_warps(hd), enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

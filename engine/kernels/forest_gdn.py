@@ -17,6 +17,10 @@ Two kernels per GDN layer, reading the tables of `engine.kernels.forest_tables`:
   S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q), from the state block at
   state_in (or zeros) to its own state_out block. The caller launches levels 0, 1, 2, ... in
   order, so a child's state_in is its parent's state_out written by the previous launch.
+  With chunk C it walks the segment C tokens at a time in matrix products instead, reading the
+  state-free part of each chunk (w, u, the cumulative decay) that `forest_gdn_prep` computed
+  for all chunks of all levels in one parallel launch before the levels: only the products
+  with the state stay serial.
 
 A program reads only its own segment's rows, sources and state with a config fixed by the
 head sizes (and `enable_fp_fusion=False`, as the decode step kernels), so a segment's bits
@@ -30,6 +34,7 @@ may overlap a state_in block of another segment (a segment's own state_in = stat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,7 +70,7 @@ BLOCK_C = 128
 BLOCK_S = 16
 BLOCK_V = 32
 NUM_WARPS = 4
-CHUNK = 64  # tokens per step of the chunked recurrence
+CHUNK = 32  # tokens per step of the chunked recurrence (64 needs more shared memory than sm_90 has)
 CHUNK_WARPS = 8
 
 # The kernel bodies read the table fields at these fixed positions.
@@ -162,10 +167,10 @@ def _forest_conv_kernel(
 
 
 def _forest_gdn_kernel(
-    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr,
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, segs_ptr, o_ptr, w_ptr, u_ptr, g_ptr,
     level, layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, ON_GPU: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     slot = tl.program_id(0)
     h = tl.program_id(1)
@@ -184,9 +189,9 @@ def _forest_gdn_kernel(
         blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
         imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
         s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
-        ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
-        dt = tl.load(dt_ptr + h).to(tl.float32)
         if BC == 0:
+            ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
+            dt = tl.load(dt_ptr + h).to(tl.float32)
             for t in range(tok_lo, tok_lo + length):
                 # one token: exactly the decode step's arithmetic (decode_gdn._gdn_token)
                 src = conv_ptr + t * stride_conv
@@ -197,54 +202,95 @@ def _forest_gdn_kernel(
                 x = tl.load(a_ptr + t * stride_a + h).to(tl.float32) + dt
                 s, o = _gdn_token(s, q, k, v, b, x, ssm_a, q_scale, l2_eps, ON_GPU)
                 tl.store(o_ptr + (t * HV + h) * DV + offs_v, o)
-        else:  # BC tokens at a time (see `forest_gdn`)
+        else:  # BC tokens at a time, from the chunk products of `_forest_gdn_prep_kernel`
             offs_c = tl.arange(0, BC)
-            below = offs_c[:, None] > offs_c[None, :]  # strictly earlier token j < i
             causal = offs_c[:, None] >= offs_c[None, :]
-            eye = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
             for c0 in range(0, length, BC):
                 valid = (c0 + offs_c) < length
                 rows = tok_lo + c0 + offs_c
                 src = conv_ptr + rows[:, None] * stride_conv
                 q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
                 k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-                v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
                 q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
                 k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
-                b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
-                beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
-                x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
-                soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
-                soft = tl.where(x > 20.0, x, soft)
-                g = tl.where(valid, ssm_a * soft, 0.0)  # log decay per token; 0 past the segment end
-                gam = tl.cumsum(g, axis=0)  # decay from the chunk start through token i
-                # exp(gam_i - gam_j) for j <= i (at most 1: g <= 0); 0 above the diagonal
-                decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))
-                kk = tl.dot(k, tl.trans(k), input_precision="ieee")
-                a_mat = tl.where(below, (beta[:, None] * kk) * decay, 0.0)
-                # T = (I + A)^-1, A strictly lower: row i of T is e_i - A_i T (rows j < i final)
-                t_mat = eye
-                for i in range(1, BC):
-                    a_row = tl.sum(tl.where(offs_c[:, None] == i, a_mat, 0.0), axis=0)
-                    t_row = -tl.sum(a_row[:, None] * t_mat, axis=0)
-                    t_mat = tl.where(offs_c[:, None] == i, eye + t_row[None, :], t_mat)
-                # u = T (beta v) - T (beta exp(gam) k) S: the chunk's delta-rule updates
-                w = tl.dot(t_mat, k * (beta * tl.exp(gam))[:, None], input_precision="ieee")
-                u = tl.dot(t_mat, v * beta[:, None], input_precision="ieee")
-                u = u - tl.dot(w, s, input_precision="ieee")
-                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-                o = tl.dot(q * tl.exp(gam)[:, None], s, input_precision="ieee")
-                o = o + tl.dot(tl.where(causal, qk * decay, 0.0), u, input_precision="ieee")
+                at = rows * HV + h
+                gam = tl.load(g_ptr + at, mask=valid, other=0.0)
+                w = tl.load(w_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+                u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+                u = u - tl.dot(w, s, input_precision=DOTS)  # the chunk's delta-rule updates
+                # exp(gam_i - gam_j) for j <= i (at most 1: g <= 0); 0 above the diagonal and on
+                # rows past the segment end (their gam reads 0: no overflow to multiply by 0)
+                seen = causal & valid[:, None]
+                decay = tl.exp(tl.where(seen, gam[:, None] - gam[None, :], float("-inf")))
+                qk = tl.dot(q, tl.trans(k), input_precision=DOTS)
+                o = tl.dot(q * tl.exp(gam)[:, None], s, input_precision=DOTS)
+                o = o + tl.dot(tl.where(seen, qk * decay, 0.0), u, input_precision=DOTS)
                 tl.store(o_ptr + (rows[:, None] * HV + h) * DV + offs_v[None, :], o, mask=valid[:, None])
-                g_all = tl.sum(g, axis=0)
+                last = tl.minimum(length - c0, BC) - 1
+                g_all = tl.sum(tl.where(offs_c == last, gam, 0.0), axis=0)  # decay through the chunk
                 kd = k * tl.exp(g_all - gam)[:, None]
-                s = s * tl.exp(g_all) + tl.dot(tl.trans(kd), u, input_precision="ieee")
+                s = s * tl.exp(g_all) + tl.dot(tl.trans(kd), u, input_precision=DOTS)
         tl.store(base_ptr + state_out + blk, s)
+
+
+def _forest_gdn_prep_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, w_ptr, u_ptr, g_ptr,
+    stride_conv, stride_b, stride_a, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    BC: tl.constexpr, LOG2_BC: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (segment slot, chunk, value head): the state-free products of one chunk."""
+    slot = tl.program_id(0)
+    c0 = tl.program_id(1) * BC
+    h = tl.program_id(2)
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    live = tl.load(rec + 7)
+    length = tl.load(rec + 1)
+    if (live != 0) & (c0 < length):
+        tok_lo = tl.load(rec)
+        hk = h // (HV // HQK)
+        offs_c = tl.arange(0, BC)
+        offs_k = tl.arange(0, DK)
+        valid = (c0 + offs_c) < length
+        rows = tok_lo + c0 + offs_c
+        src = conv_ptr + rows[:, None] * stride_conv
+        k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+        k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
+        b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+        beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+        x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32)
+        x = x + tl.load(dt_ptr + h).to(tl.float32)
+        soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+        soft = tl.where(x > 20.0, x, soft)
+        g = tl.where(valid, tl.load(ssm_a_ptr + h).to(tl.float32) * soft, 0.0)  # log decay per token
+        gam = tl.cumsum(g, axis=0)  # decay from the chunk start through token i
+        below = offs_c[:, None] > offs_c[None, :]  # strictly earlier token j < i
+        decay = tl.exp(tl.where(below, gam[:, None] - gam[None, :], float("-inf")))
+        kk = tl.dot(k, tl.trans(k), input_precision=DOTS)
+        a_mat = tl.where(below, (beta[:, None] * kk) * decay, 0.0)
+        # T = (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...(I + A^(BC/2)): A is strictly lower
+        # triangular, so A^BC = 0 and the series sum_n (-A)^n stops - matrix products only
+        eye = tl.where(offs_c[:, None] == offs_c[None, :], 1.0, 0.0)
+        t_mat = eye - a_mat
+        power = a_mat
+        for _ in tl.static_range(LOG2_BC - 1):
+            power = tl.dot(power, power, input_precision=DOTS)
+            t_mat = t_mat + tl.dot(t_mat, power, input_precision=DOTS)
+        at = rows * HV + h
+        tl.store(g_ptr + at, gam, mask=valid)
+        w = tl.dot(t_mat, k * (beta * tl.exp(gam))[:, None], input_precision=DOTS)
+        tl.store(w_ptr + at[:, None] * DK + offs_k[None, :], w, mask=valid[:, None])
+        for vb in tl.static_range(DV // BV):
+            offs_v = vb * BV + tl.arange(0, BV)
+            v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+            u = tl.dot(t_mat, v * beta[:, None], input_precision=DOTS)
+            tl.store(u_ptr + at[:, None] * DV + offs_v[None, :], u, mask=valid[:, None])
 
 
 _input_at = helper(_input_at)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
+_gdn_prep = kernel(_forest_gdn_prep_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -383,6 +429,119 @@ def forest_conv(
 
 
 # ------------------------------------------------------------------------ the recurrence
+GDN_DOTS = ("ieee", "tf32")  # precisions of the chunked form's matrix products (fp32 FMA, tf32)
+
+
+@dataclass(frozen=True)
+class ChunkPrep:
+    """The state-free products of every chunk of every live segment (`forest_gdn_prep`), per
+    packed row and value head: w = T (beta exp(gam) k), u = T (beta v), and gam."""
+
+    chunk: int
+    dots: str
+    w: torch.Tensor  # fp32 [T, HV, dk]
+    u: torch.Tensor  # fp32 [T, HV, dv]
+    gam: torch.Tensor  # fp32 [T, HV]
+
+
+def _check_gdn_inputs(
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    segs: torch.Tensor,
+    hqk: int,
+    hv: int,
+    dk: int,
+    dv: int,
+) -> None:
+    if conv.dim() != 2 or conv.dtype != torch.float32 or conv.shape[1] != 2 * hqk * dk + hv * dv:
+        raise ValueError(
+            f"conv must be fp32 [T, {2 * hqk * dk + hv * dv}] (q | k | v of the given heads), "
+            f"got {conv.dtype} {tuple(conv.shape)}"
+        )
+    if hqk < 1 or hv % hqk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of query/key heads ({hqk})")
+    t = conv.shape[0]
+    for name, p in (("b_raw", b_raw), ("a_raw", a_raw)):
+        if p.dim() != 2 or tuple(p.shape) != (t, hv) or not p.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a float tensor [{t}, {hv}], got {p.dtype} {tuple(p.shape)}")
+    if tuple(ssm_a.shape) != (hv,) or tuple(dt.shape) != (hv,):
+        raise ValueError(f"ssm_a and dt must be [{hv}], got {tuple(ssm_a.shape)} and {tuple(dt.shape)}")
+    if segs.dim() != 2 or segs.shape[0] < 1:
+        raise ValueError(f"segs must be [S >= 1, {SEG_FIELDS}], got {tuple(segs.shape)}")
+    _check_table("segs", segs, (segs.shape[0], SEG_FIELDS), conv)
+
+
+def _check_chunk(chunk: int, dots: str) -> None:
+    if chunk and (chunk < 16 or chunk & (chunk - 1)):
+        raise ValueError(f"chunk must be 0 or a power of two >= 16, got {chunk}")
+    if dots not in GDN_DOTS:
+        raise ValueError(f"dots must be one of {GDN_DOTS}, got {dots!r}")
+
+
+def _block_v(dk: int, dv: int) -> int:
+    bv = BLOCK_V if dv % BLOCK_V == 0 else 16  # 16 for the tiny test models' dv=16 heads
+    if dk & (dk - 1) or dk < 16 or dv % bv:
+        raise ValueError(f"the kernel needs dk a power of two >= 16 and dv a multiple of 16, got {dk}, {dv}")
+    return bv
+
+
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def forest_gdn_prep(
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    segs: torch.Tensor,
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    k_dim: int,
+    v_dim: int,
+    chunk: int = CHUNK,
+    dots: str = "ieee",
+) -> ChunkPrep:
+    """The chunked recurrence's products that need no state, for every chunk of every live
+    segment of every level at once (chunks start at the segment start; one program per chunk
+    and value head, all in parallel): with gam the cumulative log decay inside the chunk,
+    A_ij = beta_i exp(gam_i - gam_j) k_i.k_j (j < i) and T = (I + A)^-1, the rows of
+    w = T (beta exp(gam) k) and u = T (beta v). `forest_gdn(chunk=...)` then walks the chunks
+    of each level with the state. Inputs as for `forest_gdn`; the kernel path only.
+    """
+    hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
+    if not chunk:
+        raise ValueError("forest_gdn_prep needs a chunk size (a power of two >= 16)")
+    _check_chunk(chunk, dots)
+    _check_gdn_inputs(conv, b_raw, a_raw, ssm_a, dt, segs, hqk, hv, dk, dv)
+    t = conv.shape[0]
+    if segs.device.type == "cpu":
+        _check_segments(segs, t)
+    bv = _block_v(dk, dv)
+    prep = ChunkPrep(
+        chunk=chunk,
+        dots=dots,
+        w=torch.empty(t, hv, dk, dtype=torch.float32, device=conv.device),
+        u=torch.empty(t, hv, dv, dtype=torch.float32, device=conv.device),
+        gam=torch.empty(t, hv, dtype=torch.float32, device=conv.device),
+    )
+    if t == 0:
+        return prep
+    conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
+    _gdn_prep[(segs.shape[0], cdiv(t, chunk), hv)](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, prep.w, prep.u, prep.gam,
+        conv.stride(0), b_raw.stride(0), a_raw.stride(0), L2NORM_EPS,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk, LOG2_BC=chunk.bit_length() - 1, DOTS=dots,
+        num_warps=CHUNK_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return prep
+
+
 def forest_gdn(
     conv: torch.Tensor,
     b_raw: torch.Tensor,
@@ -400,6 +559,8 @@ def forest_gdn(
     k_dim: int,
     v_dim: int,
     chunk: int = 0,
+    dots: str = "ieee",
+    prep: ChunkPrep | None = None,
     backend: Backend = "triton",
 ) -> None:
     """The delta-rule recurrence of one level's segments; writes their rows of `out` and final states.
@@ -411,37 +572,21 @@ def forest_gdn(
     base + state_out + layer_off (layer_off = j * HV * dk * dv for GDN layer j).
 
     chunk 0: token by token, exactly the decode step's arithmetic. chunk C (a power of two >= 16):
-    the chunked form, C tokens per step in matrix products (chunks start at the segment start):
-    with gam the cumulative log decay inside the chunk, A_ij = beta_i exp(gam_i - gam_j) k_i.k_j
-    (j < i) and T = (I + A)^-1, the chunk's updates are U = T (beta v) - T (beta exp(gam) k) S,
-    its outputs exp(gam_i) S^T q_i + sum_{j<=i} exp(gam_i - gam_j) (q_i.k_j) u_j, and the state
-    leaves as exp(gam_C) S + sum_j exp(gam_C - gam_j) k_j u_j^T: the same recurrence, summed in
-    another order (equal to rounding, not bitwise), with no token-to-token dependency inside a
-    chunk. Either way a segment's bits depend on its own tokens and initial state alone.
+    the chunked form, C tokens per step in matrix products of `dots` precision (GDN_DOTS), from
+    `prep` (`forest_gdn_prep` of the same inputs, chunk and dots; made here if None): per chunk
+    U = u - w S, outputs exp(gam_i) S^T q_i + sum_{j<=i} exp(gam_i - gam_j) (q_i.k_j) U_j, and
+    the state leaves as exp(gam_C) S + sum_j exp(gam_C - gam_j) k_j U_j^T: the same recurrence,
+    summed in another order (equal to rounding, not bitwise), with no token-to-token dependency
+    inside a chunk. Either way a segment's bits depend on its own tokens and initial state alone.
+    The torch reference (backend "torch") is token by token whatever chunk is.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
-    if chunk and (chunk < 16 or chunk & (chunk - 1)):
-        raise ValueError(f"chunk must be 0 or a power of two >= 16, got {chunk}")
-    if conv.dim() != 2 or conv.dtype != torch.float32 or conv.shape[1] != 2 * hqk * dk + hv * dv:
-        raise ValueError(
-            f"conv must be fp32 [T, {2 * hqk * dk + hv * dv}] (q | k | v of the given heads), "
-            f"got {conv.dtype} {tuple(conv.shape)}"
-        )
-    if hqk < 1 or hv % hqk:
-        raise ValueError(f"value heads ({hv}) must be a multiple of query/key heads ({hqk})")
+    _check_chunk(chunk, dots)
+    _check_gdn_inputs(conv, b_raw, a_raw, ssm_a, dt, segs, hqk, hv, dk, dv)
     t = conv.shape[0]
-    for name, p in (("b_raw", b_raw), ("a_raw", a_raw)):
-        if p.dim() != 2 or tuple(p.shape) != (t, hv) or not p.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a float tensor [{t}, {hv}], got {p.dtype} {tuple(p.shape)}")
-    if tuple(ssm_a.shape) != (hv,) or tuple(dt.shape) != (hv,):
-        raise ValueError(f"ssm_a and dt must be [{hv}], got {tuple(ssm_a.shape)} and {tuple(dt.shape)}")
     if out.dtype != torch.float32 or tuple(out.shape) != (t, hv, dv) or not out.is_contiguous():
         raise ValueError(f"out must be contiguous fp32 [{t}, {hv}, {dv}], got {out.dtype} {tuple(out.shape)}")
     _check_base(base, conv)
-    if segs.dim() != 2 or segs.shape[0] < 1:
-        raise ValueError(f"segs must be [S >= 1, {SEG_FIELDS}], got {tuple(segs.shape)}")
-    s = segs.shape[0]
-    _check_table("segs", segs, (s, SEG_FIELDS), conv)
     if level < 0 or layer_off < 0:
         raise ValueError(f"level and layer_off must be >= 0, got {level} and {layer_off}")
     reference = not use_triton(backend, conv)
@@ -456,19 +601,26 @@ def forest_gdn(
             conv, b_raw, a_raw, ssm_a, dt, base, segs, level, layer_off, out, hqk, hv, dk, dv
         )
         return
-    bv = BLOCK_V if dv % BLOCK_V == 0 else 16  # 16 for the tiny test models' dv=16 heads
-    if dk & (dk - 1) or dk < 16 or dv % bv:
-        raise ValueError(f"the kernel needs dk a power of two >= 16 and dv a multiple of 16, got {dk}, {dv}")
-    conv = conv if conv.stride(1) == 1 else conv.contiguous()
-    b_raw = b_raw if b_raw.stride(1) == 1 else b_raw.contiguous()
-    a_raw = a_raw if a_raw.stride(1) == 1 else a_raw.contiguous()
-    args = (
-        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, segs, out,
-        level, layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
-        dk**-0.5, L2NORM_EPS,
-    )  # fmt: skip
-    _gdn[(s, hv, dv // bv)](
-        *args, HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk,
+    bv = _block_v(dk, dv)
+    if chunk and prep is None:
+        prep = forest_gdn_prep(
+            conv, b_raw, a_raw, ssm_a, dt, segs,
+            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=chunk, dots=dots,
+        )  # fmt: skip
+    if prep is not None:
+        if (prep.chunk, prep.dots) != (chunk, dots) or prep.w.shape != (t, hv, dk):
+            raise ValueError(
+                f"prep is for chunk {prep.chunk}, dots {prep.dots!r}, {prep.w.shape[0]} rows; "
+                f"this call has chunk {chunk}, dots {dots!r}, {t} rows"
+            )
+        w, u, gam = prep.w, prep.u, prep.gam
+    else:
+        w = u = gam = out  # not read by the token-by-token kernel
+    conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
+    _gdn[(segs.shape[0], hv, dv // bv)](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, segs, out, w, u, gam,
+        level, layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk, DOTS=dots,
         num_warps=CHUNK_WARPS if chunk else NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
 

@@ -37,6 +37,8 @@ from engine.config import ModelConfig
 from engine.decoder import Decoder
 from engine.executor import ForestOutput, run_forest
 from engine.forest import Forest, Segment, SegmentState, build_forest
+from engine.kernels.forest_attention import ATTENTION_DOTS
+from engine.kernels.forest_gdn import GDN_DOTS
 from engine.quant import QuantLinear
 from engine.readout import read_letters
 from engine.sampling import sample_tokens
@@ -309,6 +311,10 @@ def main() -> None:
     ap.add_argument("--levels", action="store_true", help="forests level by level (engine.executor)")
     ap.add_argument("--body-eager", action="store_true", help="one-pass forests without CUDA graphs")
     ap.add_argument("--gdn-chunk", type=int, default=0, help="body: GDN recurrence in chunks of N tokens")
+    ap.add_argument("--gdn-dots", default="ieee", choices=GDN_DOTS, help="body: chunked GDN products")
+    ap.add_argument(
+        "--attention-dots", default="ieee", choices=ATTENTION_DOTS, help="body: attention dot precision"
+    )
     ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
@@ -324,13 +330,23 @@ def main() -> None:
     body = (
         None
         if args.levels
-        else ForestBody(weights, graphs=False if args.body_eager else None, gdn_chunk=args.gdn_chunk)
+        else ForestBody(
+            weights,
+            graphs=False if args.body_eager else None,
+            gdn_chunk=args.gdn_chunk,
+            gdn_dots=args.gdn_dots,
+            attention_dots=args.attention_dots,
+        )
     )
     run = body.run if body is not None else (lambda f: run_forest(weights, f))
     root = run(build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None, body=body)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s}
+    result["executor"] = "levels" if body is None else "body" + ("-eager" if args.body_eager else "")
+    if body is not None:
+        result |= {"gdn_chunk": body.gdn_chunk, "gdn_dots": body.gdn_dots}
+        result["attention_dots"] = body.attention_dots
     result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0
     for key, value in result.items():
         show(key, value)

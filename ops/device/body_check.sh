@@ -23,8 +23,12 @@ if [ "$STAGE" != tests ]; then
     for shape in ${SHAPES:-4B 27B}; do  # BENCH_ARGS="--profile $OUT/prof_b.txt" adds (b)'s kernel table
         python3 ops/bench/bench_engine.py --shape "$shape" --json "$OUT/body_$shape.json" \
             ${BENCH_ARGS:-} 2>&1 | tee "$OUT/body_$shape.log" | grep -v '^\s*$' | tail -12
-        python3 ops/bench/bench_engine.py --shape "$shape" --gdn-chunk 64 --decode-steps 8 \
+        # the opt-in precision settings: chunked GDN (fp32, then tf32 products), then bf16 attention
+        python3 ops/bench/bench_engine.py --shape "$shape" --gdn-chunk 32 --decode-steps 8 \
             --json "$OUT/chunk_$shape.json" 2>&1 | tee "$OUT/chunk_$shape.log" | grep -v '^\s*$' | tail -8
+        python3 ops/bench/bench_engine.py --shape "$shape" --gdn-chunk 32 --gdn-dots tf32 \
+            --attention-dots bf16 --decode-steps 8 --json "$OUT/tc_$shape.json" 2>&1 \
+            | tee "$OUT/tc_$shape.log" | grep -v '^\s*$' | tail -8
         python3 ops/bench/bench_engine.py --shape "$shape" --levels --skip-long --decode-steps 8 \
             --json "$OUT/levels_$shape.json" 2>&1 | tee "$OUT/levels_$shape.log" | grep -v '^\s*$' | tail -8
     done

@@ -120,7 +120,14 @@ def test_body_agrees_with_the_level_executor(engine: Engine, body: ForestBody) -
                 torch.testing.assert_close(mine[layer], theirs[layer].float(), rtol=0.05, atol=0.05)
 
 
-def test_a_request_has_the_same_bits_alone_and_among_others(engine: Engine, body: ForestBody) -> None:
+# the default body, and one with every opt-in precision setting (chunked GDN on tf32 products,
+# bf16 attention dots): other rounding, the same invariance
+BODY_SETTINGS = {"exact": {}, "tensor-cores": dict(gdn_chunk=16, gdn_dots="tf32", attention_dots="bf16")}
+
+
+@pytest.mark.parametrize("setting", sorted(BODY_SETTINGS))
+def test_a_request_has_the_same_bits_alone_and_among_others(engine: Engine, setting: str) -> None:
+    body = ForestBody(engine.weights, **BODY_SETTINGS[setting])
     g = torch.Generator().manual_seed(4)
     a = _request(g, engine.root, 19, [3, 7])
     b = _request(g, engine.root, 40, [2, 2, 11])
@@ -170,3 +177,10 @@ def test_the_chunked_recurrence_agrees_with_the_token_by_token_one(engine: Engin
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     errors = ((got - want).abs().amax(-1) / want.abs().amax(-1)).tolist()
     assert max(errors) <= 2e-2, errors
+
+
+def test_unknown_precision_settings_raise(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="attention_dots one of"):
+        ForestBody(engine.weights, attention_dots="fp8")
+    with pytest.raises(ValueError, match="gdn_dots must be one of"):
+        ForestBody(engine.weights, gdn_dots="bf16")

@@ -6,6 +6,7 @@ bits in a bigger launch at another slot and other packed rows.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -143,11 +144,11 @@ def _prep(case: Case, lay: Launch, backend: str, dtype: torch.dtype = torch.floa
     )  # fmt: skip
 
 
-def _attend(case: Case, lay: Launch, q: torch.Tensor, backend: str) -> torch.Tensor:
+def _attend(case: Case, lay: Launch, q: torch.Tensor, backend: str, dots: str = "ieee") -> torch.Tensor:
     qg = lay.inputs()[0]
     base = case.pool.base
     return forest_attention(
-        q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, backend=backend
+        q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, dots=dots, backend=backend
     )
 
 
@@ -193,11 +194,29 @@ def test_prep_matches_reference_and_padding_writes_nothing(
     assert torch.equal(after_ref[rest], case.before[rest])
 
 
-def _oracle(case: Case, lay: Launch, q: torch.Tensor) -> torch.Tensor:
-    """Plain softmax of each row over [ancestors..., own[:l + 1]], gated; uncovered rows zero."""
+def _oracle(
+    case: Case,
+    lay: Launch,
+    q: torch.Tensor,
+    *,
+    rounded: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    operand_unit: float = 0.0,
+    weight_unit: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax of each row over [ancestors..., own[:l + 1]], gated; uncovered rows zero.
+    q, keys and values pass through `rounded` first (the dot format's rounding, where emulated).
+
+    Also a bound per output element on what rounding the dot operands can change beyond that:
+    q and k of unit roundoff `operand_unit` move a score by at most d = scale |q|.|k| 2u(1+u),
+    so each softmax weight p_j by a factor within exp(+-2d); rounding the weights (and v, if
+    not emulated) to `weight_unit` moves each term by at most 2u(1+u):
+    |change| <= (expm1(2d) + 2u(1+u)) sum_j p_j |v_j| (the gate is <= 1).
+    """
     base = case.pool.base
     out = torch.zeros(q.shape[0], NH * HD, device=q.device)
+    bound = torch.zeros_like(out)
     qg = lay.inputs()[0]
+    q = rounded(q)
     for s, row0 in lay.row_of.items():
         keys, values = [], []
         for k_off, v_off, n, rows_per_head in case.pieces[s].tolist():
@@ -205,14 +224,21 @@ def _oracle(case: Case, lay: Launch, q: torch.Tensor) -> torch.Tensor:
             keys.append(base[k_off : k_off + NKV * rows_per_head * HD].view(shape)[:, :n])
             values.append(base[v_off : v_off + NKV * rows_per_head * HD].view(shape)[:, :n])
         ancestors = sum(SEGMENTS[s][0])
-        k_all = torch.cat(keys, dim=1).repeat_interleave(NH // NKV, dim=0)  # [nh, ancestors + n, hd]
-        v_all = torch.cat(values, dim=1).repeat_interleave(NH // NKV, dim=0)
+        # [nh, ancestors + n, hd]
+        k_all = rounded(torch.cat(keys, dim=1)).repeat_interleave(NH // NKV, dim=0)
+        v_all = rounded(torch.cat(values, dim=1)).repeat_interleave(NH // NKV, dim=0)
         for local in range(SEGMENTS[s][1]):
             r, seen = row0 + local, ancestors + local + 1
             scores = torch.einsum("hd,hld->hl", q[r], k_all[:, :seen]) * HD**-0.5
-            o = torch.einsum("hl,hld->hd", torch.softmax(scores, dim=-1), v_all[:, :seen])
+            p = torch.softmax(scores, dim=-1)
+            o = torch.einsum("hl,hld->hd", p, v_all[:, :seen])
             out[r] = (o * torch.sigmoid(qg[r].view(NH, 2 * HD)[:, HD:])).reshape(-1)
-    return out
+            qk = torch.einsum("hd,hld->hl", q[r].abs(), k_all[:, :seen].abs()).amax(dim=1)
+            d = qk * HD**-0.5 * 2 * operand_unit * (1 + operand_unit)
+            rel = 2 * weight_unit * (1 + weight_unit)
+            v_abs = torch.einsum("hl,hld->hd", p, v_all[:, :seen].abs())
+            bound[r] = ((torch.expm1(2 * d) + rel)[:, None] * v_abs).reshape(-1)
+    return out, bound
 
 
 def test_attention_matches_reference_and_oracle(dev: torch.device, gen: torch.Generator) -> None:
@@ -222,7 +248,7 @@ def test_attention_matches_reference_and_oracle(dev: torch.device, gen: torch.Ge
     out = _attend(case, lay, q, "triton")
     out_ref = _attend(case, lay, q, "torch")
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out, _oracle(case, lay, q), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, _oracle(case, lay, q)[0], rtol=1e-5, atol=1e-5)
     covered = torch.zeros(q.shape[0], dtype=torch.bool, device=dev)
     for s, row0 in lay.row_of.items():
         covered[row0 : row0 + SEGMENTS[s][1]] = True
@@ -231,19 +257,53 @@ def test_attention_matches_reference_and_oracle(dev: torch.device, gen: torch.Ge
     assert out[covered].abs().amin(dim=1).gt(0).all()
 
 
-def test_segment_bits_do_not_depend_on_the_launch(dev: torch.device, gen: torch.Generator) -> None:
+def _to_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().float()  # round to nearest even, as the kernel's bf16 operands
+
+
+# bf16: q, k, v rounded here as the kernel rounds them, leaving its probabilities (8-bit
+# significand: unit 2^-8); tf32 (11-bit significand, 2^-10 also covers truncation) not emulated
+TENSOR_CORE_ORACLE: dict[str, dict] = {
+    "bf16": dict(rounded=_to_bf16, weight_unit=2.0**-8),
+    "tf32": dict(operand_unit=2.0**-10, weight_unit=2.0**-10),
+}
+
+
+@pytest.mark.parametrize("dots", sorted(TENSOR_CORE_ORACLE))
+def test_tensor_core_dots_within_their_rounding_bound(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    out = _attend(case, lay, q, "triton", dots)
+    want, bound = _oracle(case, lay, q, **TENSOR_CORE_ORACLE[dots])
+    err = (out - want).abs()
+    assert (err <= bound + 1e-5).all(), f"{dots}: error {err.max():.3g} over its bound"
+
+
+def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, [1], dev, spread=False)
+    q = _prep(case, lay, "torch")
+    with pytest.raises(ValueError, match="dots must be one of"):
+        _attend(case, lay, q, "triton", "fp16")
+
+
+@pytest.mark.parametrize("dots", ["ieee", "tf32", "bf16"])
+def test_segment_bits_do_not_depend_on_the_launch(dots: str, dev: torch.device, gen: torch.Generator) -> None:
     case = _case(dev, gen)
     members = list(range(len(SEGMENTS)))
     big = _launch(case, members, dev, spread=True)
     case.pool.base.copy_(case.before)
     q_big = _prep(case, big, "triton")
-    out_big = _attend(case, big, q_big, "triton")
+    out_big = _attend(case, big, q_big, "triton", dots)
     base_big = case.pool.base.clone()
     for s in members:
         alone = _launch(case, [s], dev, spread=False)
         case.pool.base.copy_(case.before)
         q = _prep(case, alone, "triton")
-        out = _attend(case, alone, q, "triton")
+        out = _attend(case, alone, q, "triton", dots)
         rows = slice(big.row_of[s], big.row_of[s] + SEGMENTS[s][1])
         assert torch.equal(q, q_big[rows]), s
         assert torch.equal(out, out_big[rows]), s

@@ -14,7 +14,13 @@ import torch.nn.functional as F
 from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
-from engine.kernels.forest_gdn import forest_conv, forest_conv_reference, forest_gdn, forest_gdn_reference
+from engine.kernels.forest_gdn import (
+    forest_conv,
+    forest_conv_reference,
+    forest_gdn,
+    forest_gdn_prep,
+    forest_gdn_reference,
+)
 from engine.kernels.forest_tables import (
     CONV_ROW,
     CONV_TAIL,
@@ -454,13 +460,16 @@ def _long_forest(dev: torch.device, gen: torch.Generator, lengths: list[int], fi
 
 
 def _run_levels(
-    pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk: int, backend: str = "triton"
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk: int, backend: str = "triton", dots: str = "ieee"
 ) -> torch.Tensor:
     out = torch.zeros(conv.shape[0], HV, DV, device=conv.device)
+    prep = None
+    if chunk and backend == "triton":  # once for both levels, as the body does
+        prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, **KW, chunk=chunk, dots=dots)
     for level in range(2):
         forest_gdn(
             conv, b_raw, a_raw, ssm_a, dt, pool.base, segs, level, LAYER * STATE, out, **KW,
-            chunk=chunk, backend=backend,
+            chunk=chunk, dots=dots, prep=prep, backend=backend,
         )  # fmt: skip
     return out
 
@@ -468,7 +477,7 @@ def _run_levels(
 def test_chunked_recurrence_equals_the_token_by_token_one(dev: torch.device, gen: torch.Generator) -> None:
     """Chunks of 16 over segments of 40 and 21 tokens (partial chunks, a child starting from its
     parent's final state): outputs and final states agree with the token-by-token kernel and the
-    torch reference to fp32 rounding; and a segment's bits alone equal its bits packed."""
+    torch reference to fp32 rounding."""
     lengths, t = [40, 21], 64
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, lengths, [3, 43], t)
     before = pool.base.clone()
@@ -485,16 +494,82 @@ def test_chunked_recurrence_equals_the_token_by_token_one(dev: torch.device, gen
     for g, r in zip(got_states, ref_states, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
     assert not got[rows].isnan().any()
-    # the child alone: its rows at 0, its parent's final state (from the packed run) as its start
-    pool.base.copy_(before)
-    _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=16)
+
+
+@pytest.mark.parametrize("dots", ["ieee", "tf32"])
+def test_chunked_segment_bits_do_not_depend_on_the_launch(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """The child alone (its rows at 0, its parent's final state from the packed run as its
+    start) gives the bits it has packed after its parent, at either dot precision."""
+    lengths, t = [40, 21], 64
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, lengths, [3, 43], t)
+    packed = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=16, dots=dots)
+    packed_state = pool.base[outs[1] + LAYER * STATE :][:STATE].clone()
     alone_segs = segs[1:].clone()
     alone_segs[0, SEG_TOK_LO], alone_segs[0, SEG_LEVEL] = 0, 0
     idx = torch.arange(43, 64, device=dev)
     out = torch.zeros(21, HV, DV, device=dev)
     forest_gdn(
         conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt, pool.base, alone_segs, 0, LAYER * STATE, out, **KW,
-        chunk=16,
+        chunk=16, dots=dots,
     )  # fmt: skip
-    assert torch.equal(out, got[43:64])
-    assert torch.equal(pool.base[outs[1] + LAYER * STATE :][:STATE], got_states[1])
+    assert torch.equal(out, packed[43:64])
+    assert torch.equal(pool.base[outs[1] + LAYER * STATE :][:STATE], packed_state)
+
+
+def _chunk_oracle(
+    conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
+    lo: int, n: int, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """w, u and gam of one segment's rows in float64, T = (I + A)^-1 by torch.linalg.inv."""
+    x = conv[lo : lo + n].double()
+    k = l2_normalize(x[:, HQK * DK : 2 * HQK * DK].reshape(n, HQK, DK)).repeat_interleave(HV // HQK, dim=1)
+    v = x[:, 2 * HQK * DK :].reshape(n, HV, DV)
+    beta = torch.sigmoid(b_raw[lo : lo + n].double())
+    g = ssm_a.double() * F.softplus(a_raw[lo : lo + n].double() + dt.double())
+    w, u, gam = torch.zeros(n, HV, DK, dtype=torch.float64), torch.zeros(n, HV, DV, dtype=torch.float64), []
+    for c0 in range(0, n, chunk):
+        c1 = min(c0 + chunk, n)
+        gc = torch.cumsum(g[c0:c1], dim=0)  # [c, HV]
+        gam.append(gc)
+        for h in range(HV):
+            kh = k[c0:c1, h]
+            a = beta[c0:c1, h, None] * (kh @ kh.T) * torch.exp(gc[:, h, None] - gc[None, :, h])
+            t = torch.linalg.inv(torch.eye(c1 - c0, dtype=torch.float64) + torch.tril(a, diagonal=-1))
+            w[c0:c1, h] = t @ (kh * (beta[c0:c1, h] * torch.exp(gc[:, h]))[:, None])
+            u[c0:c1, h] = t @ (v[c0:c1, h] * beta[c0:c1, h, None])
+    return w, u, torch.cat(gam)
+
+
+def test_chunk_prep_matches_a_float64_inverse(dev: torch.device, gen: torch.Generator) -> None:
+    """The state-free chunk products (w, u, gam) of segments of 40 and 21 tokens (full and
+    partial chunks of 16) against float64 with T inverted by torch.linalg.inv. The keys share a
+    common direction, so A is far from small and a truncated series for T would show."""
+    lengths, t = [40, 21], 64
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, lengths, [3, 43], t)
+    common = torch.randn(DK, generator=gen).to(dev)
+    k = conv[:, HQK * DK : 2 * HQK * DK].view(t, HQK, DK)
+    k.mul_(0.3).add_(common)  # k_i . k_j ~ 0.9 after normalisation
+    prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, **KW, chunk=16)
+    for lo, n in ((3, 40), (43, 21)):
+        w, u, gam = _chunk_oracle(conv.cpu(), b_raw.cpu(), a_raw.cpu(), ssm_a.cpu(), dt.cpu(), lo, n, 16)
+        for got, want in ((prep.w, w), (prep.u, u), (prep.gam, gam)):
+            got = got[lo : lo + n].double().cpu()
+            err = (got - want).abs().max() / want.abs().max()
+            assert err < 1e-5, (lo, err)
+
+
+def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> None:
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, [40, 21], [3, 43], 64)
+    args = (conv, b_raw, a_raw, ssm_a, dt)
+    with pytest.raises(ValueError, match="dots must be one of"):
+        forest_gdn_prep(*args, segs, **KW, chunk=16, dots="bf16")
+    with pytest.raises(ValueError, match="power of two"):
+        forest_gdn_prep(*args, segs, **KW, chunk=24)
+    prep = forest_gdn_prep(*args, segs, **KW, chunk=16)
+    out = torch.zeros(64, HV, DV, device=dev)
+    with pytest.raises(ValueError, match="prep is for chunk 16"):
+        forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=32, prep=prep)
+    with pytest.raises(ValueError, match="prep is for chunk 16, dots 'ieee'"):
+        forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=16, dots="tf32", prep=prep)
