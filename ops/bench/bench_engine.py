@@ -294,6 +294,27 @@ def run_workloads(
     record("d_64_clients_req_per_s", 64 / statistics.median(times))
 
 
+def agreement(bench: Bench, evidence_tokens: int, questions: int, question_tokens: int = 36) -> dict:
+    """How far the bench's body (opt-in precision settings) lands from the exact body on one
+    request with no cached parent: the largest logit difference relative to its row's largest
+    logit, the largest change of a letter probability, and whether every answer is the same."""
+    assert bench.body is not None
+    segs = [Segment(bench.tokens(evidence_tokens), None)]
+    segs += [Segment(bench.tokens(question_tokens), 0, read=True) for _ in range(questions)]
+    forest = build_forest(segs)
+    got = bench.body.run(forest).logits.float()
+    want = ForestBody(bench.weights, graphs=False).run(forest).logits.float()
+    rel = ((got - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
+    probs = [
+        (read_letters(got[r], LETTERS[:4], 1.0), read_letters(want[r], LETTERS[:4], 1.0))
+        for r in range(questions)
+    ]
+    pairs = [zip(a.probabilities, b.probabilities, strict=True) for a, b in probs]
+    prob_diff = max(abs(x - y) for pair in pairs for x, y in pair)
+    same = all(a.top == b.top for a, b in probs)
+    return {"max_rel_logit_diff": rel, "max_letter_prob_diff": prob_diff, "same_answers": same}
+
+
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
     times = [fn() for _ in range(n)][warmup:]
     return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
@@ -358,6 +379,11 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=2)
 
+    exact = body is None or (body.gdn_chunk, body.gdn_dots, body.attention_dots) == (0, "ieee", "ieee")
+    if not exact:  # what the opt-in settings cost in accuracy, beside what they save in time
+        record("accuracy_b_vs_exact", agreement(bench, 220, 3))
+        if not args.skip_long:
+            record("accuracy_c_vs_exact", agreement(bench, 8156, 1))
     if not args.decode_only:
         after_b = (lambda: profile_b(bench, args.profile)) if args.profile else None
         run_workloads(bench, record, skip_long=args.skip_long, after_b=after_b)
