@@ -78,6 +78,8 @@ def record() -> Iterator[list[Launch]]:
 
 
 def _arg_type(value: Any) -> str:
+    if type(value).__name__ == "TensorDescriptor":  # triton.tools.tensor_descriptor (TMA)
+        return f"tensordesc<{_DTYPES[value.base.dtype]}{list(value.block_shape)}>"
     if isinstance(value, torch.Tensor):
         if value.dtype not in _DTYPES:
             raise ValueError(f"no Triton pointer type for {value.dtype}")
@@ -204,6 +206,9 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         # split K (the decode rows' candidate; any split gives the same bits)
         split = GemmConfig(64, 128, 128, 4, 4, split_k=4)
         int8_gemm(q8, weight(inter, h), scale, f32(inter), f32(t, inter), backend="triton", config=split)
+        # persistent with TMA operands (a candidate for large M; any config gives the same bits)
+        tma = GemmConfig(128, 128, 128, 8, 3, persistent=True)
+        int8_gemm(a_inter, weight(h, inter), a_scale, f32(h), f32(1024, h), backend="triton", config=tma)
         for k in sorted({h, inter, nh * hd, hv * dv, conv_dim}):
             quantize_rows(f32(t, k), f32(k), backend="triton")
             rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")

@@ -33,6 +33,7 @@ class GemmConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1  # > 1: K split over programs whose exact int32 partials are added atomically
+    persistent: bool = False  # one program per SM walking tiles, operands by TMA (sm_90+)
 
 
 # (largest M, config): fixed, so a given M always runs the same program. Measured on an H200
@@ -95,6 +96,37 @@ def _int8_gemm_kernel(
         acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
         stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
     )  # fmt: skip
+
+
+def _int8_gemm_tma_kernel(
+    a_desc, w_desc, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    M, N, K, num_programs, stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Persistent: program p computes tiles p, p + num_programs, ... in the grouped order of
+    `_int8_gemm_kernel`; operand tiles come by TMA (tensor descriptors), whose reads past an
+    edge are zeros, so no masks. Each tile's int32 sum and epilogue are the other kernel's."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    for tile in tl.range(tl.program_id(0), num_m * num_n, num_programs):
+        first_m = (tile // width) * GROUP_M
+        group_size = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % width) % group_size
+        pid_n = (tile % width) // group_size
+        acc = tl.zeros((BM, BN), dtype=tl.int32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            a = a_desc.load([pid_m * BM, kb * BK])
+            w = w_desc.load([pid_n * BN, kb * BK])
+            acc = tl.dot(a, w.T, acc, out_dtype=tl.int32)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        _epilogue(
+            acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+            stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+        )  # fmt: skip
 
 
 def _epilogue(
@@ -169,8 +201,25 @@ def _int32_epilogue_kernel(
 
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
+_tma_kernel = kernel(_int8_gemm_tma_kernel)
 _partial = kernel(_int8_partial_kernel)
 _finish = kernel(_int32_epilogue_kernel)
+
+
+def _tma_ready(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """TMA needs unit inner strides, 16-byte aligned rows and bases, and on CUDA sm_90+;
+    otherwise the persistent config falls back to the pointer kernel (the same bits)."""
+    for x in (a, w):
+        if x.stride(1) != 1 or x.stride(0) % 16 or x.data_ptr() % 16:
+            return False
+    return not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9
+
+
+def _processors(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM (4 under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def int8_matmul_exact(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -288,7 +337,22 @@ def int8_gemm(
             BM=cfg.block_m, BN=cfg.block_n, num_warps=4, enable_fp_fusion=False,
         )  # fmt: skip
         return y
-    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    if cfg.persistent and _tma_ready(a, w):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        programs = min(tiles, _processors(a.device))
+        _tma_kernel[(programs,)](
+            TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k]),
+            a_scale, w_scale, res, y, m, n, k, programs,
+            res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+            HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+        )  # fmt: skip
+        return y
+    grid = (tiles,)
     _kernel[grid](
         a, w, a_scale, w_scale, res, y,
         m, n, k,

@@ -39,6 +39,10 @@ SWEEP = [
     GemmConfig(64, 128, 128, 4, 4, split_k=2),  # split K: more programs for decode's small M
     GemmConfig(64, 128, 128, 4, 4, split_k=4),
     GemmConfig(64, 64, 128, 4, 4, split_k=4),
+    # persistent, TMA operands (sm_90 compile: ops/bench/NOTES-kernels.md, session 4)
+    GemmConfig(128, 128, 128, 8, 3, persistent=True),
+    GemmConfig(128, 256, 128, 8, 3, persistent=True),
+    GemmConfig(64, 256, 128, 8, 4, persistent=True),
 ]
 
 

@@ -42,6 +42,9 @@ def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
         (64, 256, 96, SMALL),
         (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, split_k=3)),  # split K: atomic int32 partials
         (33, 96, 64, GemmConfig(16, 32, 32, 4, 2, split_k=4)),  # more splits than K blocks need
+        # persistent TMA: 30 tiles over the programs, edges in M, N and K read as zeros
+        (37, 208, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),
+        (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),  # rows not 16-byte: fallback
     ],
 )
 @pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
@@ -82,6 +85,7 @@ def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) ->
     a, w, a_scale, w_scale = _operands(gen, 40, 256, 128, dev)
     configs = [SMALL, GemmConfig(32, 64, 64, 4, 2), *[c for _, c in CONFIG_TABLE]]
     configs += [GemmConfig(16, 32, 32, 4, 2, split_k=s) for s in (2, 5)]
+    configs += [GemmConfig(16, 32, 32, 4, 2, persistent=True), GemmConfig(32, 64, 64, 4, 2, persistent=True)]
     outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
