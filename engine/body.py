@@ -67,7 +67,7 @@ from engine.kernels.forest_tables import (
     SEG_TOK_LO,
 )
 from engine.quant import QuantLinear
-from engine.reference import rope_cos_sin
+from engine.rope import rope_rows
 from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
@@ -216,10 +216,11 @@ class ForestBody:
                 n_gdn, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
             )
             conv = block[rest + n_gdn * self.state_size :].view(n_gdn, c.conv_dim, c.conv_kernel - 1)
-            for a, i in enumerate(self.attn_layers):
-                st.keys[i], st.values[i] = keys[a], values[a]
-            for j, i in enumerate(self.gdn_layers):
-                st.recurrent[i], st.conv[i] = recurrent[j], conv[j]
+            # unbind: every layer's view in one call (a Python index per layer cost ~1 us each)
+            st.keys.update(zip(self.attn_layers, keys.unbind(0), strict=True))
+            st.values.update(zip(self.attn_layers, values.unbind(0), strict=True))
+            st.recurrent.update(zip(self.gdn_layers, recurrent.unbind(0), strict=True))
+            st.conv.update(zip(self.gdn_layers, conv.unbind(0), strict=True))
             states.append(st)
             blocks.append(block)
         return states, blocks
@@ -237,10 +238,23 @@ class ForestBody:
         return copy
 
     def _stacked(
-        self, per_layer: dict[int, torch.Tensor], layers: list[int], held: list[torch.Tensor]
+        self,
+        per_layer: dict[int, torch.Tensor],
+        layers: list[int],
+        held: list[torch.Tensor],
+        known: dict[int, int],
     ) -> int:
         """Offset of the block [n_layers, ...] holding per_layer's tensors back to back (a copy
-        when they do not already lie that way, as states made by this pass do)."""
+        when they do not already lie that way, as states made by this pass do); memoized in
+        `known` for the plan, as many segments of a batch share one cached parent."""
+        if id(per_layer) in known:
+            return known[id(per_layer)]
+        known[id(per_layer)] = offset = self._stacked_offset(per_layer, layers, held)
+        return offset
+
+    def _stacked_offset(
+        self, per_layer: dict[int, torch.Tensor], layers: list[int], held: list[torch.Tensor]
+    ) -> int:
         ts = [per_layer[i] for i in layers]
         first = ts[0]
         size = first.numel()
@@ -275,6 +289,7 @@ class ForestBody:
         history: list[list[tuple[int, int]]] = []  # the last W-1 inputs up to each segment's end
         qblocks: list[tuple[int, int, int]] = []
         own_pieces: dict[int, list[list[int]]] = {}  # id(state) -> per attention layer record
+        stacked: dict[int, int] = {}  # id(a cached parent's per-layer dict) -> its block offset
         for s in range(n_seg):
             lo, n = offsets[s], lengths[s]
             kv = n_attn * c.num_kv_heads * n * c.head_dim
@@ -294,9 +309,9 @@ class ForestBody:
                 before = history[p]
                 chains.append([*chains[p], states[s]])
             elif isinstance(outside, SegmentState):
-                record[SEG_STATE_IN] = self._stacked(outside.recurrent, self.gdn_layers, held)
+                record[SEG_STATE_IN] = self._stacked(outside.recurrent, self.gdn_layers, held, stacked)
                 record[SEG_HAS_STATE_IN] = 1
-                tail = self._stacked(outside.conv, self.gdn_layers, held)
+                tail = self._stacked(outside.conv, self.gdn_layers, held, stacked)
                 before = [(CONV_TAIL, tail + k) for k in range(w1)]
                 chains.append([*outside.chain(), states[s]])
             else:
@@ -385,7 +400,7 @@ class ForestBody:
             qblocks[: plan.qblocks.shape[0]] = plan.qblocks
             reads[: plan.reads.numel()] = plan.reads
             positions[:n] = plan.positions
-        cos, sin = rope_cos_sin(self.config, positions, torch.float32)
+        cos, sin = rope_rows(self.config, positions, torch.float32)
         for static, host in (
             (bucket.rows, rows),
             (bucket.segs, segs),

@@ -55,7 +55,7 @@ from engine.kernels.decode_rows import (
     element_offset,
 )
 from engine.quant import QuantLinear
-from engine.reference import rope_cos_sin
+from engine.rope import rope_rows
 from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
@@ -298,7 +298,7 @@ class Decoder:
         rows[:, CONV_OFF] = torch.tensor([self._offset(s.conv) for s in padded], dtype=torch.int64)
         rows[:n, LIVE] = 1
         positions = torch.tensor([s.position for s in seqs] + [0] * (b - n), dtype=torch.int64)
-        cos, sin = rope_cos_sin(self.config, positions, torch.float32)
+        cos, sin = rope_rows(self.config, positions, torch.float32)
         bucket.rows.copy_(rows, non_blocking=True)
         bucket.rope.copy_(torch.stack([cos, sin], dim=1), non_blocking=True)
 

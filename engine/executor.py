@@ -51,9 +51,9 @@ from engine.reference import (
     fold_attention_piece,
     gated_delta_rule,
     l2_normalize,
-    rope_cos_sin,
 )
 from engine.reference import rms_norm as _rms_norm_cpu
+from engine.rope import rope_rows
 from engine.weights import Weights
 
 
@@ -351,7 +351,7 @@ def _attention(
     qg = linear(xq, layer["attn_q"]).view(-1, nh, 2 * hd)
     q_spans: list[tuple[int, int]] | None = None
     if spans is None:
-        cos, sin = rope_cos_sin(config, positions, x.dtype)
+        cos, sin = rope_rows(config, positions, x.dtype)
         cos, sin = cos.to(x.device), sin.to(x.device)
         k = apply_partial_rope(rms_norm(k_raw, layer["attn_k_norm"], eps), cos, sin)
         q = rms_norm(qg[..., :hd], layer["attn_q_norm"], eps)
@@ -360,7 +360,7 @@ def _attention(
         # Per segment: RoPE angles, norms and rotations see only the segment's own rows.
         k_parts, q_parts, q_spans = [], [], []
         for lo, hi in spans:
-            cos, sin = rope_cos_sin(config, positions[lo:hi], x.dtype)
+            cos, sin = rope_rows(config, positions[lo:hi], x.dtype)
             cos, sin = cos.to(x.device), sin.to(x.device)
             k_seg = rms_norm(_own(k_raw[lo:hi]), layer["attn_k_norm"], eps)
             k_parts.append(apply_partial_rope(k_seg, cos, sin))

@@ -5,7 +5,7 @@ Two kernels per attention layer (`engine.decoder`):
 - `attention_prep`: program (row, head) RMS-normalises (q_norm / k_norm, per head) and applies
   partial NeoX RoPE to the row's query head, or - for the extra programs, one per KV head - to
   its key, and stores key and value at position thought_len of the row's own thought buffer.
-  cos/sin per row come from the host (`engine.reference.rope_cos_sin`, fp64 angles).
+  cos/sin per row come from the host (`engine.rope.rope_rows`, fp64 angles).
 - `decode_attention`: program (row, KV head) takes the G = heads / kv_heads query heads that
   read that KV head and walks the row's pieces in their fixed order (ancestors oldest first,
   then the own thought buffer, causal by construction: it holds only tokens up to this one).

@@ -1,0 +1,97 @@
+"""Host-side cost of one forest pass of the one-pass body (engine/body.py), at a model's real shape.
+
+Everything a pass does on the CPU before its kernels run: building the forest, allocating each
+segment's output block and its per-layer views, planning the tables, loading them into the
+bucket (RoPE rows included). The body here lives on the CPU with weights it never reads, so no
+GPU and no 27 GB of weights are needed; on a GPU the same Python runs, and it is time the GPU
+waits for when the queue is empty. Median per pass over the workloads of bench_engine.py:
+
+    python ops/bench/bench_host.py --shape 27B
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from bench_engine import SHAPES, VOCAB, shape_config
+
+from engine.body import ForestBody
+from engine.forest import Segment, SegmentState, build_forest
+from engine.quant import QuantLinear
+from engine.weights import Weights
+
+STAGES = ("build_forest", "allocate", "plan", "load")
+
+
+def host_body(shape: str) -> ForestBody:
+    """A CPU body of the shape's sizes whose only weight is a 1x1 LM head (the host path reads none)."""
+    head = QuantLinear(torch.ones(1, 1, dtype=torch.int8), torch.ones(1))
+    weights = Weights(shape_config(shape), torch.zeros(1, 1), torch.zeros(1), head)
+    return ForestBody(weights, graphs=False)
+
+
+def requests(root: SegmentState, evidence: int, questions: int, clients: int, g: torch.Generator):
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, VOCAB - 512, (n,), generator=g).tolist())
+
+    segs: list[Segment] = []
+    for _ in range(clients):
+        segs.append(Segment(tokens(evidence), root))
+        first = len(segs) - 1
+        segs += [Segment(tokens(36), first, read=True) for _ in range(questions)]
+    return segs
+
+
+def time_pass(body: ForestBody, segs: list[Segment], n: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in STAGES}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        forest = build_forest(segs)
+        t1 = time.perf_counter()
+        states, blocks = body._allocate(forest)
+        t2 = time.perf_counter()
+        plan = body._plan(forest, states, blocks)
+        t3 = time.perf_counter()
+        bucket, _ = body._bucket(forest.num_tokens, len(forest.segments), plan.pieces.shape[2], plan.levels)
+        body._load(bucket, plan)
+        t4 = time.perf_counter()
+        for key, dt in zip(STAGES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            times[key].append(dt)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="27B", choices=sorted(SHAPES))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # a serving process's host thread
+    body = host_body(args.shape)
+    g = torch.Generator().manual_seed(0)
+    root_forest = build_forest([Segment(tuple(range(1000, 1027)), None)])
+    root = body._allocate(root_forest)[0][0]  # the system prompt's state, as a cached parent
+    workloads = {
+        "a_one_question_256": (220, 1, 1, 30),
+        "b_three_questions_256": (220, 3, 1, 30),
+        "c_one_question_8192": (8156, 1, 1, 10),
+        "d_64_clients": (220, 1, 64, 10),
+    }
+    result: dict = {"shape": args.shape}
+    print(f"{'workload':<24}" + "".join(f"{k:>14}" for k in STAGES) + f"{'total ms':>12}")
+    for name, (evidence, questions, clients, n) in workloads.items():
+        segs = requests(root, evidence, questions, clients, g)
+        time_pass(body, segs, 2)  # warm: buckets made, tables grown
+        ms = time_pass(body, segs, n)
+        result[name] = ms | {"total": sum(ms.values())}
+        print(f"{name:<24}" + "".join(f"{ms[k]:>14.3f}" for k in STAGES) + f"{sum(ms.values()):>12.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
