@@ -9,7 +9,9 @@ Precision: the letter part runs in float64 in plain Python over at most 26 numbe
 float32 logit is exact in float64, `math.fsum` rounds the normaliser once, so the result is
 independent of letter order, of torch's kernels and of the device, and the probabilities
 sum to 1 within a few ulp (far inside the 1e-6 contract). Coverage's full-vocabulary sum runs
-in torch float64 on the logits' device, shifted by the vocabulary max (no overflow).
+in float64 shifted by the vocabulary max (no overflow): on the host for CPU logits, and for
+CUDA logits on the device in fixed-order chunks folded exactly on the host
+(`engine.kernels.vocab_mass`, `fold_vocab_mass`).
 
 Choice questions with more than 26 options run in rounds; see `ChoiceRounds`.
 """
@@ -221,6 +223,8 @@ def read_letters(
     on an empty/duplicate/out-of-range id list, more than 26 letters, temperature <= 0, or
     NaN/+inf logits.
     """
+    if coverage and isinstance(logits, torch.Tensor) and logits.is_cuda and logits.dim() == 1:
+        return _read_letters_on_device(logits, letter_ids, temperature)
     _check_logits_tensor(logits)
     ids = _check_letter_ids(letter_ids, logits.numel())
     _check_temperature(temperature)
@@ -240,6 +244,44 @@ def read_letters(
     total = float(torch.exp(wide - m).cumsum(0)[-1].item())
     mass = math.fsum(math.exp(x - m) for x in readout.logits)
     return replace(readout, coverage=min(1.0, mass / total))
+
+
+def _read_letters_on_device(
+    logits: torch.Tensor, letter_ids: Sequence[int], temperature: float
+) -> LetterReadout:
+    """`read_letters` for a CUDA row: the vocabulary's mass reduced on the device in a fixed
+    order (`engine.kernels.vocab_mass`), its partials and the letters' logits fetched in one
+    copy, folded here exactly - instead of the whole row copied and summed on the host."""
+    from engine.kernels.vocab_mass import FIELDS, vocab_partials
+
+    if not logits.is_floating_point() or logits.numel() == 0:
+        _check_logits_tensor(logits)  # raises the usual message
+    ids = _check_letter_ids(letter_ids, logits.numel())
+    _check_temperature(temperature)
+    parts = vocab_partials(logits.detach())
+    index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+    letters = logits.detach().index_select(0, index).to(torch.float64)
+    host = torch.cat([parts.flatten(), letters]).tolist()
+    chunks = [host[c : c + FIELDS] for c in range(0, parts.numel(), FIELDS)]
+    m, total = fold_vocab_mass(chunks)
+    readout = readout_from_letter_logits(ids, host[parts.numel() :], temperature)
+    mass = math.fsum(math.exp(x - m) for x in readout.logits)
+    return replace(readout, coverage=min(1.0, mass / total))
+
+
+def fold_vocab_mass(chunks: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """(max, sum_v exp(x_v - max)) of a row from its per-chunk (max m_c, sum s_c of
+    exp(x - m_c), NaN count, +inf count): max of the m_c, then math.fsum of s_c exp(m_c - max)
+    (correctly rounded: the fold adds no order dependence). Raises on NaN or +inf logits."""
+    nans = sum(int(c[2]) for c in chunks)
+    if nans:
+        raise ValueError(f"logits contain {nans} NaN value(s)")
+    if any(c[3] for c in chunks):
+        raise ValueError("logits contain +inf")
+    m = max(c[0] for c in chunks)
+    if m == float("-inf"):
+        raise ValueError("logits are all -inf: no mass to read")
+    return m, math.fsum(c[1] * math.exp(c[0] - m) for c in chunks if c[0] != float("-inf"))
 
 
 def mix_probabilities(first: Sequence[float], second: Sequence[float], weight: float) -> tuple[float, ...]:

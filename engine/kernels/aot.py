@@ -30,6 +30,7 @@ from engine.kernels import _triton
 
 HOPPER = ("cuda", 90, 32)  # H100 / H200: compute capability 9.0, warp size 32
 _DTYPES = {
+    torch.float64: "fp64",
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
@@ -177,6 +178,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.forest_gdn import CHUNK, GDN_DOTS, forest_conv, forest_gdn
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
     from engine.kernels.norm import norm_rows
+    from engine.kernels.vocab_mass import vocab_partials
 
     c = config
     t = rows
@@ -265,5 +267,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK, dots=dots,
             )  # fmt: skip
+        vocab_partials(f32(c.vocab_size))  # a read-out's coverage
         del q, q8, scale
     return _dedupe(launches)

@@ -4,7 +4,8 @@ Everything a pass does on the CPU before its kernels run: building the forest, a
 segment's output block and its per-layer views, planning the tables, loading them into the
 bucket (RoPE rows included). The body here lives on the CPU with weights it never reads, so no
 GPU and no 27 GB of weights are needed; on a GPU the same Python runs, and it is time the GPU
-waits for when the queue is empty. Median per pass over the workloads of bench_engine.py:
+waits for when the queue is empty. Median per pass over the workloads of bench_engine.py, and
+the host part of one letter read-out with coverage:
 
     python ops/bench/bench_host.py --shape 27B
 """
@@ -21,7 +22,9 @@ from bench_engine import SHAPES, VOCAB, shape_config
 
 from engine.body import ForestBody
 from engine.forest import Segment, SegmentState, build_forest
+from engine.kernels.vocab_mass import vocab_partials_reference
 from engine.quant import QuantLinear
+from engine.readout import fold_vocab_mass, read_letters, readout_from_letter_logits
 from engine.weights import Weights
 
 STAGES = ("build_forest", "allocate", "plan", "load")
@@ -64,6 +67,34 @@ def time_pass(body: ForestBody, segs: list[Segment], n: int) -> dict[str, float]
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
+def read_out_host_ms(vocab: int, n: int = 50) -> dict[str, float]:
+    """Host ms per question of a letter read-out with coverage: the whole row summed on the host
+    (`read_letters` on a CPU row; a CUDA row paid this plus a 1 MB copy before engine 0.2.0), and
+    what is left on the host when the device sums it (`engine.kernels.vocab_mass`): folding the
+    row's chunk partials and the letters' probabilities (the kernel and the small copy are GPU work)."""
+    g = torch.Generator().manual_seed(2)
+    row = torch.randn(vocab, generator=g) * 4
+    letters = [100, 200, 300, 400]
+    chunks = vocab_partials_reference(row).tolist()
+    letter_logits = row[letters].tolist()
+
+    def median_ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+
+    return {
+        "row summed on the host": median_ms(lambda: read_letters(row, letters, 1.0)),
+        "partials folded on the host": median_ms(
+            lambda: (fold_vocab_mass(chunks), readout_from_letter_logits(letters, letter_logits, 1.0))
+        ),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="27B", choices=sorted(SHAPES))
@@ -88,6 +119,9 @@ def main() -> None:
         ms = time_pass(body, segs, n)
         result[name] = ms | {"total": sum(ms.values())}
         print(f"{name:<24}" + "".join(f"{ms[k]:>14.3f}" for k in STAGES) + f"{sum(ms.values()):>12.3f}")
+    result["read_out"] = read_out_host_ms(shape_config(args.shape).vocab_size)
+    for key, ms in result["read_out"].items():
+        print(f"read-out, {key:<40}{ms:>12.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -1,0 +1,77 @@
+"""Per-chunk partials of a logits row's softmax mass, on the device, in a fixed order.
+
+A read-out's coverage needs sum_v exp(x_v - max) over the whole vocabulary (248,320 entries
+for StartLux): copying the row to the host and summing it there in fp64 cost ~4 ms per question
+on the CPU, more than the forward pass it follows. Here program c reduces the CHUNK entries
+[c * CHUNK, (c + 1) * CHUNK) of one row in fp64: its max m_c (NaN entries left out), its sum
+s_c = sum exp(x - m_c) (a fixed reduction tree: the same bits on every run and in any batch),
+and its counts of NaN and +inf entries. The host folds the few partials exactly
+(`engine.readout.fold_vocab_mass`: math.fsum of s_c exp(m_c - m)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.kernels._triton import Backend, cdiv, kernel, use_triton
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+CHUNK = 4096
+NUM_WARPS = 8
+FIELDS = 4  # per chunk: max, sum of exp(x - max), NaN count, +inf count
+
+
+def _vocab_mass_kernel(x_ptr, out_ptr, V, CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    inside = offs < V
+    x = tl.load(x_ptr + offs, mask=inside, other=float("-inf")).to(tl.float64)
+    nan = x != x
+    x = tl.where(nan, float("-inf"), x)
+    m = tl.max(x, axis=0)
+    # an all -inf chunk sums to 0 (not NaN); one holding +inf is refused by the host anyway
+    shift = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
+    s = tl.sum(tl.exp(x - shift), axis=0)
+    posinf = tl.sum((x == float("inf")).to(tl.float64), axis=0)
+    tl.store(out_ptr + c * 4, m)
+    tl.store(out_ptr + c * 4 + 1, s)
+    tl.store(out_ptr + c * 4 + 2, tl.sum(nan.to(tl.float64), axis=0))
+    tl.store(out_ptr + c * 4 + 3, posinf)
+
+
+_kernel = kernel(_vocab_mass_kernel)
+
+
+def vocab_partials(logits: torch.Tensor, *, backend: Backend = "triton") -> torch.Tensor:
+    """fp64 [ceil(V / CHUNK), FIELDS] partials of a 1-D float logits row, on its device."""
+    if logits.dim() != 1 or not logits.is_floating_point() or logits.numel() == 0:
+        raise ValueError(
+            f"logits must be a non-empty 1-D float tensor, got {logits.dtype} {tuple(logits.shape)}"
+        )
+    v = logits.numel()
+    chunks = cdiv(v, CHUNK)
+    if not use_triton(backend, logits):
+        return vocab_partials_reference(logits)
+    x = logits if logits.is_contiguous() else logits.contiguous()
+    out = torch.empty(chunks, FIELDS, dtype=torch.float64, device=logits.device)
+    _kernel[(chunks,)](x, out, v, CHUNK=CHUNK, num_warps=NUM_WARPS)
+    return out
+
+
+def vocab_partials_reference(logits: torch.Tensor) -> torch.Tensor:
+    """The same partials in torch ops, chunk by chunk (a sequential sum: rounding differs)."""
+    x = logits.detach().to("cpu", torch.float64)
+    rows = []
+    for lo in range(0, x.numel(), CHUNK):
+        part = x[lo : lo + CHUNK]
+        nan = torch.isnan(part)
+        finite = part.masked_fill(nan, float("-inf"))
+        m = float(finite.max())
+        shift = 0.0 if m == float("-inf") else m
+        s = float(torch.exp(finite - shift).cumsum(0)[-1])
+        rows.append([m, s, float(nan.sum()), float(torch.isposinf(part).sum())])
+    return torch.tensor(rows, dtype=torch.float64)

@@ -1,0 +1,72 @@
+"""The vocabulary-mass partials (engine.kernels.vocab_mass) and the device read-out built on them,
+against an exactly rounded sum (math.fsum over every entry) and the host read-out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
+from engine.readout import _read_letters_on_device, fold_vocab_mass, read_letters
+
+V = 3 * CHUNK + 1234  # a partial last chunk
+
+
+def _row(gen: torch.Generator, dev: torch.device) -> torch.Tensor:
+    x = torch.randn(V, generator=gen) * 4
+    x[CHUNK : 2 * CHUNK] = float("-inf")  # a whole chunk with no mass
+    x[17] = 30.0  # one dominant token
+    return x.to(dev)
+
+
+def _exact(x: torch.Tensor) -> tuple[float, float]:
+    values = x.double().cpu().tolist()
+    m = max(values)
+    return m, math.fsum(math.exp(v - m) for v in values)
+
+
+def test_partials_fold_to_the_exactly_rounded_sum(dev: torch.device, gen: torch.Generator) -> None:
+    x = _row(gen, dev)
+    parts = vocab_partials(x)
+    assert parts.shape == (-(-V // CHUNK), FIELDS) and parts.dtype == torch.float64
+    ref = vocab_partials_reference(x)
+    assert torch.equal(parts[:, [0, 2, 3]].cpu(), ref[:, [0, 2, 3]])  # max and counts are exact
+    torch.testing.assert_close(parts[:, 1].cpu(), ref[:, 1], rtol=1e-13, atol=0)
+    m, total = fold_vocab_mass(parts.tolist())
+    m_exact, total_exact = _exact(x)
+    assert m == m_exact
+    assert abs(total - total_exact) <= 1e-14 * total_exact  # fp64 chunk sums, then one fsum
+
+
+def test_a_row_has_the_same_partials_wherever_it_lies(dev: torch.device, gen: torch.Generator) -> None:
+    x = _row(gen, dev)
+    block = torch.randn(3, V, generator=gen).to(dev)
+    block[1] = x
+    assert torch.equal(vocab_partials(block[1]), vocab_partials(x.clone()))
+
+
+def test_nan_and_inf_are_counted_and_refused(dev: torch.device, gen: torch.Generator) -> None:
+    x = _row(gen, dev)
+    x[[5, CHUNK + 3, V - 1]] = float("nan")
+    parts = vocab_partials(x)
+    assert parts[:, 2].sum().item() == 3
+    with pytest.raises(ValueError, match="3 NaN"):
+        fold_vocab_mass(parts.tolist())
+    x = _row(gen, dev)
+    x[2 * CHUNK + 9] = float("inf")
+    with pytest.raises(ValueError, match=r"\+inf"):
+        fold_vocab_mass(vocab_partials(x).tolist())
+
+
+def test_device_read_out_matches_the_host_read_out(dev: torch.device, gen: torch.Generator) -> None:
+    x = _row(gen, dev)
+    letters = [17, 100, 2 * CHUNK + 5, V - 1]
+    host = read_letters(x.cpu(), letters, 0.7)
+    device = _read_letters_on_device(x, letters, 0.7)
+    assert device.logits == host.logits and device.probabilities == host.probabilities
+    assert device.coverage is not None and host.coverage is not None
+    assert abs(device.coverage - host.coverage) <= 1e-12 * host.coverage
+    with pytest.raises(ValueError, match="duplicate"):
+        _read_letters_on_device(x, [3, 3], 1.0)
