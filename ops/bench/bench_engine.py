@@ -19,6 +19,7 @@ evidence. Token ids are random: tokenization and prompt rendering (CPU, ~1 ms) a
 
     python ops/bench/bench_engine.py --shape 27B --json out.json
     python ops/bench/bench_engine.py --shape 27B --decode-only     # workload (e) alone
+    python ops/bench/bench_engine.py --shape 27B --variants body,levels,tc   # one weight build
 """
 
 from __future__ import annotations
@@ -320,6 +321,36 @@ def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
     return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
 
 
+# --variants: executors run one after another in one process on the same weights (a 27B
+# build is ~30 GB; rebuilding it per executor costs device time). name -> body settings.
+VARIANTS: dict[str, dict | None] = {
+    "body": {},
+    "levels": None,  # the level-by-level executor (engine.executor)
+    "eager": {"graphs": False},
+    "chunk32": {"gdn_chunk": 32},
+    "chunk16": {"gdn_chunk": 16},
+    "chunk32-tf32": {"gdn_chunk": 32, "gdn_dots": "tf32"},
+    "attn-bf16": {"attention_dots": "bf16"},
+    "attn-tf32": {"attention_dots": "tf32"},
+    "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
+}
+
+
+def variant_settings(args: argparse.Namespace) -> list[tuple[str, dict | None]]:
+    if args.variants:
+        names = args.variants.split(",")
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown:
+            raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        return [(n, VARIANTS[n]) for n in names]
+    if args.levels:
+        return [("levels", None)]
+    settings = {"gdn_chunk": args.gdn_chunk, "gdn_dots": args.gdn_dots, "attention_dots": args.attention_dots}
+    if args.body_eager:
+        return [("eager", settings | {"graphs": False})]
+    return [("body", settings)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="27B", choices=sorted(SHAPES))
@@ -337,64 +368,84 @@ def main() -> None:
         "--attention-dots", default="ieee", choices=ATTENTION_DOTS, help="body: attention dot precision"
     )
     ap.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma list run in one process on one weight build ({', '.join(VARIANTS)}); "
+        "decode (e) runs with the first; JSON: {variant: result}",
+    )
+    ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
     args = ap.parse_args()
+    variants = variant_settings(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = shape_config(args.shape)
     t0 = time.perf_counter()
     weights = random_weights(config, device)
     sync()
     build_s = time.perf_counter() - t0
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    results: dict = {}
+    for k, (name, settings) in enumerate(variants):
+        results[name] = result = {"shape": args.shape, "device": gpu, "build_s": build_s, "variant": name}
+        first = k == 0
+        for key, value in result.items():
+            show(key, value)
+
+        def record(key: str, value: object, result: dict = result) -> None:
+            result[key] = value
+            show(key, value)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results if args.variants else result, f, indent=2)
+
+        run_variant(args, weights, device, name, settings, record, decode=first)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the next variant's buckets and graphs start from free memory
+
+
+def run_variant(
+    args: argparse.Namespace,
+    weights: Weights,
+    device: str,
+    name: str,
+    settings: dict | None,
+    record: Callable[[str, object], None],
+    *,
+    decode: bool,
+) -> None:
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
-    body = (
-        None
-        if args.levels
-        else ForestBody(
-            weights,
-            graphs=False if args.body_eager else None,
-            gdn_chunk=args.gdn_chunk,
-            gdn_dots=args.gdn_dots,
-            attention_dots=args.attention_dots,
-        )
-    )
+    body = None if settings is None else ForestBody(weights, **settings)
     run = body.run if body is not None else (lambda f: run_forest(weights, f))
     root = run(build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None, body=body)
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    result: dict = {"shape": args.shape, "device": gpu, "build_s": build_s}
-    result["executor"] = "levels" if body is None else "body" + ("-eager" if args.body_eager else "")
+    print(f"--- {name}", flush=True)
+    record("executor", "levels" if body is None else "body" + ("" if body.graphs else "-eager"))
     if body is not None:
-        result |= {"gdn_chunk": body.gdn_chunk, "gdn_dots": body.gdn_dots}
-        result["attention_dots"] = body.attention_dots
-    result["weights_gib"] = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0
-    for key, value in result.items():
-        show(key, value)
-
-    def record(key: str, value: object) -> None:
-        result[key] = value
-        show(key, value)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
-
+        record("gdn_chunk", body.gdn_chunk)
+        record("gdn_dots", body.gdn_dots)
+        record("attention_dots", body.attention_dots)
+    record("weights_gib", torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0)
     exact = body is None or (body.gdn_chunk, body.gdn_dots, body.attention_dots) == (0, "ieee", "ieee")
     if not exact:  # what the opt-in settings cost in accuracy, beside what they save in time
         record("accuracy_b_vs_exact", agreement(bench, 220, 3))
         if not args.skip_long:
             record("accuracy_c_vs_exact", agreement(bench, 8156, 1))
     if not args.decode_only:
-        after_b = (lambda: profile_b(bench, args.profile)) if args.profile else None
+        after_b = (lambda: profile_b(bench, args.profile)) if args.profile and decode else None
         run_workloads(bench, record, skip_long=args.skip_long, after_b=after_b)
-    bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
-    record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
-    bench.decode(64, 2)
-    record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
-    if args.decode_profile:
-        for n in (1, 64):
-            profile_decode(bench, n, f"{args.decode_profile}.{args.shape}")
+    if decode:
+        bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
+        record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
+        bench.decode(64, 2)
+        record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
+        if args.decode_profile:
+            for n in (1, 64):
+                profile_decode(bench, n, f"{args.decode_profile}.{args.shape}")
     record("peak_gib", torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
 
 
 if __name__ == "__main__":

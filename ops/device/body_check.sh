@@ -3,7 +3,8 @@
 # the first time - its kernels' CUDA tests, graph == eager and batch invariance through
 # Engine.decide - then workloads (a)-(d) with the body against the level-by-level executor.
 #   STAGE=tests  bash ops/device/body_check.sh     # tests only
-#   STAGE=bench  bash ops/device/body_check.sh     # benchmarks only (SHAPES, default "4B 27B")
+#   STAGE=bench  bash ops/device/body_check.sh     # benchmarks only (SHAPES, default "4B 27B";
+#                                                  # VARIANTS, default "body,tc,chunk32,levels")
 # Needs the wheels the image lacks in .gpuwheels/ (carry it). Uses GPU 0.
 set -uo pipefail
 STAGE=${STAGE:-all}
@@ -12,7 +13,8 @@ source ops/device/setup.sh
 if [ "$STAGE" != bench ]; then
     # --confcutdir keeps pytest off tests/conftest.py (Kafka fixtures need packages the image lacks)
     python3 -m pytest tests/engine/kernels/test_kernel_forest_attention.py \
-        tests/engine/kernels/test_kernel_forest_gdn.py -q --confcutdir=tests/engine/kernels \
+        tests/engine/kernels/test_kernel_forest_gdn.py tests/engine/kernels/test_kernel_vocab_mass.py \
+        tests/engine/kernels/test_kernel_int8_gemm.py -q --confcutdir=tests/engine/kernels \
         -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_forest_kernels.log" | tail -3
     python3 -m pytest tests/engine/body/test_body.py -q --confcutdir=tests/engine -p no:cacheprovider \
         -o addopts="" -rs 2>&1 | tee "$OUT/pytest_body.log" | tail -5
@@ -20,16 +22,11 @@ if [ "$STAGE" != bench ]; then
         -p no:cacheprovider -o addopts="" -rs 2>&1 | tee "$OUT/pytest_int8.log" | tail -3
 fi
 if [ "$STAGE" != tests ]; then
+    # one process per shape, one weight build: the body, its tensor-core settings (reporting their
+    # accuracy against the exact body), the chunked GDN alone, and the level-by-level executor
     for shape in ${SHAPES:-4B 27B}; do  # BENCH_ARGS="--profile $OUT/prof_b.txt" adds (b)'s kernel table
-        python3 ops/bench/bench_engine.py --shape "$shape" --json "$OUT/body_$shape.json" \
-            ${BENCH_ARGS:-} 2>&1 | tee "$OUT/body_$shape.log" | grep -v '^\s*$' | tail -12
-        # the opt-in precision settings: chunked GDN (fp32, then tf32 products), then bf16 attention
-        python3 ops/bench/bench_engine.py --shape "$shape" --gdn-chunk 32 --decode-steps 8 \
-            --json "$OUT/chunk_$shape.json" 2>&1 | tee "$OUT/chunk_$shape.log" | grep -v '^\s*$' | tail -8
-        python3 ops/bench/bench_engine.py --shape "$shape" --gdn-chunk 32 --gdn-dots tf32 \
-            --attention-dots bf16 --decode-steps 8 --json "$OUT/tc_$shape.json" 2>&1 \
-            | tee "$OUT/tc_$shape.log" | grep -v '^\s*$' | tail -8
-        python3 ops/bench/bench_engine.py --shape "$shape" --levels --skip-long --decode-steps 8 \
-            --json "$OUT/levels_$shape.json" 2>&1 | tee "$OUT/levels_$shape.log" | grep -v '^\s*$' | tail -8
+        python3 ops/bench/bench_engine.py --shape "$shape" --variants "${VARIANTS:-body,tc,chunk32,levels}" \
+            --json "$OUT/variants_$shape.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/variants_$shape.log" \
+            | grep -E '^(---|[a-e]_|accuracy|peak)' | cut -c1-150
     done
 fi
