@@ -481,8 +481,9 @@ class ForestBody:
         prep = None
         if self.gdn_chunk:  # the state-free chunk products of every level at once
             prep = forest_gdn_prep(
-                conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, **heads, **chunked
-            )
+                conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, bucket.qblocks,
+                **heads, **chunked,
+            )  # fmt: skip
         for level in range(bucket.levels):
             forest_gdn(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,

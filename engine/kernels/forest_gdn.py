@@ -43,9 +43,11 @@ import torch.nn.functional as F
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_gdn import _gdn_token
 from engine.kernels.forest_tables import (
+    BLOCK_M,
     CONV_ROW,
     CONV_TAIL,
     CONV_ZERO,
+    QBLOCK_FIELDS,
     ROW_FIELDS,
     ROW_LIVE,
     ROW_LOCAL,
@@ -234,19 +236,22 @@ def _forest_gdn_kernel(
 
 
 def _forest_gdn_prep_kernel(
-    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, w_ptr, u_ptr, g_ptr,
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr, w_ptr, u_ptr, g_ptr,
     stride_conv, stride_b, stride_a, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     BC: tl.constexpr, LOG2_BC: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """Program (segment slot, chunk, value head): the state-free products of one chunk."""
-    slot = tl.program_id(0)
-    c0 = tl.program_id(1) * BC
-    h = tl.program_id(2)
-    rec = segs_ptr + slot.to(tl.int64) * 8
-    live = tl.load(rec + 7)
+    """Program (query block, value head): the state-free products of the chunk that starts at
+    the block, if one does (chunks are aligned to the segment start like the query blocks of
+    BLOCK_M rows, and BC is a multiple of BLOCK_M): one program per BLOCK_M packed rows at
+    most, not one per (slot, chunk) pair of the bucket."""
+    qb = tl.program_id(0).to(tl.int64) * 3  # query block record: slot, first local index, live
+    h = tl.program_id(1)
+    slot = tl.load(qblocks_ptr + qb)
+    c0 = tl.load(qblocks_ptr + qb + 1)
+    rec = segs_ptr + slot * 8
     length = tl.load(rec + 1)
-    if (live != 0) & (c0 < length):
+    if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % BC == 0) & (c0 < length):
         tok_lo = tl.load(rec)
         hk = h // (HV // HQK)
         offs_c = tl.arange(0, BC)
@@ -488,6 +493,17 @@ def _block_v(dk: int, dv: int) -> int:
     return bv
 
 
+def _query_blocks(segs: torch.Tensor) -> torch.Tensor:
+    """qblocks of every live segment (the table a pass's plan holds), made from segs on the host."""
+    blocks = [
+        (slot, lo, 1)
+        for slot, r in enumerate(segs.tolist())
+        if r[SEG_LIVE]
+        for lo in range(0, r[SEG_LENGTH], BLOCK_M)
+    ]
+    return torch.tensor(blocks, dtype=torch.int64).view(-1, QBLOCK_FIELDS).to(segs.device)
+
+
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(1) == 1 else x.contiguous()
 
@@ -499,6 +515,7 @@ def forest_gdn_prep(
     ssm_a: torch.Tensor,
     dt: torch.Tensor,
     segs: torch.Tensor,
+    qblocks: torch.Tensor,
     *,
     num_k_heads: int,
     num_v_heads: int,
@@ -512,7 +529,9 @@ def forest_gdn_prep(
     and value head, all in parallel): with gam the cumulative log decay inside the chunk,
     A_ij = beta_i exp(gam_i - gam_j) k_i.k_j (j < i) and T = (I + A)^-1, the rows of
     w = T (beta exp(gam) k) and u = T (beta v). `forest_gdn(chunk=...)` then walks the chunks
-    of each level with the state. Inputs as for `forest_gdn`; the kernel path only.
+    of each level with the state. Inputs as for `forest_gdn`, and the pass's query blocks
+    (`engine.kernels.forest_tables` qblocks [Q, 3]: every live segment's blocks of BLOCK_M rows
+    from its start; a chunk is made where a block starts one). The kernel path only.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -520,8 +539,16 @@ def forest_gdn_prep(
     _check_chunk(chunk, dots)
     _check_gdn_inputs(conv, b_raw, a_raw, ssm_a, dt, segs, hqk, hv, dk, dv)
     t = conv.shape[0]
+    if chunk % BLOCK_M:
+        raise ValueError(f"chunk must be a multiple of the query block ({BLOCK_M}), got {chunk}")
+    _check_table("qblocks", qblocks, (qblocks.shape[0], QBLOCK_FIELDS), conv)
     if segs.device.type == "cpu":
-        _check_segments(segs, t)
+        records = _check_segments(segs, t)
+        for i, (slot, local, live) in enumerate(qblocks.tolist()):
+            if live and (not 0 <= slot < len(records) or not records[slot][SEG_LIVE] or local % BLOCK_M):
+                raise ValueError(
+                    f"live query block {i} (slot {slot}, local {local}) is not a block of a live slot"
+                )
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
         chunk=chunk,
@@ -533,8 +560,10 @@ def forest_gdn_prep(
     if t == 0:
         return prep
     conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
-    _gdn_prep[(segs.shape[0], cdiv(t, chunk), hv)](
-        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, prep.w, prep.u, prep.gam,
+    if qblocks.shape[0] == 0:
+        return prep
+    _gdn_prep[(qblocks.shape[0], hv)](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks, prep.w, prep.u, prep.gam,
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), L2NORM_EPS,
         HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk, LOG2_BC=chunk.bit_length() - 1, DOTS=dots,
         num_warps=CHUNK_WARPS, enable_fp_fusion=False,
@@ -604,7 +633,7 @@ def forest_gdn(
     bv = _block_v(dk, dv)
     if chunk and prep is None:
         prep = forest_gdn_prep(
-            conv, b_raw, a_raw, ssm_a, dt, segs,
+            conv, b_raw, a_raw, ssm_a, dt, segs, _query_blocks(segs),
             num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=chunk, dots=dots,
         )  # fmt: skip
     if prep is not None:

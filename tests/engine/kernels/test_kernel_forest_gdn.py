@@ -465,7 +465,8 @@ def _run_levels(
     out = torch.zeros(conv.shape[0], HV, DV, device=conv.device)
     prep = None
     if chunk and backend == "triton":  # once for both levels, as the body does
-        prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, **KW, chunk=chunk, dots=dots)
+        qb = _qblocks(segs)
+        prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, qb, **KW, chunk=chunk, dots=dots)
     for level in range(2):
         forest_gdn(
             conv, b_raw, a_raw, ssm_a, dt, pool.base, segs, level, LAYER * STATE, out, **KW,
@@ -474,14 +475,17 @@ def _run_levels(
     return out
 
 
-def test_chunked_recurrence_equals_the_token_by_token_one(dev: torch.device, gen: torch.Generator) -> None:
-    """Chunks of 16 over segments of 40 and 21 tokens (partial chunks, a child starting from its
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_chunked_recurrence_equals_the_token_by_token_one(
+    chunk: int, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Chunks of 16 or 32 over segments of 40 and 21 tokens (partial chunks, a child starting from its
     parent's final state): outputs and final states agree with the token-by-token kernel and the
     torch reference to fp32 rounding."""
     lengths, t = [40, 21], 64
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, lengths, [3, 43], t)
     before = pool.base.clone()
-    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=16)
+    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=chunk)
     got_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
     pool.base.copy_(before)
     ref = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0, backend="torch")
@@ -518,6 +522,17 @@ def test_chunked_segment_bits_do_not_depend_on_the_launch(
     assert torch.equal(pool.base[outs[1] + LAYER * STATE :][:STATE], packed_state)
 
 
+def _qblocks(segs: torch.Tensor) -> torch.Tensor:
+    """Query blocks of the live segments, in reverse (a table's order is not the kernel's concern)."""
+    blocks = [
+        [slot, lo, 1]
+        for slot, r in enumerate(segs.tolist())
+        if r[SEG_LIVE]
+        for lo in range(0, r[SEG_LENGTH], 16)
+    ]
+    return torch.tensor([*blocks[::-1], [0, 0, 0]], dtype=torch.int64, device=segs.device)
+
+
 def _chunk_oracle(
     conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
     lo: int, n: int, chunk: int,
@@ -542,18 +557,20 @@ def _chunk_oracle(
     return w, u, torch.cat(gam)
 
 
-def test_chunk_prep_matches_a_float64_inverse(dev: torch.device, gen: torch.Generator) -> None:
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_chunk_prep_matches_a_float64_inverse(chunk: int, dev: torch.device, gen: torch.Generator) -> None:
     """The state-free chunk products (w, u, gam) of segments of 40 and 21 tokens (full and
-    partial chunks of 16) against float64 with T inverted by torch.linalg.inv. The keys share a
-    common direction, so A is far from small and a truncated series for T would show."""
+    partial chunks; at 32, query blocks that start no chunk) against float64 with T inverted by
+    torch.linalg.inv. The keys share a common direction, so A is far from small and a truncated
+    series for T would show."""
     lengths, t = [40, 21], 64
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, lengths, [3, 43], t)
     common = torch.randn(DK, generator=gen).to(dev)
     k = conv[:, HQK * DK : 2 * HQK * DK].view(t, HQK, DK)
     k.mul_(0.3).add_(common)  # k_i . k_j ~ 0.9 after normalisation
-    prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, **KW, chunk=16)
+    prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=chunk)
     for lo, n in ((3, 40), (43, 21)):
-        w, u, gam = _chunk_oracle(conv.cpu(), b_raw.cpu(), a_raw.cpu(), ssm_a.cpu(), dt.cpu(), lo, n, 16)
+        w, u, gam = _chunk_oracle(conv.cpu(), b_raw.cpu(), a_raw.cpu(), ssm_a.cpu(), dt.cpu(), lo, n, chunk)
         for got, want in ((prep.w, w), (prep.u, u), (prep.gam, gam)):
             got = got[lo : lo + n].double().cpu()
             err = (got - want).abs().max() / want.abs().max()
@@ -563,11 +580,14 @@ def test_chunk_prep_matches_a_float64_inverse(dev: torch.device, gen: torch.Gene
 def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> None:
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, [40, 21], [3, 43], 64)
     args = (conv, b_raw, a_raw, ssm_a, dt)
+    qb = _qblocks(segs)
     with pytest.raises(ValueError, match="dots must be one of"):
-        forest_gdn_prep(*args, segs, **KW, chunk=16, dots="bf16")
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=16, dots="bf16")
     with pytest.raises(ValueError, match="power of two"):
-        forest_gdn_prep(*args, segs, **KW, chunk=24)
-    prep = forest_gdn_prep(*args, segs, **KW, chunk=16)
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=24)
+    with pytest.raises(ValueError, match="not a block of a live slot"):
+        forest_gdn_prep(*args, segs.cpu(), torch.tensor([[0, 8, 1]]), **KW, chunk=16)
+    prep = forest_gdn_prep(*args, segs, qb, **KW, chunk=16)
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
         forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=32, prep=prep)
