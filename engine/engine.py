@@ -67,8 +67,8 @@ BODY_BY_DEFAULT = False
 Precision = Literal["fp32", "bf16", "int8"]
 Mode = Literal["forest", "per_question"]
 # Records name it; a replay under another version notes the change. 0.2.0: a CUDA read-out's
-# coverage is summed on the device in fixed-order chunks (engine.kernels.vocab_mass), and RoPE
-# angles come from a per-position table (engine.rope) - either can move a last bit.
+# coverage is summed on the device in fixed-order chunks (engine.kernels.vocab_mass), which
+# moves its last bits; RoPE angles come from a per-position table (engine.rope).
 ENGINE_VERSION = "0.2.0"
 # StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
 MAX_REQUEST_TOKENS = 40_000
