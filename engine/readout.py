@@ -150,7 +150,8 @@ def vocab_logsumexp(logits: torch.Tensor) -> float:
     return float(torch.logsumexp(logits.detach().to(torch.float64), dim=0).item())
 
 
-def _check_logits_tensor(logits: torch.Tensor) -> None:
+def _check_logits_tensor(logits: torch.Tensor, *, scan_values: bool = True) -> None:
+    """Type, shape and (scan_values) no NaN or +inf entry: a device read-out counts those itself."""
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dim() != 1:
@@ -161,6 +162,8 @@ def _check_logits_tensor(logits: torch.Tensor) -> None:
         raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
     if logits.numel() == 0:
         raise ValueError("logits tensor is empty")
+    if not scan_values:
+        return
     if bool(torch.isnan(logits).any()):
         n = int(torch.isnan(logits).sum())
         raise ValueError(f"logits contain {n} NaN value(s)")
@@ -223,50 +226,50 @@ def read_letters(
     on an empty/duplicate/out-of-range id list, more than 26 letters, temperature <= 0, or
     NaN/+inf logits.
     """
-    if coverage and isinstance(logits, torch.Tensor) and logits.is_cuda and logits.dim() == 1:
-        return _read_letters_on_device(logits, letter_ids, temperature)
-    _check_logits_tensor(logits)
+    # a CUDA row's mass is reduced on the device (which also counts NaN and +inf entries)
+    on_device = coverage and isinstance(logits, torch.Tensor) and logits.is_cuda
+    _check_logits_tensor(logits, scan_values=not on_device)
     ids = _check_letter_ids(letter_ids, logits.numel())
     _check_temperature(temperature)
     index = torch.tensor(ids, dtype=torch.long, device=logits.device)
-    letter_logits = logits.detach().index_select(0, index).cpu().tolist()
+    letters = logits.detach().index_select(0, index)
+    if on_device:
+        m, total, letter_logits = _device_mass(logits, letters)
+    else:
+        letter_logits = letters.cpu().tolist()
     readout = readout_from_letter_logits(ids, letter_logits, temperature)
     if not coverage:
         return readout
+    if not on_device:
+        m, total = _host_mass(logits)
     # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
     # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
-    # On the host: CUDA's cumsum is a parallel scan whose adds can combine in a different
-    # order from one run to the next (seen on an H200: the last bit of coverage moved).
+    mass = math.fsum(math.exp(x - m) for x in readout.logits)
+    return replace(readout, coverage=min(1.0, mass / total))
+
+
+def _host_mass(logits: torch.Tensor) -> tuple[float, float]:
+    """(max, sum exp(x - max)) of a row on the host in fp64. On the host: CUDA's cumsum is a
+    parallel scan whose adds can combine in a different order from one run to the next (seen on
+    an H200: the last bit of coverage moved)."""
     wide = logits.detach().to(device="cpu", dtype=torch.float64)
     m = float(wide.max().item())
     # A running sum (cumsum) adds in index order on every thread count; torch.sum splits a
     # CPU reduction by the number of threads, which moves the last bit of coverage.
-    total = float(torch.exp(wide - m).cumsum(0)[-1].item())
-    mass = math.fsum(math.exp(x - m) for x in readout.logits)
-    return replace(readout, coverage=min(1.0, mass / total))
+    return m, float(torch.exp(wide - m).cumsum(0)[-1].item())
 
 
-def _read_letters_on_device(
-    logits: torch.Tensor, letter_ids: Sequence[int], temperature: float
-) -> LetterReadout:
-    """`read_letters` for a CUDA row: the vocabulary's mass reduced on the device in a fixed
-    order (`engine.kernels.vocab_mass`), its partials and the letters' logits fetched in one
-    copy, folded here exactly - instead of the whole row copied and summed on the host."""
+def _device_mass(logits: torch.Tensor, letters: torch.Tensor) -> tuple[float, float, list[float]]:
+    """(max, sum exp(x - max), the letters' logits) of a CUDA row: the sum reduced on the device
+    in a fixed order (`engine.kernels.vocab_mass`), its partials and the letters fetched in one
+    copy and folded here exactly - not the whole row copied and summed on the host."""
     from engine.kernels.vocab_mass import FIELDS, vocab_partials
 
-    if not logits.is_floating_point() or logits.numel() == 0:
-        _check_logits_tensor(logits)  # raises the usual message
-    ids = _check_letter_ids(letter_ids, logits.numel())
-    _check_temperature(temperature)
     parts = vocab_partials(logits.detach())
-    index = torch.tensor(ids, dtype=torch.long, device=logits.device)
-    letters = logits.detach().index_select(0, index).to(torch.float64)
-    host = torch.cat([parts.flatten(), letters]).tolist()
-    chunks = [host[c : c + FIELDS] for c in range(0, parts.numel(), FIELDS)]
-    m, total = fold_vocab_mass(chunks)
-    readout = readout_from_letter_logits(ids, host[parts.numel() :], temperature)
-    mass = math.fsum(math.exp(x - m) for x in readout.logits)
-    return replace(readout, coverage=min(1.0, mass / total))
+    host = torch.cat([parts.flatten(), letters.to(torch.float64)]).tolist()
+    n = parts.numel()
+    m, total = fold_vocab_mass([host[c : c + FIELDS] for c in range(0, n, FIELDS)])
+    return m, total, host[n:]
 
 
 def fold_vocab_mass(chunks: Sequence[Sequence[float]]) -> tuple[float, float]:

@@ -493,17 +493,6 @@ def _block_v(dk: int, dv: int) -> int:
     return bv
 
 
-def _query_blocks(segs: torch.Tensor) -> torch.Tensor:
-    """qblocks of every live segment (the table a pass's plan holds), made from segs on the host."""
-    blocks = [
-        (slot, lo, 1)
-        for slot, r in enumerate(segs.tolist())
-        if r[SEG_LIVE]
-        for lo in range(0, r[SEG_LENGTH], BLOCK_M)
-    ]
-    return torch.tensor(blocks, dtype=torch.int64).view(-1, QBLOCK_FIELDS).to(segs.device)
-
-
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(1) == 1 else x.contiguous()
 
@@ -602,7 +591,7 @@ def forest_gdn(
 
     chunk 0: token by token, exactly the decode step's arithmetic. chunk C (a power of two >= 16):
     the chunked form, C tokens per step in matrix products of `dots` precision (GDN_DOTS), from
-    `prep` (`forest_gdn_prep` of the same inputs, chunk and dots; made here if None): per chunk
+    `prep` (`forest_gdn_prep` of the same inputs, chunk and dots, made once for all levels): per chunk
     U = u - w S, outputs exp(gam_i) S^T q_i + sum_{j<=i} exp(gam_i - gam_j) (q_i.k_j) U_j, and
     the state leaves as exp(gam_C) S + sum_j exp(gam_C - gam_j) k_j U_j^T: the same recurrence,
     summed in another order (equal to rounding, not bitwise), with no token-to-token dependency
@@ -632,10 +621,7 @@ def forest_gdn(
         return
     bv = _block_v(dk, dv)
     if chunk and prep is None:
-        prep = forest_gdn_prep(
-            conv, b_raw, a_raw, ssm_a, dt, segs, _query_blocks(segs),
-            num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=chunk, dots=dots,
-        )  # fmt: skip
+        raise ValueError("the chunked form reads its chunks' products: pass prep=forest_gdn_prep(...)")
     if prep is not None:
         if (prep.chunk, prep.dots) != (chunk, dots) or prep.w.shape != (t, hv, dk):
             raise ValueError(

@@ -514,9 +514,10 @@ def test_chunked_segment_bits_do_not_depend_on_the_launch(
     alone_segs[0, SEG_TOK_LO], alone_segs[0, SEG_LEVEL] = 0, 0
     idx = torch.arange(43, 64, device=dev)
     out = torch.zeros(21, HV, DV, device=dev)
+    alone = (conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt)
+    prep = forest_gdn_prep(*alone, alone_segs, _qblocks(alone_segs), **KW, chunk=16, dots=dots)
     forest_gdn(
-        conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt, pool.base, alone_segs, 0, LAYER * STATE, out, **KW,
-        chunk=16, dots=dots,
+        *alone, pool.base, alone_segs, 0, LAYER * STATE, out, **KW, chunk=16, dots=dots, prep=prep
     )  # fmt: skip
     assert torch.equal(out, packed[43:64])
     assert torch.equal(pool.base[outs[1] + LAYER * STATE :][:STATE], packed_state)
@@ -591,5 +592,7 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
         forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=32, prep=prep)
+    with pytest.raises(ValueError, match="pass prep="):
+        forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=16)
     with pytest.raises(ValueError, match="prep is for chunk 16, dots 'ieee'"):
         forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=16, dots="tf32", prep=prep)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
-from engine.readout import _read_letters_on_device, fold_vocab_mass, read_letters
+from engine.readout import _device_mass, _host_mass, fold_vocab_mass, read_letters
 
 V = 3 * CHUNK + 1234  # a partial last chunk
 
@@ -60,13 +60,15 @@ def test_nan_and_inf_are_counted_and_refused(dev: torch.device, gen: torch.Gener
         fold_vocab_mass(vocab_partials(x).tolist())
 
 
-def test_device_read_out_matches_the_host_read_out(dev: torch.device, gen: torch.Generator) -> None:
+def test_device_mass_matches_the_host_mass(dev: torch.device, gen: torch.Generator) -> None:
+    """What `read_letters` folds for a CUDA row against what it sums for a CPU row."""
     x = _row(gen, dev)
-    letters = [17, 100, 2 * CHUNK + 5, V - 1]
-    host = read_letters(x.cpu(), letters, 0.7)
-    device = _read_letters_on_device(x, letters, 0.7)
-    assert device.logits == host.logits and device.probabilities == host.probabilities
-    assert device.coverage is not None and host.coverage is not None
-    assert abs(device.coverage - host.coverage) <= 1e-12 * host.coverage
-    with pytest.raises(ValueError, match="duplicate"):
-        _read_letters_on_device(x, [3, 3], 1.0)
+    letters = torch.tensor([17, 100, 2 * CHUNK + 5, V - 1])
+    m, total, letter_logits = _device_mass(x, x[letters.to(dev)])
+    m_host, total_host = _host_mass(x.cpu())
+    assert m == m_host and letter_logits == x.cpu()[letters].tolist()
+    assert abs(total - total_host) <= 1e-13 * total_host
+    host = read_letters(x.cpu(), letters.tolist(), 0.7)
+    mass = math.fsum(math.exp(v - m) for v in host.logits)
+    assert host.coverage is not None
+    assert abs(min(1.0, mass / total) - host.coverage) <= 1e-12 * host.coverage
