@@ -32,24 +32,52 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
-    split_k: int = 1  # > 1: K split over programs whose exact int32 partials are added atomically
+    # > 1: K split over that many programs per output tile. Each writes its exact int32 partial
+    # to its own workspace slice; the sum (exact, so its order is moot) then gets the one
+    # epilogue - decode's small M has too few output tiles to keep the HBM busy otherwise.
+    split_k: int = 1
+    # split_k > 1: the program that finishes a tile last (an int32 counter per tile) sums the
+    # slices and writes y, all in one launch; False: a second launch does it.
+    split_fused: bool = True
     persistent: bool = False  # one program per SM walking tiles, operands by TMA (sm_90+)
 
+    def __str__(self) -> str:
+        """Short and stable: the benchmark's JSON keys and the notes use it."""
+        s = f"{self.block_m}x{self.block_n}x{self.block_k}/w{self.num_warps}/s{self.num_stages}"
+        if self.group_m != 8:
+            s += f"/g{self.group_m}"
+        if self.split_k > 1:
+            s += f"/split{self.split_k}" + ("" if self.split_fused else "+pass")
+        if self.persistent:
+            s += "/tma"
+        return s
 
-# (largest M, config): fixed, so a given M always runs the same program. Measured on an H200
-# (ops/bench/NOTES-kernels.md); any entry gives identical bits.
+
+# Decode (M <= 64) streams the weight: at M = 1 a 64x128 tile gives N / 128 programs (40 for
+# N = 5,120), far too few to keep 132 SMs' loads in flight; narrow N tiles, long K steps and
+# split K give thousands. (largest M, config): fixed, so a given M always runs the same
+# program; any entry gives identical bits (exact int32, one epilogue). Set from the sweep in
+# ops/bench/bench_kernels.py (see ops/bench/NOTES-kernels.md).
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
-    (64, GemmConfig(64, 128, 128, 4, 4)),
+    (16, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
+    (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
     (512, GemmConfig(64, 128, 128, 4, 4)),
     (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
 )
 
+# Per weight shape (N, K), a table like CONFIG_TABLE that overrides it where the sweep found a
+# better fixed config for that shape. Keyed by the weight alone, so a row's program still
+# depends on M's bucket and the layer, never on which other rows share the call.
+SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {}
 
-def config_for(m: int) -> GemmConfig:
-    for max_m, cfg in CONFIG_TABLE:
+
+def config_for(m: int, n: int | None = None, k: int | None = None) -> GemmConfig:
+    """The fixed config for M rows (of a weight [n, k] when given): a table lookup, never timed."""
+    table = SHAPE_TABLE.get((n, k), CONFIG_TABLE) if n is not None and k is not None else CONFIG_TABLE
+    for max_m, cfg in table:
         if m <= max_m:
             return cfg
-    return CONFIG_TABLE[-1][1]
+    return table[-1][1]
 
 
 def _int8_gemm_kernel(
@@ -153,16 +181,28 @@ def _epilogue(
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y, mask=mask)
 
 
-def _int8_partial_kernel(
-    a_ptr, w_ptr, ws_ptr, M, N, K, k_per_split,
-    stride_am, stride_ak, stride_wn, stride_wk,
+def _int8_split_kernel(
+    a_ptr, w_ptr, ws_ptr, count_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    M, N, K, k_per_split, splits,
+    stride_am, stride_ak, stride_wn, stride_wk, stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr, FUSED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """Split-K: program (tile, split) adds the exact int32 product over its K slice into ws."""
+    """Split K: program (tile, split) computes the exact int32 product over its K slice and
+    stores it in its own slice ws[split] (plain stores: no zeroing, no atomics on data).
+
+    FUSED: then it counts itself done on the tile's counter; the one that arrives last adds the
+    other slices to its own (integers: the sum is the same in any order) and runs the shared
+    epilogue. The release/acquire pair on the counter orders the slices' stores before their
+    loads; the loads bypass L1 (`.cg`), which is not coherent across SMs.
+    """
     num_n = tl.cdiv(N, BN)
-    pid_m = tl.program_id(0) // num_n
-    pid_n = tl.program_id(0) % num_n
-    k0 = tl.program_id(1) * k_per_split
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tile // num_n
+    pid_n = tile % num_n
+    k0 = split * k_per_split
+    k_len = tl.minimum(K - k0, k_per_split)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
@@ -171,28 +211,49 @@ def _int8_partial_kernel(
     a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
     w_ptrs = w_ptr + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
     acc = tl.zeros((BM, BN), dtype=tl.int32)
-    for kb in range(0, tl.cdiv(k_per_split, BK)):
-        rem = tl.minimum(K - k0, k_per_split) - kb * BK
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < rem, other=0)
-        w = tl.load(w_ptrs, mask=offs_k[:, None] < rem, other=0)
+    for kb in range(0, tl.cdiv(k_len, BK)):
+        if EVEN_K:  # K % BK == 0 and k_per_split % BK == 0: every block is whole
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            rem = k_len - kb * BK
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < rem, other=0)
+            w = tl.load(w_ptrs, mask=offs_k[:, None] < rem, other=0)
         acc = tl.dot(a, w, acc, out_dtype=tl.int32)
         a_ptrs += BK * stride_ak
         w_ptrs += BK * stride_wk
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)  # integers: exact
+    slice_mn = offs_m[:, None] * N + offs_n[None, :]
+    if FUSED:
+        tl.store(ws_ptr + split * M * N + slice_mn, acc, mask=mask)
+        tl.debug_barrier()  # every thread's slice stores precede the release below
+        done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if done == splits - 1:
+            for s in range(0, splits):
+                if s != split:
+                    acc += tl.load(ws_ptr + s * M * N + slice_mn, mask=mask, other=0, cache_modifier=".cg")
+            _epilogue(
+                acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+                stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+            )  # fmt: skip
+    else:
+        tl.store(ws_ptr + split * M * N + slice_mn, acc, mask=mask)
 
 
 def _int32_epilogue_kernel(
-    ws_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr, M, N,
+    ws_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr, M, N, splits,
     stride_rm, stride_rn, stride_ym, stride_yn,
     HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
+    """The unfused split's second launch: the slices summed in split order, then the epilogue."""
     num_n = tl.cdiv(N, BN)
     offs_m = (tl.program_id(0) // num_n) * BM + tl.arange(0, BM)
     offs_n = (tl.program_id(0) % num_n) * BN + tl.arange(0, BN)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    acc = tl.load(ws_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0)
+    acc = tl.zeros((BM, BN), dtype=tl.int32)
+    for s in range(0, splits):
+        acc += tl.load(ws_ptr + s * M * N + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0)
     _epilogue(
         acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
         stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
@@ -202,7 +263,7 @@ def _int32_epilogue_kernel(
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
 _tma_kernel = kernel(_int8_gemm_tma_kernel)
-_partial = kernel(_int8_partial_kernel)
+_split = kernel(_int8_split_kernel)
 _finish = kernel(_int32_epilogue_kernel)
 
 
@@ -318,24 +379,32 @@ def int8_gemm(
         return int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
     if m * k >= 2**31 or n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm shape {m}x{k}x{n} exceeds 32-bit indexing")
-    cfg = config or config_for(m)
+    cfg = config or config_for(m, n, k)
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     res = residual if residual is not None else y
-    if cfg.split_k > 1:
-        # exact int32 partial sums added atomically (any order: the same integers), then the epilogue
-        ws = torch.zeros(m, n, dtype=torch.int32, device=a.device)
-        k_per = cdiv(cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
+    k_blocks = cdiv(k, cfg.block_k)
+    if cfg.split_k > 1 and k_blocks > 1:
+        k_per = cdiv(k_blocks, cfg.split_k) * cfg.block_k
+        splits = cdiv(k, k_per)  # <= split_k: no split is empty
         tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
-        _partial[(tiles, cdiv(k, k_per))](
-            a, w, ws, m, n, k, k_per, a.stride(0), a.stride(1), w.stride(0), w.stride(1),
-            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        _finish[(tiles,)](
-            ws, a_scale, w_scale, res, y, m, n, res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+        ws = torch.empty(splits, m, n, dtype=torch.int32, device=a.device)
+        counts = torch.zeros(tiles if cfg.split_fused else 1, dtype=torch.int32, device=a.device)
+        _split[(tiles, splits)](
+            a, w, ws, counts, a_scale, w_scale, res, y, m, n, k, k_per, splits,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1),
+            res.stride(0), res.stride(1), y.stride(0), y.stride(1),
             HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
-            BM=cfg.block_m, BN=cfg.block_n, num_warps=4, enable_fp_fusion=False,
+            EVEN_K=k % cfg.block_k == 0, FUSED=cfg.split_fused,
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
         )  # fmt: skip
+        if not cfg.split_fused:
+            _finish[(tiles,)](
+                ws, a_scale, w_scale, res, y, m, n, splits,
+                res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+                HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
+                BM=cfg.block_m, BN=cfg.block_n, num_warps=4, enable_fp_fusion=False,
+            )  # fmt: skip
         return y
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     if cfg.persistent and _tma_ready(a, w):

@@ -2,9 +2,13 @@
 
     PYTHONPATH=. python3 ops/bench/bench_kernels.py [--out results.json] [--quick]
 
-Medians of `triton.testing.do_bench` on random data; prints one table. The GEMM section also
-sweeps a few fixed configs (all give identical bits: int32 accumulation is exact) to keep
-engine.kernels.int8_gemm.CONFIG_TABLE honest.
+Medians of `triton.testing.do_bench` on random data; prints one table. The GEMM section
+sweeps fixed candidate configs at every int8 linear of the 27B and 4B shapes and M from 1
+(decode) to 8,192 (prefill), checks each candidate's bits against the torch reference (int32
+accumulation is exact, so every config must give identical bits), prints TOP/s and GB/s and
+the GEMM time per forward (table / best / HBM floor), and writes JSON from which
+engine.kernels.int8_gemm.CONFIG_TABLE and SHAPE_TABLE are set. `--gemm-only` runs just that
+(~3-4 minutes on an H200; `--budget-s` bounds it).
 """
 
 # Every lambda below is timed inside the loop iteration that made it, so late binding is moot.
@@ -30,91 +34,195 @@ from engine.kernels.quant import (
 )
 from engine.reference import l2_normalize
 
-SWEEP = [
-    GemmConfig(64, 128, 128, 4, 4),
-    GemmConfig(64, 256, 128, 8, 3),
-    GemmConfig(128, 128, 128, 8, 3),
-    GemmConfig(128, 256, 128, 8, 3),
-    GemmConfig(128, 128, 128, 4, 4),
-    GemmConfig(64, 128, 128, 4, 4, split_k=2),  # split K: more programs for decode's small M
+# Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K.
+DECODE_CANDIDATES = [
+    GemmConfig(64, 128, 128, 4, 4),  # the prefill tile decode used before the sweep
+    GemmConfig(16, 64, 256, 4, 4),
+    GemmConfig(16, 32, 512, 4, 4),
+    GemmConfig(16, 128, 256, 4, 4),
+    GemmConfig(16, 64, 256, 4, 4, split_k=2),
+    GemmConfig(16, 64, 256, 4, 4, split_k=4),
+    GemmConfig(16, 64, 256, 4, 4, split_k=8),
+    GemmConfig(16, 128, 256, 4, 4, split_k=4),
+    GemmConfig(16, 32, 512, 4, 3, split_k=4),
+    GemmConfig(16, 64, 512, 4, 3, split_k=4),
+    GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
+    GemmConfig(32, 64, 256, 4, 4, split_k=4),
+    GemmConfig(64, 64, 256, 4, 4, split_k=2),
+    GemmConfig(64, 64, 256, 4, 4, split_k=4),
     GemmConfig(64, 128, 128, 4, 4, split_k=4),
-    GemmConfig(64, 64, 128, 4, 4, split_k=4),
-    # persistent, TMA operands (sm_90 compile: ops/bench/NOTES-kernels.md, session 4)
+]
+# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA.
+PREFILL_CANDIDATES = [
+    GemmConfig(64, 128, 128, 4, 4),
+    GemmConfig(128, 128, 128, 8, 3),
+    GemmConfig(128, 128, 128, 4, 4),
+    GemmConfig(128, 256, 128, 8, 3),
+    GemmConfig(128, 256, 128, 8, 3, group_m=16),
+    GemmConfig(64, 256, 128, 8, 4),
+    GemmConfig(128, 256, 64, 8, 4),
+    GemmConfig(256, 128, 128, 8, 3),
     GemmConfig(128, 128, 128, 8, 3, persistent=True),
     GemmConfig(128, 256, 128, 8, 3, persistent=True),
+    GemmConfig(128, 256, 128, 8, 4, persistent=True),
     GemmConfig(64, 256, 128, 8, 4, persistent=True),
 ]
+SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
+DECODE_MAX_M = 64
+HBM_BYTES_PER_S = 4.27e12
+DEVICE = "cuda"  # module-level so a CPU smoke run of the sweep's bookkeeping can swap it
 
 
-def bench(fn, rep: int = 100) -> float:
+def bench(fn, rep: int = 100, warmup: int = 25) -> float:
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def gemm_rows(quick: bool) -> list[dict]:
-    rows = []
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for k, n in [(5120, 34816), (17408, 5120)]:
-        w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda", generator=gen)
-        w_bf = w.to(torch.bfloat16)
-        ws = torch.rand(n, device="cuda", generator=gen) * 0.01
-        for m in [1, 16, 64, 256, 1024, 4096]:
-            a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda", generator=gen)
-            a_bf = a.to(torch.bfloat16)
-            a_s = torch.rand(m, device="cuda", generator=gen) * 0.05
-            ops = 2.0 * m * n * k
-            exact = torch.equal(int8_gemm(a, w, a_s, ws), int8_gemm_reference(a, w, a_s, ws))
-            t_intmm = bench(lambda a=a: torch._int_mm(a, w.t()))
-            t_intmm_epi = bench(
-                lambda a=a, a_s=a_s: (torch._int_mm(a, w.t()).float() * a_s[:, None]) * ws[None, :]
-            )
-            t_bf16 = bench(lambda a_bf=a_bf: a_bf @ w_bf.t())
-            t_table = bench(lambda a=a, a_s=a_s: int8_gemm(a, w, a_s, ws))
-            sweep = {}
-            table_out = int8_gemm(a, w, a_s, ws)
-            if not quick:
-                for cfg in SWEEP:
-                    if not torch.equal(int8_gemm(a, w, a_s, ws, config=cfg), table_out):
-                        raise AssertionError(f"{cfg} changed the bits at M={m}")  # int32 is exact
-                    sweep[str(cfg)] = bench(
-                        lambda a=a, a_s=a_s, cfg=cfg: int8_gemm(a, w, a_s, ws, config=cfg), rep=50
+def model_linears(model: str) -> list[tuple[str, int, int, int]]:
+    """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.int8_rows`
+    callers: GDN in/z/out projections, attention q+gate/k/v/o, MLP gate/up/down, LM head).
+    The GDN b/a projections (N = value heads, < 100 KB each) are launch-bound and left out.
+    Names ending in "+res" add the residual in the epilogue, as the model does."""
+    from bench_engine import shape_config
+
+    c = shape_config(model)
+    n_attn = len(c.full_attention_layers)
+    n_gdn = c.num_layers - n_attn
+    h, inter = c.hidden_size, c.intermediate_size
+    q_gate, kv, attn_in = (
+        c.num_attention_heads * 2 * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.num_attention_heads * c.head_dim,
+    )
+    return [
+        ("gdn_qkv", c.conv_dim, h, n_gdn),
+        ("gdn_z", c.linear_value_dim, h, n_gdn),
+        ("gdn_out+res", h, c.linear_value_dim, n_gdn),
+        ("attn_q_gate", q_gate, h, n_attn),
+        ("attn_kv", kv, h, 2 * n_attn),
+        ("attn_out+res", h, attn_in, n_attn),
+        ("mlp_gate_up", inter, h, 2 * c.num_layers),
+        ("mlp_down+res", h, inter, c.num_layers),
+        ("lm_head", c.vocab_size, h, 1),
+    ]  # fmt: skip
+
+
+def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -> dict:
+    """Time every candidate config at every (model linear, M); check each one's bits against
+    the torch reference; propose the table. Candidates after `budget_s` are skipped (listed)."""
+    import time
+
+    t_start = time.perf_counter()
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    rows: list[dict] = []
+    skipped = 0
+    mismatches: list[str] = []
+    for model in models:
+        for name, n, k, uses in model_linears(model):
+            w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEVICE, generator=gen)
+            ws = torch.rand(n, device=DEVICE, generator=gen) * 0.01
+            for m in ms:
+                if name == "lm_head" and m > DECODE_MAX_M:
+                    continue  # prefill reads the LM head only at the read positions
+                a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEVICE, generator=gen)
+                a_s = torch.rand(m, device=DEVICE, generator=gen) * 0.05
+                r = torch.randn(m, n, device=DEVICE, generator=gen) if name.endswith("+res") else None
+                ops, nbytes = 2.0 * m * n * k, n * k + m * k + 4 * m * n * (2 if r is not None else 1)
+                ref = int8_gemm_reference(a, w, a_s, ws, r)
+                table_cfg = config_for(m, n, k)
+                t_table = bench(lambda: int8_gemm(a, w, a_s, ws, r), rep=15, warmup=5)
+                table_exact = torch.equal(int8_gemm(a, w, a_s, ws, r), ref)
+                t_intmm = bench(lambda: torch._int_mm(a, w.t()), rep=15, warmup=5) if m > 16 else None
+                cands = {}
+                if sweep:
+                    for cfg in DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES:
+                        if time.perf_counter() - t_start > budget_s:
+                            skipped += 1
+                            continue
+                        exact = torch.equal(int8_gemm(a, w, a_s, ws, r, config=cfg), ref)
+                        t = bench(lambda cfg=cfg: int8_gemm(a, w, a_s, ws, r, config=cfg), rep=15, warmup=5)
+                        if not exact:
+                            mismatches.append(f"{model} {name} M={m} {cfg}")
+                        cands[str(cfg)] = dict(
+                            ms=t, tops=ops / t / 1e9, gbps=nbytes / t / 1e6, bit_equal=exact
+                        )
+                exact_c = {c: v["ms"] for c, v in cands.items() if v["bit_equal"]}
+                best = min(exact_c, key=exact_c.get) if exact_c else str(table_cfg)
+                best_ms = exact_c[best] if exact_c else t_table
+                rows.append(
+                    dict(
+                        model=model, name=name, n=n, k=k, m=m, uses_per_step=uses,
+                        table=str(table_cfg), table_ms=t_table, table_bit_equal=table_exact,
+                        table_tops=ops / t_table / 1e9, table_gbps=nbytes / t_table / 1e6,
+                        intmm_ms=t_intmm, candidates=cands, best=best, best_ms=best_ms,
+                        floor_ms=nbytes / HBM_BYTES_PER_S * 1e3,
                     )
-            best = min(sweep, key=sweep.get) if sweep else str(config_for(m))
-            rows.append(
-                dict(
-                    kind="gemm", k=k, n=n, m=m, bitwise_equal_reference=exact,
-                    intmm_ms=t_intmm, intmm_epilogue_ms=t_intmm_epi, bf16_ms=t_bf16, triton_ms=t_table,
-                    intmm_tops=ops / t_intmm / 1e9, triton_tops=ops / t_table / 1e9,
-                    bf16_tflops=ops / t_bf16 / 1e9,
-                    table_config=str(config_for(m)), sweep_ms=sweep, best=best,
-                    best_tops=ops / min(sweep.values()) / 1e9 if sweep else None,
+                )  # fmt: skip
+                print(
+                    f"{model:3s} {name:13s} N={n:6d} K={k:5d} M={m:5d}  table {str(table_cfg):24s}"
+                    f" {t_table * 1e3:8.1f} us {ops / t_table / 1e9:6.0f} TOP/s"
+                    f" {nbytes / t_table / 1e6:5.0f} GB/s"
+                    f" exact={table_exact}  best {best:24s} {best_ms * 1e3:8.1f} us"
+                    f" ({ops / best_ms / 1e9:5.0f} TOP/s {nbytes / best_ms / 1e6:5.0f} GB/s)"
+                    + (f"  _int_mm {t_intmm * 1e3:.1f} us" if t_intmm else ""),
+                    flush=True,
                 )
-            )  # fmt: skip
-            print(
-                f"gemm K={k:5d} N={n:5d} M={m:4d}  _int_mm {ops / t_intmm / 1e9:6.0f} TOP/s"
-                f"  _int_mm+epi {t_intmm_epi:7.3f} ms  triton {t_table:7.3f} ms"
-                f" ({ops / t_table / 1e9:6.0f} TOP/s)  bf16 {ops / t_bf16 / 1e9:5.0f}  exact={exact}",
-                flush=True,
-            )
-            if sweep:
-                print("    sweep: " + ", ".join(f"{c[10:]}={v:.3f}" for c, v in sweep.items()), flush=True)
-    return rows
+    out = dict(rows=rows, proposal=propose(rows), skipped_candidates=skipped, mismatches=mismatches,
+               sweep_s=time.perf_counter() - t_start)  # fmt: skip
+    print_summary(out)
+    return out
+
+
+def propose(rows: list[dict]) -> dict:
+    """Per M: the one config with the least decode-step-weighted time over every linear that
+    timed all candidates (the per-M table), and each linear's own best (the per-shape table)."""
+    by_m: dict[int, dict[str, float]] = {}
+    complete: dict[int, list[dict]] = {}
+    for r in rows:
+        if not r["candidates"]:
+            continue
+        complete.setdefault(r["m"], []).append(r)
+    for m, rs in complete.items():
+        common = set.intersection(*(set(c for c, v in r["candidates"].items() if v["bit_equal"]) for r in rs))
+        by_m[m] = {c: sum(r["uses_per_step"] * r["candidates"][c]["ms"] for r in rs) for c in common}
+    per_m = {m: min(v, key=v.get) for m, v in by_m.items() if v}
+    per_shape = {f"{r['model']} {r['name']} {r['n']}x{r['k']} M={r['m']}": r["best"] for r in rows}
+    return dict(per_m=per_m, per_m_weighted_ms=by_m, per_shape=per_shape)
+
+
+def print_summary(out: dict) -> None:
+    rows = out["rows"]
+    print("\n# decode/prefill GEMM time per forward (sum over the model's linears x uses):")
+    print(f"  {'model':5s} {'M':>5s} {'table ms':>9s} {'best ms':>9s} {'HBM floor ms':>12s}  table TOP/s")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for m in dict.fromkeys(r["m"] for r in rows if r["model"] == model):
+            rs = [r for r in rows if r["model"] == model and r["m"] == m]
+            t = sum(r["uses_per_step"] * r["table_ms"] for r in rs)
+            b = sum(r["uses_per_step"] * r["best_ms"] for r in rs)
+            f = sum(r["uses_per_step"] * r["floor_ms"] for r in rs)
+            ops = sum(r["uses_per_step"] * 2.0 * r["m"] * r["n"] * r["k"] for r in rs)
+            print(f"  {model:5s} {m:5d} {t:9.3f} {b:9.3f} {f:12.3f}  {ops / t / 1e9:8.0f}")
+    print("# proposed config per M (step-weighted over all swept linears):")
+    for m, c in sorted(out["proposal"]["per_m"].items()):
+        print(f"  M={m:5d}  {c}")
+    print(f"# sweep {out['sweep_s']:.0f} s, {out['skipped_candidates']} candidates skipped (budget),"
+          f" {len(out['mismatches'])} bit mismatches: {out['mismatches'][:5]}")  # fmt: skip
 
 
 def deltanet_rows(sweep: bool) -> list[dict]:
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
     hqk, hv, d = 16, 48, 128
     for segs, length in [(1, 256), (64, 256), (64, 1)]:
         n = segs * length
-        q = l2_normalize(torch.randn(n, hqk, d, device="cuda", generator=gen)) * d**-0.5
-        k = l2_normalize(torch.randn(n, hqk, d, device="cuda", generator=gen))
-        v = torch.randn(n, hv, d, device="cuda", generator=gen)
-        g = -torch.rand(n, hv, device="cuda", generator=gen)
-        beta = torch.rand(n, hv, device="cuda", generator=gen)
-        offsets = torch.arange(0, n + 1, length, device="cuda", dtype=torch.int32)
-        s0 = torch.randn(segs, hv, d, d, device="cuda", generator=gen) * 0.1
+        q = l2_normalize(torch.randn(n, hqk, d, device=DEVICE, generator=gen)) * d**-0.5
+        k = l2_normalize(torch.randn(n, hqk, d, device=DEVICE, generator=gen))
+        v = torch.randn(n, hv, d, device=DEVICE, generator=gen)
+        g = -torch.rand(n, hv, device=DEVICE, generator=gen)
+        beta = torch.rand(n, hv, device=DEVICE, generator=gen)
+        offsets = torch.arange(0, n + 1, length, device=DEVICE, dtype=torch.int32)
+        s0 = torch.randn(segs, hv, d, d, device=DEVICE, generator=gen) * 0.1
         t = bench(lambda: gated_delta_rule_varlen(q, k, v, g, beta, offsets, s0))
         o, f = gated_delta_rule_varlen(q, k, v, g, beta, offsets, s0)
         variants = {}
@@ -150,14 +258,14 @@ def deltanet_rows(sweep: bool) -> list[dict]:
 
 def conv_rows() -> list[dict]:
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(2)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
     c = 10240
     for segs, length in [(1, 256), (64, 256), (64, 1)]:
         n = segs * length
-        x = torch.randn(n, c, device="cuda", generator=gen)
-        w = torch.randn(c, 4, device="cuda", generator=gen)
-        offsets = torch.arange(0, n + 1, length, device="cuda", dtype=torch.int32)
-        tail = torch.randn(segs, c, 3, device="cuda", generator=gen)
+        x = torch.randn(n, c, device=DEVICE, generator=gen)
+        w = torch.randn(c, 4, device=DEVICE, generator=gen)
+        offsets = torch.arange(0, n + 1, length, device=DEVICE, dtype=torch.int32)
+        tail = torch.randn(segs, c, 3, device=DEVICE, generator=gen)
         t = bench(lambda: causal_conv_varlen(x, w, offsets, tail))
         ref = bench(lambda: causal_conv_reference(x, w, offsets, tail), rep=20)
         rows.append(dict(kind="conv", segments=segs, tokens=length, ms=t, torch_ms=ref))
@@ -170,11 +278,11 @@ def conv_rows() -> list[dict]:
 
 def quant_rows() -> list[dict]:
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(3)
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
     for m in [64, 1024, 4096]:
         for k, fused in [(5120, True), (17408, False)]:
-            x = torch.randn(m, k, device="cuda", generator=gen) * 3
-            vec = torch.rand(k, device="cuda", generator=gen) + 0.5
+            x = torch.randn(m, k, device=DEVICE, generator=gen) * 3
+            vec = torch.rand(k, device=DEVICE, generator=gen) + 0.5
             if fused:
                 t = bench(lambda x=x, vec=vec: rms_norm_quantize(x, vec, 1e-6))
                 ref = bench(lambda x=x, vec=vec: rms_norm_quantize_reference(x, vec, 1e-6))
@@ -203,6 +311,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write all rows as JSON here")
     parser.add_argument("--quick", action="store_true", help="skip the GEMM config sweep")
+    parser.add_argument("--gemm-only", action="store_true", help="only the GEMM sweep")
+    parser.add_argument("--models", default="27B,4B", help="GEMM sweep: model shapes, comma separated")
+    parser.add_argument("--m", default=",".join(map(str, SWEEP_M)), help="GEMM sweep: row counts")
+    parser.add_argument(
+        "--budget-s", type=float, default=180.0, help="GEMM sweep: skip candidates after this"
+    )
     parser.add_argument("--deltanet-sweep", action="store_true", help="also time other deltanet blockings")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -214,10 +328,13 @@ def main() -> int:
         f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}",
         flush=True,
     )
-    rows = quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep) + gemm_rows(args.quick)
+    rows = [] if args.gemm_only else quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep)
+    gemm = gemm_sweep(
+        args.models.split(","), [int(x) for x in args.m.split(",")], args.budget_s, not args.quick
+    )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(dict(rows=rows, gemm=gemm), f, indent=1)
     return 0
 
 

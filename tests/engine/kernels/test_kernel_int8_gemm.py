@@ -7,6 +7,7 @@ import torch
 
 from engine.kernels.int8_gemm import (
     CONFIG_TABLE,
+    SHAPE_TABLE,
     GemmConfig,
     config_for,
     int8_gemm,
@@ -40,8 +41,12 @@ def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
         (1, 128, 128, None),  # decode row, table config, M far below the tile
         (37, 200, 300, SMALL),  # K, N not multiples of the tile: masked edges
         (64, 256, 96, SMALL),
-        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, split_k=3)),  # split K: atomic int32 partials
+        # split K, the last program of a tile finishing it: ragged K, fewer splits than asked
+        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, split_k=3)),
         (33, 96, 64, GemmConfig(16, 32, 32, 4, 2, split_k=4)),  # more splits than K blocks need
+        (1, 256, 96, GemmConfig(16, 32, 64, 4, 2, split_k=4)),  # decode row, whole K blocks
+        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, split_k=3, split_fused=False)),  # second launch
+        (2, 64, 48, GemmConfig(16, 32, 64, 4, 2, split_k=2)),  # one K block: no split at all
         # persistent TMA: 30 tiles over the programs, edges in M, N and K read as zeros
         (37, 208, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),
         (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),  # rows not 16-byte: fallback
@@ -85,6 +90,11 @@ def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) ->
     a, w, a_scale, w_scale = _operands(gen, 40, 256, 128, dev)
     configs = [SMALL, GemmConfig(32, 64, 64, 4, 2), *[c for _, c in CONFIG_TABLE]]
     configs += [GemmConfig(16, 32, 32, 4, 2, split_k=s) for s in (2, 5)]
+    configs += [
+        GemmConfig(16, 32, 32, 4, 2, split_k=3, split_fused=False),
+        GemmConfig(32, 16, 64, 4, 2, split_k=2),
+    ]
+    configs += [c for table in SHAPE_TABLE.values() for _, c in table]
     configs += [GemmConfig(16, 32, 32, 4, 2, persistent=True), GemmConfig(32, 64, 64, 4, 2, persistent=True)]
     outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
     for o in outs[1:]:
@@ -102,8 +112,24 @@ def test_rows_do_not_depend_on_batch(gen: torch.Generator, dev: torch.device) ->
 
 
 def test_config_table_is_fixed_by_m() -> None:
-    assert config_for(1) == config_for(64)
+    assert all(config_for(m) == config_for(1) for m in range(1, CONFIG_TABLE[0][0] + 1))
     assert config_for(10**6) == CONFIG_TABLE[-1][1]
+    bounds = [max_m for max_m, _ in CONFIG_TABLE]
+    assert bounds == sorted(bounds)
+    for (n, k), table in SHAPE_TABLE.items():
+        assert [b for b, _ in table] == sorted(b for b, _ in table)
+        assert config_for(10**6, n, k) == table[-1][1]
+
+
+def test_decode_rows_alone_equal_packed(gen: torch.Generator, dev: torch.device) -> None:
+    """A decode row's bits are the same whether 1 or up to 64 rows run (each M bucket's config)."""
+    a, w, a_scale, w_scale = _operands(gen, 64, 512, 80, dev)
+    residual = torch.randn(64, 80, generator=gen).to(dev)
+    full = int8_gemm(a, w, a_scale, w_scale, residual, backend="triton")
+    for m in (1, 3, 16, 17, 40):
+        part = int8_gemm(a[:m], w, a_scale[:m], w_scale, residual[:m], backend="triton")
+        assert torch.equal(part, full[:m])
+    assert torch.equal(full, int8_gemm_reference(a, w, a_scale, w_scale, residual))
 
 
 def test_bad_inputs_are_named(dev: torch.device) -> None:

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: the int8 GEMM's CUDA tests (every config bit-equal to
+# the torch reference, rows alone == packed), then the GEMM config sweep at the 27B and 4B
+# shapes (~4 minutes: bench_kernels.py --gemm-only; --budget-s bounds the candidate part).
+#   bash ops/device/gemm_check.sh                  # tests + sweep
+#   STAGE=bench bash ops/device/gemm_check.sh      # sweep only (SWEEP_ARGS="--models 27B" etc.)
+# Writes $OUT/pytest_gemm.log, $OUT/gemm_sweep.log and $OUT/gemm_sweep.json. Uses GPU 0.
+set -uo pipefail
+STAGE=${STAGE:-all}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+source ops/device/setup.sh
+if [ "$STAGE" != bench ]; then
+    python3 -m pytest tests/engine/kernels/test_kernel_int8_gemm.py -q --confcutdir=tests/engine/kernels \
+        -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_gemm.log" | tail -3
+fi
+if [ "$STAGE" != tests ]; then
+    python3 ops/bench/bench_kernels.py --gemm-only --out "$OUT/gemm_sweep.json" ${SWEEP_ARGS:-} 2>&1 \
+        | tee "$OUT/gemm_sweep.log" | grep -v '^\s*$' | tail -40
+fi
