@@ -308,16 +308,14 @@ def _mm(a, b, BF16: tl.constexpr, ON_GPU: tl.constexpr):
 
 
 def _tc_rows(
-    conv_ptr, b_ptr, a_ptr, rows, valid, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, q_scale, l2_eps,
+    conv_ptr, b_ptr, a_ptr, rows, valid, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
     HQK: tl.constexpr, DK: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """The rows' l2-normalised q (times q_scale) and k [R, DK], beta and log decay g [R]; rows
-    past the segment end (valid false) are zeros."""
+    """The rows' l2-normalised k [R, DK], beta and log decay g [R]; rows past the segment end
+    (valid false) are zeros."""
     offs_k = tl.arange(0, DK)
-    src = conv_ptr + rows[:, None] * stride_conv
-    q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-    k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-    q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+    k = tl.load(conv_ptr + rows[:, None] * stride_conv + HQK * DK + hk * DK + offs_k[None, :],
+                mask=valid[:, None], other=0.0)  # fmt: skip
     k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
     b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
     beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
@@ -325,7 +323,19 @@ def _tc_rows(
     soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
     soft = tl.where(x > 20.0, x, soft)
     g = tl.where(valid, ssm_a * soft, 0.0)
-    return q, k, beta, g
+    return k, beta, g
+
+
+def _tc_q(conv_ptr, rows, valid, hk, gm, at, qg_ptr, stride_conv, q_scale, l2_eps, DK: tl.constexpr):
+    """The rows' l2-normalised q times q_scale [R, DK] (loaded late: registers); stores q exp(gam)."""
+    offs_k = tl.arange(0, DK)
+    q = tl.load(
+        conv_ptr + rows[:, None] * stride_conv + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0
+    )
+    q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+    qg = (q * tl.exp(gm)[:, None]).to(qg_ptr.dtype.element_ty)
+    tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], qg, mask=valid[:, None])
+    return q
 
 
 def _inv16(a):
@@ -342,11 +352,11 @@ def _inv16(a):
 
 def _kk(k_i, k_j, beta_i, gm_i, gm_j, DIAG: tl.constexpr, BF16: tl.constexpr, ON_GPU: tl.constexpr):
     """Block (i, j) of A: beta_r exp(gam_r - gam_c) k_r.k_c for c < r (on a diagonal block: below it)."""
-    a = _mm(k_i, tl.trans(k_j), BF16, ON_GPU) * beta_i[:, None] * tl.exp(gm_i[:, None] - gm_j[None, :])
+    diff = gm_i[:, None] - gm_j[None, :]  # <= 0 below the diagonal; masked before exp above it
     if DIAG:
         offs = tl.arange(0, 16)
-        a = tl.where(offs[:, None] > offs[None, :], a, 0.0)
-    return a
+        diff = tl.where(offs[:, None] > offs[None, :], diff, float("-inf"))
+    return _mm(k_i, tl.trans(k_j), BF16, ON_GPU) * beta_i[:, None] * tl.exp(diff)
 
 
 def _qk(
@@ -355,9 +365,10 @@ def _qk(
 ):  # fmt: skip
     """Store block (i, j) of the chunk's causal decayed scores exp(gam_r - gam_c) q_r.k_c (c <= r)."""
     offs = tl.arange(0, 16)
-    a = _mm(q_i, tl.trans(k_j), BF16, ON_GPU) * tl.exp(gm_i[:, None] - gm_j[None, :])
+    diff = gm_i[:, None] - gm_j[None, :]
     if DIAG:
-        a = tl.where(offs[:, None] >= offs[None, :], a, 0.0)
+        diff = tl.where(offs[:, None] >= offs[None, :], diff, float("-inf"))
+    a = _mm(q_i, tl.trans(k_j), BF16, ON_GPU) * tl.exp(diff)
     dst = aqk_ptr + at[:, None] * 64 + col + offs[None, :]
     tl.store(dst, a.to(aqk_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -394,21 +405,21 @@ def _forest_gdn_tc_prep_kernel(
             c0 + 32 + offs < length,
             c0 + 48 + offs < length,
         )
-        q0, k0, be0, g0 = _tc_rows(
-            conv_ptr, b_ptr, a_ptr, r0, v0, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, q_scale,
-            l2_eps, HQK, DK, ON_GPU,
+        k0, be0, g0 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0, v0, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
         )  # fmt: skip
-        q1, k1, be1, g1 = _tc_rows(
-            conv_ptr, b_ptr, a_ptr, r0 + 16, v1, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, q_scale,
-            l2_eps, HQK, DK, ON_GPU,
+        k1, be1, g1 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 16, v1, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
         )  # fmt: skip
-        q2, k2, be2, g2 = _tc_rows(
-            conv_ptr, b_ptr, a_ptr, r0 + 32, v2, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, q_scale,
-            l2_eps, HQK, DK, ON_GPU,
+        k2, be2, g2 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 32, v2, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
         )  # fmt: skip
-        q3, k3, be3, g3 = _tc_rows(
-            conv_ptr, b_ptr, a_ptr, r0 + 48, v3, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, q_scale,
-            l2_eps, HQK, DK, ON_GPU,
+        k3, be3, g3 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 48, v3, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
         )  # fmt: skip
         # cumulative log decay from the chunk start (rows past the end add 0)
         e0 = tl.sum(g0, axis=0)
@@ -427,72 +438,80 @@ def _forest_gdn_tc_prep_kernel(
         tl.store(g_ptr + at3, m3, mask=v3)
         dk_ = offs_k[None, :]
         op = qg_ptr.dtype.element_ty
-        tl.store(qg_ptr + at0[:, None] * DK + dk_, (q0 * tl.exp(m0)[:, None]).to(op), mask=v0[:, None])
-        tl.store(qg_ptr + at1[:, None] * DK + dk_, (q1 * tl.exp(m1)[:, None]).to(op), mask=v1[:, None])
-        tl.store(qg_ptr + at2[:, None] * DK + dk_, (q2 * tl.exp(m2)[:, None]).to(op), mask=v2[:, None])
-        tl.store(qg_ptr + at3[:, None] * DK + dk_, (q3 * tl.exp(m3)[:, None]).to(op), mask=v3[:, None])
         tl.store(kd_ptr + at0[:, None] * DK + dk_, (k0 * tl.exp(last - m0)[:, None]).to(op), mask=v0[:, None])
         tl.store(kd_ptr + at1[:, None] * DK + dk_, (k1 * tl.exp(last - m1)[:, None]).to(op), mask=v1[:, None])
         tl.store(kd_ptr + at2[:, None] * DK + dk_, (k2 * tl.exp(last - m2)[:, None]).to(op), mask=v2[:, None])
         tl.store(kd_ptr + at3[:, None] * DK + dk_, (k3 * tl.exp(last - m3)[:, None]).to(op), mask=v3[:, None])
-        # decayed causal scores, row block by row block (blocks above the diagonal are zeros)
+        # row block by row block: q exp(gam) and the decayed causal scores (zeros above the
+        # diagonal), A's blocks of the row, then w and u of the row from the rows above it
         zero = tl.zeros((16, 16), dtype=tl.float32).to(op)
+        vsrc = conv_ptr + 2 * HQK * DK + h * DV + offs_v[None, :]
+        q0 = _tc_q(conv_ptr, r0, v0, hk, m0, at0, qg_ptr, stride_conv, q_scale, l2_eps, DK)
         _qk(q0, k0, m0, m0, at0, aqk_ptr, 0, v0, True, BF16, ON_GPU)
-        for col in tl.static_range(16, 64, 16):
-            tl.store(aqk_ptr + at0[:, None] * 64 + col + offs[None, :], zero, mask=v0[:, None])
+        tl.store(aqk_ptr + at0[:, None] * 64 + 16 + offs[None, :], zero, mask=v0[:, None])
+        tl.store(aqk_ptr + at0[:, None] * 64 + 32 + offs[None, :], zero, mask=v0[:, None])
+        tl.store(aqk_ptr + at0[:, None] * 64 + 48 + offs[None, :], zero, mask=v0[:, None])
+        t0 = _inv16(_kk(k0, k0, be0, m0, m0, True, BF16, ON_GPU))
+        x0 = k0 * (be0 * tl.exp(m0))[:, None]
+        x0 = _mm(t0, x0, BF16, ON_GPU)
+        tl.store(w_ptr + at0[:, None] * DK + dk_, x0.to(op), mask=v0[:, None])
+        y0 = tl.load(vsrc + (r0)[:, None] * stride_conv, mask=v0[:, None], other=0.0) * be0[:, None]
+        y0 = _mm(t0, y0, BF16, ON_GPU)
+        tl.store(u_ptr + at0[:, None] * DV + offs_v[None, :], y0.to(op), mask=v0[:, None])
+        q1 = _tc_q(conv_ptr, r0 + 16, v1, hk, m1, at1, qg_ptr, stride_conv, q_scale, l2_eps, DK)
         _qk(q1, k0, m1, m0, at1, aqk_ptr, 0, v1, False, BF16, ON_GPU)
         _qk(q1, k1, m1, m1, at1, aqk_ptr, 16, v1, True, BF16, ON_GPU)
-        for col in tl.static_range(32, 64, 16):
-            tl.store(aqk_ptr + at1[:, None] * 64 + col + offs[None, :], zero, mask=v1[:, None])
+        tl.store(aqk_ptr + at1[:, None] * 64 + 32 + offs[None, :], zero, mask=v1[:, None])
+        tl.store(aqk_ptr + at1[:, None] * 64 + 48 + offs[None, :], zero, mask=v1[:, None])
+        a10 = _kk(k1, k0, be1, m1, m0, False, BF16, ON_GPU)
+        t1 = _inv16(_kk(k1, k1, be1, m1, m1, True, BF16, ON_GPU))
+        x1 = k1 * (be1 * tl.exp(m1))[:, None]
+        x1 = x1 - _mm(a10, x0, BF16, ON_GPU)
+        x1 = _mm(t1, x1, BF16, ON_GPU)
+        tl.store(w_ptr + at1[:, None] * DK + dk_, x1.to(op), mask=v1[:, None])
+        y1 = tl.load(vsrc + (r0 + 16)[:, None] * stride_conv, mask=v1[:, None], other=0.0) * be1[:, None]
+        y1 = y1 - _mm(a10, y0, BF16, ON_GPU)
+        y1 = _mm(t1, y1, BF16, ON_GPU)
+        tl.store(u_ptr + at1[:, None] * DV + offs_v[None, :], y1.to(op), mask=v1[:, None])
+        q2 = _tc_q(conv_ptr, r0 + 32, v2, hk, m2, at2, qg_ptr, stride_conv, q_scale, l2_eps, DK)
         _qk(q2, k0, m2, m0, at2, aqk_ptr, 0, v2, False, BF16, ON_GPU)
         _qk(q2, k1, m2, m1, at2, aqk_ptr, 16, v2, False, BF16, ON_GPU)
         _qk(q2, k2, m2, m2, at2, aqk_ptr, 32, v2, True, BF16, ON_GPU)
         tl.store(aqk_ptr + at2[:, None] * 64 + 48 + offs[None, :], zero, mask=v2[:, None])
+        a20 = _kk(k2, k0, be2, m2, m0, False, BF16, ON_GPU)
+        a21 = _kk(k2, k1, be2, m2, m1, False, BF16, ON_GPU)
+        t2 = _inv16(_kk(k2, k2, be2, m2, m2, True, BF16, ON_GPU))
+        x2 = k2 * (be2 * tl.exp(m2))[:, None]
+        x2 = x2 - _mm(a20, x0, BF16, ON_GPU)
+        x2 = x2 - _mm(a21, x1, BF16, ON_GPU)
+        x2 = _mm(t2, x2, BF16, ON_GPU)
+        tl.store(w_ptr + at2[:, None] * DK + dk_, x2.to(op), mask=v2[:, None])
+        y2 = tl.load(vsrc + (r0 + 32)[:, None] * stride_conv, mask=v2[:, None], other=0.0) * be2[:, None]
+        y2 = y2 - _mm(a20, y0, BF16, ON_GPU)
+        y2 = y2 - _mm(a21, y1, BF16, ON_GPU)
+        y2 = _mm(t2, y2, BF16, ON_GPU)
+        tl.store(u_ptr + at2[:, None] * DV + offs_v[None, :], y2.to(op), mask=v2[:, None])
+        q3 = _tc_q(conv_ptr, r0 + 48, v3, hk, m3, at3, qg_ptr, stride_conv, q_scale, l2_eps, DK)
         _qk(q3, k0, m3, m0, at3, aqk_ptr, 0, v3, False, BF16, ON_GPU)
         _qk(q3, k1, m3, m1, at3, aqk_ptr, 16, v3, False, BF16, ON_GPU)
         _qk(q3, k2, m3, m2, at3, aqk_ptr, 32, v3, False, BF16, ON_GPU)
         _qk(q3, k3, m3, m3, at3, aqk_ptr, 48, v3, True, BF16, ON_GPU)
-        # A's blocks and the diagonal blocks' inverses
-        a10 = _kk(k1, k0, be1, m1, m0, False, BF16, ON_GPU)
-        a20 = _kk(k2, k0, be2, m2, m0, False, BF16, ON_GPU)
-        a21 = _kk(k2, k1, be2, m2, m1, False, BF16, ON_GPU)
         a30 = _kk(k3, k0, be3, m3, m0, False, BF16, ON_GPU)
         a31 = _kk(k3, k1, be3, m3, m1, False, BF16, ON_GPU)
         a32 = _kk(k3, k2, be3, m3, m2, False, BF16, ON_GPU)
-        t0 = _inv16(_kk(k0, k0, be0, m0, m0, True, BF16, ON_GPU))
-        t1 = _inv16(_kk(k1, k1, be1, m1, m1, True, BF16, ON_GPU))
-        t2 = _inv16(_kk(k2, k2, be2, m2, m2, True, BF16, ON_GPU))
         t3 = _inv16(_kk(k3, k3, be3, m3, m3, True, BF16, ON_GPU))
-        # w = (I + A)^-1 (beta exp(gam) k), block forward substitution
-        x0 = _mm(t0, k0 * (be0 * tl.exp(m0))[:, None], BF16, ON_GPU)
-        x1 = k1 * (be1 * tl.exp(m1))[:, None] - _mm(a10, x0, BF16, ON_GPU)
-        x1 = _mm(t1, x1, BF16, ON_GPU)
-        x2 = k2 * (be2 * tl.exp(m2))[:, None] - _mm(a20, x0, BF16, ON_GPU) - _mm(a21, x1, BF16, ON_GPU)
-        x2 = _mm(t2, x2, BF16, ON_GPU)
-        x3 = k3 * (be3 * tl.exp(m3))[:, None] - _mm(a30, x0, BF16, ON_GPU)
-        x3 = x3 - _mm(a31, x1, BF16, ON_GPU) - _mm(a32, x2, BF16, ON_GPU)
+        x3 = k3 * (be3 * tl.exp(m3))[:, None]
+        x3 = x3 - _mm(a30, x0, BF16, ON_GPU)
+        x3 = x3 - _mm(a31, x1, BF16, ON_GPU)
+        x3 = x3 - _mm(a32, x2, BF16, ON_GPU)
         x3 = _mm(t3, x3, BF16, ON_GPU)
-        tl.store(w_ptr + at0[:, None] * DK + dk_, x0.to(op), mask=v0[:, None])
-        tl.store(w_ptr + at1[:, None] * DK + dk_, x1.to(op), mask=v1[:, None])
-        tl.store(w_ptr + at2[:, None] * DK + dk_, x2.to(op), mask=v2[:, None])
         tl.store(w_ptr + at3[:, None] * DK + dk_, x3.to(op), mask=v3[:, None])
-        # u = (I + A)^-1 (beta v), the same substitution
-        vsrc = conv_ptr + 2 * HQK * DK + h * DV + offs_v[None, :]
-        dv_ = offs_v[None, :]
-        y0 = tl.load(vsrc + r0[:, None] * stride_conv, mask=v0[:, None], other=0.0) * be0[:, None]
-        y0 = _mm(t0, y0, BF16, ON_GPU)
-        tl.store(u_ptr + at0[:, None] * DV + dv_, y0.to(op), mask=v0[:, None])
-        y1 = tl.load(vsrc + (r0 + 16)[:, None] * stride_conv, mask=v1[:, None], other=0.0) * be1[:, None]
-        y1 = _mm(t1, y1 - _mm(a10, y0, BF16, ON_GPU), BF16, ON_GPU)
-        tl.store(u_ptr + at1[:, None] * DV + dv_, y1.to(op), mask=v1[:, None])
-        y2 = tl.load(vsrc + (r0 + 32)[:, None] * stride_conv, mask=v2[:, None], other=0.0) * be2[:, None]
-        y2 = y2 - _mm(a20, y0, BF16, ON_GPU) - _mm(a21, y1, BF16, ON_GPU)
-        y2 = _mm(t2, y2, BF16, ON_GPU)
-        tl.store(u_ptr + at2[:, None] * DV + dv_, y2.to(op), mask=v2[:, None])
         y3 = tl.load(vsrc + (r0 + 48)[:, None] * stride_conv, mask=v3[:, None], other=0.0) * be3[:, None]
-        y3 = y3 - _mm(a30, y0, BF16, ON_GPU) - _mm(a31, y1, BF16, ON_GPU) - _mm(a32, y2, BF16, ON_GPU)
+        y3 = y3 - _mm(a30, y0, BF16, ON_GPU)
+        y3 = y3 - _mm(a31, y1, BF16, ON_GPU)
+        y3 = y3 - _mm(a32, y2, BF16, ON_GPU)
         y3 = _mm(t3, y3, BF16, ON_GPU)
-        tl.store(u_ptr + at3[:, None] * DV + dv_, y3.to(op), mask=v3[:, None])
+        tl.store(u_ptr + at3[:, None] * DV + offs_v[None, :], y3.to(op), mask=v3[:, None])
 
 
 def _forest_gdn_tc_kernel(
@@ -546,6 +565,7 @@ _gdn = kernel(_forest_gdn_kernel)
 _gdn_prep = kernel(_forest_gdn_prep_kernel)
 _mm = helper(_mm)  # type: ignore[assignment]
 _tc_rows = helper(_tc_rows)  # type: ignore[assignment]
+_tc_q = helper(_tc_q)  # type: ignore[assignment]
 _inv16 = helper(_inv16)  # type: ignore[assignment]
 _kk = helper(_kk)  # type: ignore[assignment]
 _qk = helper(_qk)  # type: ignore[assignment]
@@ -756,6 +776,12 @@ def _check_gdn_inputs(
     _check_table("segs", segs, (segs.shape[0], SEG_FIELDS), conv)
 
 
+def gdn_dots_for(chunk: int) -> tuple[str, ...]:
+    """The dot precisions a chunk size takes: TC_DOTS at TC_CHUNK, ieee or tf32 otherwise (chunk
+    0, token by token, has no dots; it accepts those two as it always has)."""
+    return TC_DOTS if chunk == TC_CHUNK else ("ieee", "tf32")
+
+
 def _check_chunk(chunk: int, dots: str) -> None:
     if chunk and (chunk < 16 or chunk & (chunk - 1)):
         raise ValueError(f"chunk must be 0 or a power of two >= 16, got {chunk}")
@@ -763,7 +789,7 @@ def _check_chunk(chunk: int, dots: str) -> None:
         raise ValueError(f"dots must be one of {GDN_DOTS}, got {dots!r}")
     if chunk == TC_CHUNK and dots not in TC_DOTS:
         raise ValueError(f"chunk {TC_CHUNK} (tensor cores) takes dots in {TC_DOTS}, got {dots!r}")
-    if chunk and chunk != TC_CHUNK and dots == "bf16":
+    if dots not in gdn_dots_for(chunk):
         raise ValueError(f"bf16 dots need chunk {TC_CHUNK}, got chunk {chunk}")
 
 
@@ -877,7 +903,8 @@ def _tc_prep(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
         prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam,
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
-        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16", num_warps=TC_PREP_WARPS, enable_fp_fusion=False,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16",
+        num_warps=TC_PREP_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return prep
 
