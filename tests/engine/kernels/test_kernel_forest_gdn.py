@@ -663,3 +663,37 @@ def test_tc_segment_bits_do_not_depend_on_the_launch(
         )  # fmt: skip
         assert torch.equal(out, packed[lo : lo + n]), s
         assert torch.equal(pool.base[outs[s] + LAYER * STATE :][:STATE], packed_states[s]), s
+
+
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen: torch.Generator) -> None:
+    """Chunk 64 over the packed forest of short segments (every one shorter than a chunk, an
+    empty one, stored starts, three levels, a padding slot and padding rows): each chain's
+    outputs and final states against the chain run as one sequence, within 32 u of the
+    values' scale; nothing outside the live rows and state blocks is written."""
+    case = _case(dev, gen)
+    case.pool.base.copy_(case.before)
+    y = forest_conv(case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off)
+    after_conv = case.pool.base.clone()
+    out = torch.full((y.shape[0], HV, DV), float("nan"), device=dev)
+    qb = _qblocks(case.segs)
+    prep = forest_gdn_prep(
+        y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.segs, qb, **KW, chunk=TC_CHUNK, dots=dots
+    )
+    for level in range(3):
+        forest_gdn(
+            y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.pool.base, case.segs, level, LAYER * STATE,
+            out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep,
+        )  # fmt: skip
+    bound = 32 * UNIT[dots]
+    for s in NODES:
+        _, o_o, state_o, _ = _oracle(case, s)
+        if NODES[s][1]:
+            got = out[case.seg_rows(s)]
+            assert (got - o_o).abs().max() <= bound * o_o.abs().max().clamp(min=1e-3), s
+        assert (_state_out(case, s) - state_o).abs().max() <= bound * state_o.abs().max(), s
+    pad = case.rows[:, ROW_LIVE] == 0
+    assert out[pad].isnan().all()
+    keep = ~_written(case, conv=False, state=True)
+    assert torch.equal(case.pool.base[keep], after_conv[keep])
+    assert torch.equal(_state_out(case, 5), _state_out(case, 1))  # the empty child hands its state on
