@@ -47,7 +47,7 @@ from engine.int8_rows import (
 )
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
-from engine.kernels.forest_gdn import GDN_DOTS, forest_conv, forest_gdn, forest_gdn_prep
+from engine.kernels.forest_gdn import forest_conv, forest_gdn, forest_gdn_prep, gdn_dots_for
 from engine.kernels.forest_tables import (
     BLOCK_M,
     CONV_ROW,
@@ -141,13 +141,15 @@ class ForestBody:
     ) -> None:
         """gdn_chunk: 0 runs the recurrence token by token; C > 0 in chunks of C tokens
         (`engine.kernels.forest_gdn`: the same recurrence in another summation order), whose
-        matrix products run at `gdn_dots` precision (GDN_DOTS). attention_dots: the precision of
+        matrix products run at `gdn_dots` precision (`gdn_dots_for(C)`: C = 64 is the
+        tensor-core form, bf16 or tf32 operands). attention_dots: the precision of
         the attention dots (`engine.kernels.forest_attention.ATTENTION_DOTS`). Each setting
         changes rounding, never invariance: a segment's bits still depend on its own inputs."""
-        if gdn_dots not in GDN_DOTS or attention_dots not in ATTENTION_DOTS:
+        gdn_allowed = gdn_dots_for(gdn_chunk)
+        if gdn_dots not in gdn_allowed or attention_dots not in ATTENTION_DOTS:
             raise ValueError(
-                f"gdn_dots must be one of {GDN_DOTS} and attention_dots one of {ATTENTION_DOTS}, "
-                f"got {gdn_dots!r} and {attention_dots!r}"
+                f"gdn_dots must be one of {gdn_allowed} (gdn_chunk {gdn_chunk}) and attention_dots one "
+                f"of {ATTENTION_DOTS}, got {gdn_dots!r} and {attention_dots!r}"
             )
         if not isinstance(weights.output, QuantLinear):
             raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")

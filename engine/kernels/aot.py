@@ -175,7 +175,15 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_rows import PIECE_FIELDS
     from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
     from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
-    from engine.kernels.forest_gdn import CHUNK, GDN_DOTS, ChunkPrep, forest_conv, forest_gdn, forest_gdn_prep
+    from engine.kernels.forest_gdn import (
+        CHUNK,
+        TC_CHUNK,
+        TC_DOTS,
+        ChunkPrep,
+        forest_conv,
+        forest_gdn,
+        forest_gdn_prep,
+    )
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
     from engine.kernels.norm import norm_rows
     from engine.kernels.vocab_mass import vocab_partials
@@ -262,7 +270,16 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
             num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
-        for dots in GDN_DOTS:  # the chunked form: its prep and its walk over the chunks
+        for dots in TC_DOTS:  # the tensor-core chunked form: its prep and its walk
+            tc = forest_gdn_prep(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
+            )  # fmt: skip
+            forest_gdn(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
+            )  # fmt: skip
+        for dots in ("ieee", "tf32"):  # the chunked form: its prep and its walk over the chunks
             forest_gdn_prep(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK, dots=dots,

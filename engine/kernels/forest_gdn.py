@@ -292,10 +292,285 @@ def _forest_gdn_prep_kernel(
             tl.store(u_ptr + at[:, None] * DV + offs_v[None, :], u, mask=valid[:, None])
 
 
+# ------------------------------------------------------------------------ chunk 64 on tensor cores
+def _mm(a, b, BF16: tl.constexpr, ON_GPU: tl.constexpr):
+    """a @ b with fp32 accumulation: bf16 operands (BF16) or tf32 ones. The interpreter's dot
+    cannot take bf16, so there the operands are rounded to bf16 and multiplied in fp32: the
+    same operand rounding, only the accumulation order differs."""
+    if BF16:
+        if ON_GPU:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            a16 = a.to(tl.bfloat16).to(tl.float32)
+            return tl.dot(a16, b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
+
+
+def _tc_rows(
+    conv_ptr, b_ptr, a_ptr, rows, valid, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+    HQK: tl.constexpr, DK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The rows' l2-normalised k [R, DK], beta and log decay g [R]; rows past the segment end
+    (valid false) are zeros."""
+    offs_k = tl.arange(0, DK)
+    k = tl.load(conv_ptr + rows[:, None] * stride_conv + HQK * DK + hk * DK + offs_k[None, :],
+                mask=valid[:, None], other=0.0)  # fmt: skip
+    k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
+    b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+    beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+    x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
+    soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+    soft = tl.where(x > 20.0, x, soft)
+    g = tl.where(valid, ssm_a * soft, 0.0)
+    return k, beta, g
+
+
+def _tc_q(conv_ptr, rows, valid, hk, gm, at, qg_ptr, stride_conv, q_scale, l2_eps, DK: tl.constexpr):
+    """The rows' l2-normalised q times q_scale [R, DK] (loaded late: registers); stores q exp(gam)."""
+    offs_k = tl.arange(0, DK)
+    q = tl.load(
+        conv_ptr + rows[:, None] * stride_conv + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0
+    )
+    q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+    qg = (q * tl.exp(gm)[:, None]).to(qg_ptr.dtype.element_ty)
+    tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], qg, mask=valid[:, None])
+    return q
+
+
+def _inv16(a):
+    """(I + a)^-1 of a strictly lower triangular 16 x 16 block in fp32: (I - a)(I + a^2)(I + a^4)
+    (I + a^8), exact since a^16 = 0 (fp32 FMA dots: this is the part that conditions the rest)."""
+    offs = tl.arange(0, 16)
+    t = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0) - a
+    p = a
+    for _ in tl.static_range(3):
+        p = tl.dot(p, p, input_precision="ieee")
+        t = t + tl.dot(t, p, input_precision="ieee")
+    return t
+
+
+def _kk(k_i, k_j, beta_i, gm_i, gm_j, DIAG: tl.constexpr, BF16: tl.constexpr, ON_GPU: tl.constexpr):
+    """Block (i, j) of A: beta_r exp(gam_r - gam_c) k_r.k_c for c < r (on a diagonal block: below it)."""
+    diff = gm_i[:, None] - gm_j[None, :]  # <= 0 below the diagonal; masked before exp above it
+    if DIAG:
+        offs = tl.arange(0, 16)
+        diff = tl.where(offs[:, None] > offs[None, :], diff, float("-inf"))
+    return _mm(k_i, tl.trans(k_j), BF16, ON_GPU) * beta_i[:, None] * tl.exp(diff)
+
+
+def _qk(
+    q_i, k_j, gm_i, gm_j, at, aqk_ptr, col: tl.constexpr, valid,
+    DIAG: tl.constexpr, BF16: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Store block (i, j) of the chunk's causal decayed scores exp(gam_r - gam_c) q_r.k_c (c <= r)."""
+    offs = tl.arange(0, 16)
+    diff = gm_i[:, None] - gm_j[None, :]
+    if DIAG:
+        diff = tl.where(offs[:, None] >= offs[None, :], diff, float("-inf"))
+    a = _mm(q_i, tl.trans(k_j), BF16, ON_GPU) * tl.exp(diff)
+    dst = aqk_ptr + at[:, None] * 64 + col + offs[None, :]
+    tl.store(dst, a.to(aqk_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def _forest_gdn_tc_prep_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
+    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr,
+    stride_conv, stride_b, stride_a, q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (query block, value head): everything of the 64-token chunk that starts at the
+    block (if one does) that needs no state, in four 16-row blocks: the WY form's w and u by
+    block forward substitution X_i = (I + A_ii)^-1 (B_i - sum_{j<i} A_ij X_j), the decayed
+    causal scores, q exp(gam), k exp(gam_last - gam) and gam itself."""
+    qb = tl.program_id(0).to(tl.int64) * 3  # query block record: slot, first local index, live
+    h = tl.program_id(1)
+    slot = tl.load(qblocks_ptr + qb)
+    c0 = tl.load(qblocks_ptr + qb + 1)
+    rec = segs_ptr + slot * 8
+    length = tl.load(rec + 1)
+    if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length):
+        tok_lo = tl.load(rec)
+        hk = h // (HV // HQK)
+        ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
+        dt = tl.load(dt_ptr + h).to(tl.float32)
+        offs = tl.arange(0, 16)
+        offs_k = tl.arange(0, DK)
+        offs_v = tl.arange(0, DV)
+        r0 = tok_lo + c0 + offs
+        v0, v1, v2, v3 = (
+            c0 + offs < length,
+            c0 + 16 + offs < length,
+            c0 + 32 + offs < length,
+            c0 + 48 + offs < length,
+        )
+        k0, be0, g0 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0, v0, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
+        )  # fmt: skip
+        k1, be1, g1 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 16, v1, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
+        )  # fmt: skip
+        k2, be2, g2 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 32, v2, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
+        )  # fmt: skip
+        k3, be3, g3 = _tc_rows(
+            conv_ptr, b_ptr, a_ptr, r0 + 48, v3, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
+            HQK, DK, ON_GPU,
+        )  # fmt: skip
+        # cumulative log decay from the chunk start (rows past the end add 0)
+        e0 = tl.sum(g0, axis=0)
+        e1 = e0 + tl.sum(g1, axis=0)
+        e2 = e1 + tl.sum(g2, axis=0)
+        last = e2 + tl.sum(g3, axis=0)  # through the chunk's last row
+        m0 = tl.cumsum(g0, axis=0)
+        m1 = e0 + tl.cumsum(g1, axis=0)
+        m2 = e1 + tl.cumsum(g2, axis=0)
+        m3 = e2 + tl.cumsum(g3, axis=0)
+        at0 = r0 * HV + h
+        at1, at2, at3 = at0 + 16 * HV, at0 + 32 * HV, at0 + 48 * HV
+        tl.store(g_ptr + at0, m0, mask=v0)
+        tl.store(g_ptr + at1, m1, mask=v1)
+        tl.store(g_ptr + at2, m2, mask=v2)
+        tl.store(g_ptr + at3, m3, mask=v3)
+        dk_ = offs_k[None, :]
+        op = qg_ptr.dtype.element_ty
+        tl.store(kd_ptr + at0[:, None] * DK + dk_, (k0 * tl.exp(last - m0)[:, None]).to(op), mask=v0[:, None])
+        tl.store(kd_ptr + at1[:, None] * DK + dk_, (k1 * tl.exp(last - m1)[:, None]).to(op), mask=v1[:, None])
+        tl.store(kd_ptr + at2[:, None] * DK + dk_, (k2 * tl.exp(last - m2)[:, None]).to(op), mask=v2[:, None])
+        tl.store(kd_ptr + at3[:, None] * DK + dk_, (k3 * tl.exp(last - m3)[:, None]).to(op), mask=v3[:, None])
+        # row block by row block: q exp(gam) and the decayed causal scores (zeros above the
+        # diagonal), A's blocks of the row, then w and u of the row from the rows above it
+        zero = tl.zeros((16, 16), dtype=tl.float32).to(op)
+        vsrc = conv_ptr + 2 * HQK * DK + h * DV + offs_v[None, :]
+        q0 = _tc_q(conv_ptr, r0, v0, hk, m0, at0, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        _qk(q0, k0, m0, m0, at0, aqk_ptr, 0, v0, True, BF16, ON_GPU)
+        tl.store(aqk_ptr + at0[:, None] * 64 + 16 + offs[None, :], zero, mask=v0[:, None])
+        tl.store(aqk_ptr + at0[:, None] * 64 + 32 + offs[None, :], zero, mask=v0[:, None])
+        tl.store(aqk_ptr + at0[:, None] * 64 + 48 + offs[None, :], zero, mask=v0[:, None])
+        t0 = _inv16(_kk(k0, k0, be0, m0, m0, True, BF16, ON_GPU))
+        x0 = k0 * (be0 * tl.exp(m0))[:, None]
+        x0 = _mm(t0, x0, BF16, ON_GPU)
+        tl.store(w_ptr + at0[:, None] * DK + dk_, x0.to(op), mask=v0[:, None])
+        y0 = tl.load(vsrc + (r0)[:, None] * stride_conv, mask=v0[:, None], other=0.0) * be0[:, None]
+        y0 = _mm(t0, y0, BF16, ON_GPU)
+        tl.store(u_ptr + at0[:, None] * DV + offs_v[None, :], y0.to(op), mask=v0[:, None])
+        q1 = _tc_q(conv_ptr, r0 + 16, v1, hk, m1, at1, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        _qk(q1, k0, m1, m0, at1, aqk_ptr, 0, v1, False, BF16, ON_GPU)
+        _qk(q1, k1, m1, m1, at1, aqk_ptr, 16, v1, True, BF16, ON_GPU)
+        tl.store(aqk_ptr + at1[:, None] * 64 + 32 + offs[None, :], zero, mask=v1[:, None])
+        tl.store(aqk_ptr + at1[:, None] * 64 + 48 + offs[None, :], zero, mask=v1[:, None])
+        a10 = _kk(k1, k0, be1, m1, m0, False, BF16, ON_GPU)
+        t1 = _inv16(_kk(k1, k1, be1, m1, m1, True, BF16, ON_GPU))
+        x1 = k1 * (be1 * tl.exp(m1))[:, None]
+        x1 = x1 - _mm(a10, x0, BF16, ON_GPU)
+        x1 = _mm(t1, x1, BF16, ON_GPU)
+        tl.store(w_ptr + at1[:, None] * DK + dk_, x1.to(op), mask=v1[:, None])
+        y1 = tl.load(vsrc + (r0 + 16)[:, None] * stride_conv, mask=v1[:, None], other=0.0) * be1[:, None]
+        y1 = y1 - _mm(a10, y0, BF16, ON_GPU)
+        y1 = _mm(t1, y1, BF16, ON_GPU)
+        tl.store(u_ptr + at1[:, None] * DV + offs_v[None, :], y1.to(op), mask=v1[:, None])
+        q2 = _tc_q(conv_ptr, r0 + 32, v2, hk, m2, at2, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        _qk(q2, k0, m2, m0, at2, aqk_ptr, 0, v2, False, BF16, ON_GPU)
+        _qk(q2, k1, m2, m1, at2, aqk_ptr, 16, v2, False, BF16, ON_GPU)
+        _qk(q2, k2, m2, m2, at2, aqk_ptr, 32, v2, True, BF16, ON_GPU)
+        tl.store(aqk_ptr + at2[:, None] * 64 + 48 + offs[None, :], zero, mask=v2[:, None])
+        a20 = _kk(k2, k0, be2, m2, m0, False, BF16, ON_GPU)
+        a21 = _kk(k2, k1, be2, m2, m1, False, BF16, ON_GPU)
+        t2 = _inv16(_kk(k2, k2, be2, m2, m2, True, BF16, ON_GPU))
+        x2 = k2 * (be2 * tl.exp(m2))[:, None]
+        x2 = x2 - _mm(a20, x0, BF16, ON_GPU)
+        x2 = x2 - _mm(a21, x1, BF16, ON_GPU)
+        x2 = _mm(t2, x2, BF16, ON_GPU)
+        tl.store(w_ptr + at2[:, None] * DK + dk_, x2.to(op), mask=v2[:, None])
+        y2 = tl.load(vsrc + (r0 + 32)[:, None] * stride_conv, mask=v2[:, None], other=0.0) * be2[:, None]
+        y2 = y2 - _mm(a20, y0, BF16, ON_GPU)
+        y2 = y2 - _mm(a21, y1, BF16, ON_GPU)
+        y2 = _mm(t2, y2, BF16, ON_GPU)
+        tl.store(u_ptr + at2[:, None] * DV + offs_v[None, :], y2.to(op), mask=v2[:, None])
+        q3 = _tc_q(conv_ptr, r0 + 48, v3, hk, m3, at3, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        _qk(q3, k0, m3, m0, at3, aqk_ptr, 0, v3, False, BF16, ON_GPU)
+        _qk(q3, k1, m3, m1, at3, aqk_ptr, 16, v3, False, BF16, ON_GPU)
+        _qk(q3, k2, m3, m2, at3, aqk_ptr, 32, v3, False, BF16, ON_GPU)
+        _qk(q3, k3, m3, m3, at3, aqk_ptr, 48, v3, True, BF16, ON_GPU)
+        a30 = _kk(k3, k0, be3, m3, m0, False, BF16, ON_GPU)
+        a31 = _kk(k3, k1, be3, m3, m1, False, BF16, ON_GPU)
+        a32 = _kk(k3, k2, be3, m3, m2, False, BF16, ON_GPU)
+        t3 = _inv16(_kk(k3, k3, be3, m3, m3, True, BF16, ON_GPU))
+        x3 = k3 * (be3 * tl.exp(m3))[:, None]
+        x3 = x3 - _mm(a30, x0, BF16, ON_GPU)
+        x3 = x3 - _mm(a31, x1, BF16, ON_GPU)
+        x3 = x3 - _mm(a32, x2, BF16, ON_GPU)
+        x3 = _mm(t3, x3, BF16, ON_GPU)
+        tl.store(w_ptr + at3[:, None] * DK + dk_, x3.to(op), mask=v3[:, None])
+        y3 = tl.load(vsrc + (r0 + 48)[:, None] * stride_conv, mask=v3[:, None], other=0.0) * be3[:, None]
+        y3 = y3 - _mm(a30, y0, BF16, ON_GPU)
+        y3 = y3 - _mm(a31, y1, BF16, ON_GPU)
+        y3 = y3 - _mm(a32, y2, BF16, ON_GPU)
+        y3 = _mm(t3, y3, BF16, ON_GPU)
+        tl.store(u_ptr + at3[:, None] * DV + offs_v[None, :], y3.to(op), mask=v3[:, None])
+
+
+def _forest_gdn_tc_kernel(
+    base_ptr, segs_ptr, o_ptr, w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, level, layer_off,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (segment slot, value head, value block) of one level: the serial part of the
+    chunked recurrence, 64 tokens per step from `_forest_gdn_tc_prep_kernel`'s products, with
+    the state block S [DK, BV] in fp32 registers: U = u - w S, o = (q exp(gam)) S + scores U,
+    S <- exp(gam_last) S + (k exp(gam_last - gam))^T U."""
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, DK)
+    offs_c = tl.arange(0, 64)
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    live = tl.load(rec + 7)
+    seg_level = tl.load(rec + 2)
+    if (live != 0) & (seg_level == level):
+        tok_lo = tl.load(rec)
+        length = tl.load(rec + 1)
+        state_in = tl.load(rec + 3)
+        has_in = tl.load(rec + 4)
+        state_out = tl.load(rec + 5)
+        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
+        s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
+        for c0 in range(0, length, 64):
+            valid = (c0 + offs_c) < length
+            at = (tok_lo + c0 + offs_c) * HV + h
+            w = tl.load(w_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            qg = tl.load(qg_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            kd = tl.load(kd_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            aqk = tl.load(aqk_ptr + at[:, None] * 64 + offs_c[None, :], mask=valid[:, None], other=0.0)
+            u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+            last = tl.minimum(length - c0, 64) - 1
+            g_last = tl.load(g_ptr + (tok_lo + c0 + last) * HV + h)
+            s_op = s.to(w.dtype)
+            un = u.to(tl.float32) - _mm(w, s_op, BF16, ON_GPU)  # the chunk's delta-rule updates
+            un_op = un.to(w.dtype)
+            o = _mm(qg, s_op, BF16, ON_GPU) + _mm(aqk, un_op, BF16, ON_GPU)
+            tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
+            s = s * tl.exp(g_last) + _mm(tl.trans(kd), un_op, BF16, ON_GPU)
+        tl.store(base_ptr + state_out + blk, s)
+
+
 _input_at = helper(_input_at)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
 _gdn_prep = kernel(_forest_gdn_prep_kernel)
+_mm = helper(_mm)  # type: ignore[assignment]
+_tc_rows = helper(_tc_rows)  # type: ignore[assignment]
+_tc_q = helper(_tc_q)  # type: ignore[assignment]
+_inv16 = helper(_inv16)  # type: ignore[assignment]
+_kk = helper(_kk)  # type: ignore[assignment]
+_qk = helper(_qk)  # type: ignore[assignment]
+_gdn_tc_prep = kernel(_forest_gdn_tc_prep_kernel)
+_gdn_tc = kernel(_forest_gdn_tc_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -434,7 +709,12 @@ def forest_conv(
 
 
 # ------------------------------------------------------------------------ the recurrence
-GDN_DOTS = ("ieee", "tf32")  # precisions of the chunked form's matrix products (fp32 FMA, tf32)
+GDN_DOTS = ("ieee", "tf32", "bf16")  # precisions of the chunked form's matrix products
+TC_CHUNK = 64  # the tensor-core form: 64-token chunks, bf16 or tf32 operands, fp32 accumulation
+TC_DOTS = ("tf32", "bf16")  # the operand precisions of the TC_CHUNK form (chunks 16/32: ieee, tf32)
+TC_WARPS = 4
+TC_PREP_WARPS = 8
+TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chunk c's products
 
 
 @dataclass(frozen=True)
@@ -446,6 +726,23 @@ class ChunkPrep:
     dots: str
     w: torch.Tensor  # fp32 [T, HV, dk]
     u: torch.Tensor  # fp32 [T, HV, dv]
+    gam: torch.Tensor  # fp32 [T, HV]
+
+
+@dataclass(frozen=True)
+class TcPrep:
+    """The state-free products of every 64-token chunk of every live segment for the
+    tensor-core walk (`forest_gdn_prep(chunk=TC_CHUNK)`), per packed row and value head, in the
+    operand dtype (bf16 or fp32): w and u of the WY form, q exp(gam), k exp(gam_last - gam),
+    the chunk's decayed causal scores (a row's 64 columns), and gam (fp32)."""
+
+    chunk: int
+    dots: str
+    w: torch.Tensor  # [T, HV, dk]
+    u: torch.Tensor  # [T, HV, dv]
+    qg: torch.Tensor  # [T, HV, dk]
+    kd: torch.Tensor  # [T, HV, dk]
+    scores: torch.Tensor  # [T, HV, TC_CHUNK]
     gam: torch.Tensor  # fp32 [T, HV]
 
 
@@ -479,11 +776,21 @@ def _check_gdn_inputs(
     _check_table("segs", segs, (segs.shape[0], SEG_FIELDS), conv)
 
 
+def gdn_dots_for(chunk: int) -> tuple[str, ...]:
+    """The dot precisions a chunk size takes: TC_DOTS at TC_CHUNK, ieee or tf32 otherwise (chunk
+    0, token by token, has no dots; it accepts those two as it always has)."""
+    return TC_DOTS if chunk == TC_CHUNK else ("ieee", "tf32")
+
+
 def _check_chunk(chunk: int, dots: str) -> None:
     if chunk and (chunk < 16 or chunk & (chunk - 1)):
         raise ValueError(f"chunk must be 0 or a power of two >= 16, got {chunk}")
     if dots not in GDN_DOTS:
         raise ValueError(f"dots must be one of {GDN_DOTS}, got {dots!r}")
+    if chunk == TC_CHUNK and dots not in TC_DOTS:
+        raise ValueError(f"chunk {TC_CHUNK} (tensor cores) takes dots in {TC_DOTS}, got {dots!r}")
+    if dots not in gdn_dots_for(chunk):
+        raise ValueError(f"bf16 dots need chunk {TC_CHUNK}, got chunk {chunk}")
 
 
 def _block_v(dk: int, dv: int) -> int:
@@ -538,6 +845,8 @@ def forest_gdn_prep(
                 raise ValueError(
                     f"live query block {i} (slot {slot}, local {local}) is not a block of a live slot"
                 )
+    if chunk == TC_CHUNK:
+        return _tc_prep(conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots)
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
         chunk=chunk,
@@ -560,6 +869,46 @@ def forest_gdn_prep(
     return prep
 
 
+def _tc_prep(
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    segs: torch.Tensor,
+    qblocks: torch.Tensor,
+    hqk: int,
+    hv: int,
+    dk: int,
+    dv: int,
+    dots: str,
+) -> TcPrep:
+    _block_v(dk, dv)
+    t, dev = conv.shape[0], conv.device
+    op = torch.bfloat16 if dots == "bf16" else torch.float32
+    prep = TcPrep(
+        chunk=TC_CHUNK,
+        dots=dots,
+        w=torch.empty(t, hv, dk, dtype=op, device=dev),
+        u=torch.empty(t, hv, dv, dtype=op, device=dev),
+        qg=torch.empty(t, hv, dk, dtype=op, device=dev),
+        kd=torch.empty(t, hv, dk, dtype=op, device=dev),
+        scores=torch.empty(t, hv, TC_CHUNK, dtype=op, device=dev),
+        gam=torch.empty(t, hv, dtype=torch.float32, device=dev),
+    )
+    if t == 0 or qblocks.shape[0] == 0:
+        return prep
+    conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
+    _gdn_tc_prep[(qblocks.shape[0], hv)](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
+        prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam,
+        conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16",
+        num_warps=TC_PREP_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return prep
+
+
 def forest_gdn(
     conv: torch.Tensor,
     b_raw: torch.Tensor,
@@ -578,7 +927,7 @@ def forest_gdn(
     v_dim: int,
     chunk: int = 0,
     dots: str = "ieee",
-    prep: ChunkPrep | None = None,
+    prep: ChunkPrep | TcPrep | None = None,
     backend: Backend = "triton",
 ) -> None:
     """The delta-rule recurrence of one level's segments; writes their rows of `out` and final states.
@@ -622,6 +971,18 @@ def forest_gdn(
     bv = _block_v(dk, dv)
     if chunk and prep is None:
         raise ValueError("the chunked form reads its chunks' products: pass prep=forest_gdn_prep(...)")
+    if chunk == TC_CHUNK:
+        if not isinstance(prep, TcPrep) or prep.dots != dots or prep.w.shape != (t, hv, dk):
+            raise ValueError(
+                f"prep is for chunk {prep.chunk}, dots {prep.dots!r}, {prep.w.shape[0]} rows; "
+                f"this call has chunk {chunk}, dots {dots!r}, {t} rows"
+            )
+        _gdn_tc[(segs.shape[0], hv, dv // bv)](
+            base, segs, out, prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, level, layer_off,
+            HV=hv, DK=dk, DV=dv, BV=bv, BF16=dots == "bf16",
+            num_warps=TC_WARPS, num_stages=TC_STAGES[dots], enable_fp_fusion=False,
+        )  # fmt: skip
+        return
     if prep is not None:
         if (prep.chunk, prep.dots) != (chunk, dots) or prep.w.shape != (t, hv, dk):
             raise ValueError(

@@ -15,6 +15,7 @@ from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
 from engine.kernels.forest_gdn import (
+    TC_CHUNK,
     forest_conv,
     forest_conv_reference,
     forest_gdn,
@@ -583,11 +584,16 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
     args = (conv, b_raw, a_raw, ssm_a, dt)
     qb = _qblocks(segs)
     with pytest.raises(ValueError, match="dots must be one of"):
-        forest_gdn_prep(*args, segs, qb, **KW, chunk=16, dots="bf16")
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=16, dots="fp8")
     with pytest.raises(ValueError, match="power of two"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=24)
-    with pytest.raises(ValueError, match="not a block of a live slot"):
-        forest_gdn_prep(*args, segs.cpu(), torch.tensor([[0, 8, 1]]), **KW, chunk=16)
+    with pytest.raises(ValueError, match="not a block of a live slot"):  # host tables: all on the CPU
+        cpu_args = [a.cpu() for a in args]
+        forest_gdn_prep(*cpu_args, segs.cpu(), torch.tensor([[0, 8, 1]]), **KW, chunk=16)
+    with pytest.raises(ValueError, match="takes dots in"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="ieee")
+    with pytest.raises(ValueError, match="bf16 dots need chunk"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=32, dots="bf16")
     prep = forest_gdn_prep(*args, segs, qb, **KW, chunk=16)
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
@@ -596,3 +602,98 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=16)
     with pytest.raises(ValueError, match="prep is for chunk 16, dots 'ieee'"):
         forest_gdn(*args, pool.base, segs, 0, LAYER * STATE, out, **KW, chunk=16, dots="tf32", prep=prep)
+
+
+# unit roundoff of the chunk-64 form's dot operands (bf16: 8 significant bits, tf32: 11)
+UNIT = {"bf16": 2.0**-8, "tf32": 2.0**-11}
+TC_LENGTHS, TC_FIRST, TC_T = [150, 70], [3, 155], 232  # 3 and 2 chunks, neither a multiple of 64
+
+
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_chunks_equal_the_token_by_token_recurrence(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Chunk 64 on tensor cores over a stored-start root of 150 tokens and its child of 70
+    (partial chunks, the child from its parent's final state): outputs and final states against
+    the torch reference and the token-by-token kernel. Every dot operand is rounded to the
+    format's unit u (relative); a chunk chains three products (w S, scores U, k^T U) into the
+    state that the next chunk reads, five chunks deep here, so the error stays within a small
+    multiple of u times the values' scale: 32 u (the interpreter rounds bf16 operands as the GPU
+    does; it computes tf32 in fp32, so there the bound is loose)."""
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
+    before = pool.base.clone()
+    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots)
+    got_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
+    pool.base.copy_(before)
+    ref = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0, backend="torch")
+    ref_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
+    pool.base.copy_(before)
+    step = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0)
+    rows = [*range(3, 153), *range(155, 225)]
+    bound = 32 * UNIT[dots]
+    for want in (ref[rows], step[rows]):
+        assert (got[rows] - want).abs().max() <= bound * want.abs().max()
+    for g, r in zip(got_states, ref_states, strict=True):
+        assert (g - r).abs().max() <= bound * r.abs().max()
+    assert not got[rows].isnan().any()
+    untouched = torch.ones(TC_T, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(got[untouched], torch.zeros_like(got[untouched]))  # only live rows written
+
+
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_segment_bits_do_not_depend_on_the_launch(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Chunk 64: the root alone, and the child alone from its parent's cached final state, give
+    the bits they have packed together (the child's rows at 0, the tables listing only it)."""
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
+    packed = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots)
+    packed_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
+    for s, (lo, n) in enumerate(zip(TC_FIRST, TC_LENGTHS, strict=True)):
+        alone_segs = segs[s : s + 1].clone()
+        alone_segs[0, SEG_TOK_LO], alone_segs[0, SEG_LEVEL] = 0, 0
+        pool.base[outs[s] + LAYER * STATE :][:STATE] = 7.0  # spoiled: must be rewritten
+        idx = torch.arange(lo, lo + n, device=dev)
+        out = torch.zeros(n, HV, DV, device=dev)
+        alone = (conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt)
+        prep = forest_gdn_prep(*alone, alone_segs, _qblocks(alone_segs), **KW, chunk=TC_CHUNK, dots=dots)
+        forest_gdn(
+            *alone, pool.base, alone_segs, 0, LAYER * STATE, out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep
+        )  # fmt: skip
+        assert torch.equal(out, packed[lo : lo + n]), s
+        assert torch.equal(pool.base[outs[s] + LAYER * STATE :][:STATE], packed_states[s]), s
+
+
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen: torch.Generator) -> None:
+    """Chunk 64 over the packed forest of short segments (every one shorter than a chunk, an
+    empty one, stored starts, three levels, a padding slot and padding rows): each chain's
+    outputs and final states against the chain run as one sequence, within 32 u of the
+    values' scale; nothing outside the live rows and state blocks is written."""
+    case = _case(dev, gen)
+    case.pool.base.copy_(case.before)
+    y = forest_conv(case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off)
+    after_conv = case.pool.base.clone()
+    out = torch.full((y.shape[0], HV, DV), float("nan"), device=dev)
+    qb = _qblocks(case.segs)
+    prep = forest_gdn_prep(
+        y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.segs, qb, **KW, chunk=TC_CHUNK, dots=dots
+    )
+    for level in range(3):
+        forest_gdn(
+            y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.pool.base, case.segs, level, LAYER * STATE,
+            out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep,
+        )  # fmt: skip
+    bound = 32 * UNIT[dots]
+    for s in NODES:
+        _, o_o, state_o, _ = _oracle(case, s)
+        if NODES[s][1]:
+            got = out[case.seg_rows(s)]
+            assert (got - o_o).abs().max() <= bound * o_o.abs().max().clamp(min=1e-3), s
+        assert (_state_out(case, s) - state_o).abs().max() <= bound * state_o.abs().max(), s
+    pad = case.rows[:, ROW_LIVE] == 0
+    assert out[pad].isnan().all()
+    keep = ~_written(case, conv=False, state=True)
+    assert torch.equal(case.pool.base[keep], after_conv[keep])
+    assert torch.equal(_state_out(case, 5), _state_out(case, 1))  # the empty child hands its state on

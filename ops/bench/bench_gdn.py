@@ -1,0 +1,197 @@
+"""Time the forest Gated DeltaNet paths per layer at the 27B GDN shape (CUDA only).
+
+    PYTHONPATH=. python3 ops/bench/bench_gdn.py [--out gdn.json] [--reps 50]
+
+One GDN layer (16 key heads x 128, 48 value heads x 128) over three forests read from device
+tables: T=256 (one segment), (b) 256 + 3 x 40 (evidence then three questions from its final
+state: two levels), T=8,192 (one segment). Each path (token by token; the old chunk-32 tf32
+prep + walk; the chunk-64 tensor-core prep + walk at bf16 and tf32 operands) is captured in one
+CUDA graph per forest and replayed: median over `--reps` timed replays after warm-up, of CUDA
+event time per replay = ms per layer. `maxdiff` is the largest |o - o_token| over the live rows
+and `state` the largest difference of the final states, both against the token-by-token kernel
+(the exact path). If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16, varlen) is
+timed the same way at the same lengths for a side-by-side (its (b) runs four independent
+sequences: fla has no forest).
+"""
+
+# Every closure below is timed inside the loop iteration that made it, so late binding is moot.
+# ruff: noqa: B023
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from engine.kernels.forest_gdn import TC_CHUNK, forest_gdn, forest_gdn_prep
+from engine.kernels.forest_tables import (
+    BLOCK_M,
+    SEG_FIELDS,
+    SEG_HAS_STATE_IN,
+    SEG_LENGTH,
+    SEG_LEVEL,
+    SEG_LIVE,
+    SEG_STATE_IN,
+    SEG_STATE_OUT,
+    SEG_TOK_LO,
+)
+
+HQK, HV, DK, DV = 16, 48, 128, 128
+STATE = HV * DK * DV
+FORESTS = {
+    "T=256": [(256, None)],
+    "(b) 256+3x40": [(256, None), (40, 0), (40, 0), (40, 0)],
+    "T=8192": [(8192, None)],
+}
+PATHS = {
+    "token": (0, "ieee"),
+    "old c32 tf32": (32, "tf32"),
+    "tc64 bf16": (TC_CHUNK, "bf16"),
+    "tc64 tf32": (TC_CHUNK, "tf32"),
+}
+
+
+def forest(spec: list[tuple[int, int | None]], dev: torch.device):
+    """Tables of segments (length, parent slot or None) packed in order, each with its own state block."""
+    segs = torch.zeros(len(spec), SEG_FIELDS, dtype=torch.int64)
+    qblocks, lo = [], 0
+    for s, (n, parent) in enumerate(spec):
+        rec = segs[s]
+        rec[SEG_TOK_LO], rec[SEG_LENGTH], rec[SEG_LIVE], rec[SEG_STATE_OUT] = lo, n, 1, s * STATE
+        if parent is not None:
+            rec[SEG_LEVEL], rec[SEG_STATE_IN], rec[SEG_HAS_STATE_IN] = 1, parent * STATE, 1
+        qblocks += [[s, b, 1] for b in range(0, n, BLOCK_M)]
+        lo += n
+    return (
+        segs.to(dev),
+        torch.tensor(qblocks, dtype=torch.int64, device=dev),
+        lo,
+        1 + any(p is not None for _, p in spec),
+    )
+
+
+def timed(fn: Callable[[], None], reps: int, graph: bool = True) -> float:
+    """Median ms of one replay of fn captured in a CUDA graph (graph=False: of one eager call)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    for _ in range(5):
+        run()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    heads = dict(num_k_heads=HQK, num_v_heads=HV, k_dim=DK, v_dim=DV)
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # optional side-by-side
+        chunk_gated_delta_rule = None
+        print(f"fla: not available ({type(e).__name__}: {e})")
+    results = []
+    print(f"{'forest':<14} {'path':<14} {'ms/layer':>9} {'maxdiff':>10} {'state':>10}")
+    for name, spec in FORESTS.items():
+        segs, qblocks, t, levels = forest(spec, dev)
+        conv = torch.nn.functional.silu(torch.randn(t, 2 * HQK * DK + HV * DV, device=dev, generator=gen))
+        b_raw = torch.randn(t, HV, device=dev, generator=gen)
+        a_raw = torch.randn(t, HV, device=dev, generator=gen)
+        ssm_a = -torch.rand(HV, device=dev, generator=gen) * 4 - 0.5
+        dt = torch.randn(HV, device=dev, generator=gen) * 0.5
+        base = torch.zeros(len(spec) * STATE, device=dev)
+        live = [
+            r
+            for lo, (n, _) in zip(segs[:, SEG_TOK_LO].tolist(), spec, strict=True)
+            for r in range(lo, lo + n)
+        ]
+        ref_o = ref_state = None
+        for path, (chunk, dots) in PATHS.items():
+            out = torch.zeros(t, HV, DV, device=dev)
+
+            def layer(chunk: int = chunk, dots: str = dots, out: torch.Tensor = out) -> None:
+                prep = None
+                if chunk:
+                    prep = forest_gdn_prep(
+                        conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots
+                    )
+                for level in range(levels):
+                    forest_gdn(
+                        conv, b_raw, a_raw, ssm_a, dt, base, segs, level, 0, out, **heads,
+                        chunk=chunk, dots=dots, prep=prep,
+                    )  # fmt: skip
+
+            ms = timed(layer, args.reps)
+            o, state = out[live], base.clone()
+            if ref_o is None:
+                ref_o, ref_state = o, state
+            diff = (o - ref_o).abs().max().item()
+            sdiff = (state - ref_state).abs().max().item()
+            print(f"{name:<14} {path:<14} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e}", flush=True)
+            results.append(dict(forest=name, path=path, ms=ms, maxdiff=diff, state_diff=sdiff))
+        if chunk_gated_delta_rule is not None:
+            group = HV // HQK
+            q, k, v = conv.split([HQK * DK, HQK * DK, HV * DV], dim=-1)
+            q = q.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
+            k = k.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
+            v = v.reshape(1, t, HV, DV).bfloat16()
+            g = (ssm_a * torch.nn.functional.softplus(a_raw + dt)).view(1, t, HV)
+            beta = torch.sigmoid(b_raw).view(1, t, HV).bfloat16()
+            # one sequence: no cu_seqlens (fla then needs no host sync and fits in a graph)
+            cu = None
+            if len(spec) > 1:
+                cu = torch.tensor([0, *torch.tensor([n for n, _ in spec]).cumsum(0).tolist()], device=dev)
+
+            def fla_layer() -> None:
+                chunk_gated_delta_rule(
+                    q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                    output_final_state=True,
+                )  # fmt: skip
+
+            try:
+                label = "fla 0.6 bf16"
+                try:
+                    ms = timed(fla_layer, args.reps)
+                except Exception:  # varlen fla syncs with the host: no graph; time it eagerly
+                    torch.cuda.synchronize()
+                    label = "fla eager"
+                    ms = timed(fla_layer, args.reps, graph=False)
+                o_fla, _ = chunk_gated_delta_rule(
+                    q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                    output_final_state=True,
+                )  # fmt: skip
+                diff = (o_fla[0].float() - ref_o).abs().max().item() if levels == 1 else float("nan")
+                print(f"{name:<14} {label:<14} {ms:>9.4f} {diff:>10.2e}", flush=True)
+                results.append(dict(forest=name, path=label, ms=ms, maxdiff=diff))
+            except Exception as e:
+                print(f"{name:<14} fla failed: {type(e).__name__}: {str(e)[:200]}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

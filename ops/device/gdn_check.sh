@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: the forest GDN kernels' CUDA tests, then the per-layer
+# GDN microbenchmark (token by token, old chunk 32, chunk-64 tensor-core form; fla if importable).
+#   bash ops/device/gdn_check.sh          # STAGE=tests or STAGE=bench for one half
+# Needs the wheels the image lacks in .gpuwheels/ (carry it). Uses GPU 0. About 2 minutes.
+set -uo pipefail
+STAGE=${STAGE:-all}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+source ops/device/setup.sh
+if [ "$STAGE" != bench ]; then
+    python3 -m pytest tests/engine/kernels/test_kernel_forest_gdn.py -q --confcutdir=tests/engine/kernels \
+        -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_gdn.log" | tail -15
+fi
+if [ "$STAGE" != tests ]; then
+    python3 ops/bench/bench_gdn.py --out "$OUT/gdn.json" 2>&1 | tee "$OUT/bench_gdn.log"
+fi
