@@ -7,9 +7,9 @@ a CUDA graph per bucket; `--levels`: the level-by-level executor) exactly as `En
 does (system root computed once, evidence segment, question segments, letter read-out over
 the full vocabulary):
 
-  (a) one question, ~256 tokens                      serial, mean latency
-  (b) three questions sharing ~256 tokens of evidence serial, mean latency
-  (c) one question, ~8,192 tokens                    serial, mean latency
+  (a) one question, ~256 tokens                      serial, mean / p50 / p99 latency
+  (b) three questions sharing ~256 tokens of evidence serial, mean / p50 / p99 latency
+  (c) one question, ~8,192 tokens                    serial, mean / p50 / p99 latency
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
   (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.decoder` (one
       CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
@@ -317,8 +317,15 @@ def agreement(bench: Bench, evidence_tokens: int, questions: int, question_token
 
 
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
-    times = [fn() for _ in range(n)][warmup:]
-    return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
+    """Mean, p50 and p99 of n - warmup timed calls. With 20 samples p99 interpolates between
+    the two slowest (inclusive quantiles): the tail a user sees, not a fitted one."""
+    return latency_stats([fn() for _ in range(n)][warmup:])
+
+
+def latency_stats(seconds: list[float]) -> dict[str, float]:
+    ms = [1e3 * t for t in seconds]
+    p99 = statistics.quantiles(ms, n=100, method="inclusive")[98] if len(ms) > 1 else ms[0]
+    return {"mean_ms": statistics.fmean(ms), "p50_ms": statistics.median(ms), "p99_ms": p99, "n": len(ms)}
 
 
 # --variants: executors run one after another in one process on the same weights (a 27B
