@@ -19,11 +19,9 @@ configs split work by the *total* size: in a level-wide tensor the same element 
 a different code path and come out 1 ulp apart. The int8 linears need no such care: their
 integer products are exact and the rest of them is row-local (`engine.quant`).
 
-GPU mode (CUDA tensors): elementwise kernels compute every element with the same instruction
-sequence wherever it sits, so they run level-wide; reductions do not (torch picks a reduction
-layout from the shape), so every norm runs through `engine.kernels.norm`, one program per row.
-The Gated DeltaNet conv and recurrence run as varlen kernels over all of a level's segments at
-once (`engine.kernels`), each segment in its own programs from its parent's state.
+On CUDA the same torch ops run unchanged (slowly): this executor is the oracle the one-pass
+body (`engine.body`, the CUDA int8 path) is compared against, not a serving path, and it makes
+no batch-invariance promise there (torch picks GPU reduction layouts from the shape).
 
 Linear layers go through `linear()`: a weight is either a float tensor `[out, in]` or an
 object with `__call__(x) -> y` (the int8 path's quantized linear).
@@ -36,23 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from engine import elementwise
 from engine.config import ModelConfig
 from engine.forest import Forest, SegmentState
-from engine.kernels.conv import causal_conv_varlen
-from engine.kernels.deltanet import gated_delta_rule_varlen
-from engine.kernels.norm import norm_rows
 from engine.reference import (
-    L2NORM_EPS,
     apply_partial_rope,
     causal_conv,
     fold_attention_piece,
     gated_delta_rule,
     l2_normalize,
+    rms_norm,
 )
-from engine.reference import rms_norm as _rms_norm_cpu
 from engine.rope import rope_rows
 from engine.weights import Weights
 
@@ -98,10 +91,9 @@ def run_forest(
     read_hidden: dict[int, torch.Tensor] = {}
     counters = ForestCounters(read_positions=len(forest.read_segments))
     device = weights.output_norm.device
-    gpu = device.type == "cuda"
     for level in range(forest.num_levels):
         segs = forest.level_segments(level)
-        _run_level(weights, forest, segs, states, read_hidden, dtype, device, segmentwise and not gpu)
+        _run_level(weights, forest, segs, states, read_hidden, dtype, device, segmentwise)
         counters.tokens_per_level.append(sum(len(forest.segments[s].tokens) for s in segs))
         counters.segments_per_level.append(len(segs))
     if forest.read_segments:
@@ -155,8 +147,6 @@ def _run_level(
     spans = ranges if segmentwise else None
     read_spans = [(k, k + 1) for k in range(len(read_local))] if segmentwise else None
     eps = config.rms_norm_eps
-    gpu = device.type == "cuda"
-    rms_norm = _rms_norm_gpu if gpu else _rms_norm_cpu
 
     h = weights.token_embd[tokens].to(dtype)
     last = config.num_layers - 1
@@ -164,9 +154,7 @@ def _run_level(
         x = _spanwise(rms_norm, spans, h, weight=layer["attn_norm"], eps=eps)
         rows = read_local if i == last else None
         if config.is_full_attention(i):
-            out = _attention(config, i, layer, x, positions, ranges, level_states, rows, spans, rms_norm)
-        elif gpu:
-            out = _deltanet_gpu(config, i, layer, x, ranges, level_states)
+            out = _attention(config, i, layer, x, positions, ranges, level_states, rows, spans)
         else:
             out = _deltanet(config, i, layer, x, ranges, level_states, spans)
             if rows is not None:
@@ -229,56 +217,11 @@ def _gated_norm(
     shape: tuple[int, int],
     acc: torch.dtype,
 ) -> torch.Tensor:
-    return _rms_norm_cpu(o, weight, eps) * elementwise.silu(z.view(-1, *shape).to(acc))
+    return rms_norm(o, weight, eps) * elementwise.silu(z.view(-1, *shape).to(acc))
 
 
 def _sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return o * elementwise.sigmoid(gate)
-
-
-def _rms_norm_gpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return norm_rows(x, weight, eps, mean=True).to(x.dtype)
-
-
-def _deltanet_gpu(
-    config: ModelConfig,
-    i: int,
-    layer: dict,
-    x: torch.Tensor,
-    ranges: list[tuple[int, int]],
-    level_states: list[SegmentState],
-) -> torch.Tensor:
-    """The GDN mixer of a whole level through the varlen kernels (each segment from its parent)."""
-    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
-    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
-    n, dev = x.shape[0], x.device
-    offsets = torch.tensor([lo for lo, _ in ranges] + [ranges[-1][1]], dtype=torch.int32, device=dev)
-    tails = torch.stack(
-        [
-            st.parent.conv[i].float()
-            if st.parent is not None
-            else torch.zeros(config.conv_dim, config.conv_kernel - 1, device=dev)
-            for st in level_states
-        ]
-    )
-    states = torch.stack(
-        [
-            st.parent.recurrent[i].float() if st.parent is not None else torch.zeros(nv, dk, dv, device=dev)
-            for st in level_states
-        ]
-    )
-    conv, final_tails = causal_conv_varlen(linear(x, layer["attn_qkv"]), layer["ssm_conv1d"], offsets, tails)
-    q, k, v = torch.split(conv, [nk * dk, nk * dk, nv * dv], dim=-1)
-    q = norm_rows(q.reshape(n, nk, dk), None, L2NORM_EPS, mean=False) * dk**-0.5
-    k = norm_rows(k.reshape(n, nk, dk), None, L2NORM_EPS, mean=False)
-    beta = torch.sigmoid(linear(x, layer["ssm_beta"]).float())
-    g = layer["ssm_a"].float() * F.softplus(linear(x, layer["ssm_alpha"]).float() + layer["ssm_dt"].float())
-    o, finals = gated_delta_rule_varlen(q, k, v.reshape(n, nv, dv), g, beta, offsets, states)
-    for j, st in enumerate(level_states):
-        st.conv[i], st.recurrent[i] = final_tails[j], finals[j]
-    z = linear(x, layer["attn_gate"]).view(n, nv, dv).float()
-    o = norm_rows(o, layer["ssm_norm"], config.rms_norm_eps, mean=True) * F.silu(z)
-    return linear(o.reshape(n, nv * dv).to(x.dtype), layer["ssm_out"])
 
 
 def _deltanet(
@@ -338,7 +281,6 @@ def _attention(
     level_states: list[SegmentState],
     rows: list[int] | None,
     spans: list[tuple[int, int]] | None = None,
-    rms_norm: Callable[..., torch.Tensor] = _rms_norm_cpu,
 ) -> torch.Tensor:
     """Gated attention over ancestors' K/V and the own segment; output rows = `rows` or all."""
     nh, nkv, hd = config.num_attention_heads, config.num_kv_heads, config.head_dim

@@ -6,8 +6,6 @@ Triton's interpreter (needs `TRITON_INTERPRET=1` before triton's first import; t
 Configs are fixed (never chosen by timing), so results never depend on batch composition.
 """
 
-from engine.kernels.conv import causal_conv_reference, causal_conv_varlen
-from engine.kernels.deltanet import gated_delta_rule_reference, gated_delta_rule_varlen
 from engine.kernels.int8_gemm import (
     GemmConfig,
     config_for,
@@ -26,11 +24,7 @@ from engine.kernels.quant import (
 
 __all__ = [
     "GemmConfig",
-    "causal_conv_reference",
-    "causal_conv_varlen",
     "config_for",
-    "gated_delta_rule_reference",
-    "gated_delta_rule_varlen",
     "int8_gemm",
     "int8_gemm_reference",
     "int8_matmul_exact",

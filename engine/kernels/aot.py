@@ -163,8 +163,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     """
     from engine.kernels import (
         GemmConfig,
-        causal_conv_varlen,
-        gated_delta_rule_varlen,
         int8_gemm,
         quantize_rows,
         rms_norm_quantize,
@@ -225,14 +223,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             norm_rows(f32(t, k), f32(k), 1e-6, backend="triton")
         norm_rows(f32(t, hqk, dk), None, 1e-6, mean=False, backend="triton")
         norm_rows(f32(t, hv, dv), f32(dv), 1e-6, backend="triton")
-        # the level executor's varlen kernels
-        offsets = torch.tensor([0, t], dtype=torch.int32)
-        causal_conv_varlen(f32(t, conv_dim), f32(conv_dim, width), offsets, f32(1, conv_dim, width - 1),
-                           backend="triton")  # fmt: skip
-        gated_delta_rule_varlen(
-            f32(t, hqk, dk), f32(t, hqk, dk), f32(t, hv, dv), f32(t, hv), f32(t, hv), offsets,
-            f32(1, hv, dk, dv), backend="triton",
-        )  # fmt: skip
         # the decoder's step kernels
         drows = torch.zeros(t, DECODE_ROW_FIELDS, dtype=torch.int64)
         dpieces = torch.zeros(t, n_pieces, PIECE_FIELDS, dtype=torch.int64)

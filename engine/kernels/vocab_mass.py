@@ -1,12 +1,23 @@
-"""Per-chunk partials of a logits row's softmax mass, on the device, in a fixed order.
+"""Per-chunk partials of a logits row's softmax mass, on the device, independent of the layout.
 
 A read-out's coverage needs sum_v exp(x_v - max) over the whole vocabulary (248,320 entries
 for StartLux): copying the row to the host and summing it there in fp64 cost ~4 ms per question
 on the CPU, more than the forward pass it follows. Here program c reduces the CHUNK entries
-[c * CHUNK, (c + 1) * CHUNK) of one row in fp64: its max m_c (NaN entries left out), its sum
-s_c = sum exp(x - m_c) (a fixed reduction tree: the same bits on every run and in any batch),
-and its counts of NaN and +inf entries. The host folds the few partials exactly
-(`engine.readout.fold_vocab_mass`: math.fsum of s_c exp(m_c - m)).
+[c * CHUNK, (c + 1) * CHUNK) of one row: its max m_c (NaN entries left out), its sum
+s_c = sum exp(x - m_c), and its counts of NaN and +inf entries. The host folds the few partials
+exactly (`engine.readout.fold_vocab_mass`: math.fsum of s_c exp(m_c - m)).
+
+Why the sum is taken in integers: an fp64 `tl.sum` is a tree whose shape follows the register
+layout Triton picks, and Triton picks it from the pointer's alignment. On an H200 the same row
+gave different s_c bits at a 16-byte aligned address than at an 8-byte aligned one (a row in the
+middle of a logits block): the coverage depended on where the batch put the row. Each term
+exp(x - m_c) lies in [0, 1], so it is split into two 40-bit fixed-point limbs (hi = floor(t 2^40),
+lo = floor((t 2^40 - hi) 2^40), both exact fp64 -> int64 conversions) and the limbs are added as
+int64 (at most 4096 * 2^40 < 2^53 each: no overflow, and exact when converted back). Integer
+addition is associative, so s_c = hi_sum 2^-40 + lo_sum 2^-80 has the same bits whatever the
+reduction tree, the address, the batch or the interpreter; its error is below 2^-80 per term
+plus one rounding, i.e. tighter than the fp64 tree it replaces. The max and the counts were
+already exact (max is associative; counts are small integers).
 """
 
 from __future__ import annotations
@@ -33,13 +44,18 @@ def _vocab_mass_kernel(x_ptr, out_ptr, V, CHUNK: tl.constexpr, ON_GPU: tl.conste
     nan = x != x
     x = tl.where(nan, float("-inf"), x)
     m = tl.max(x, axis=0)
-    # an all -inf chunk sums to 0 (not NaN); one holding +inf is refused by the host anyway
+    # an all -inf chunk sums to 0 (not NaN); one holding +inf is refused by the host, so its
+    # terms are zeroed here rather than cast from inf to int64 (undefined)
     shift = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
-    s = tl.sum(tl.exp(x - shift), axis=0)
-    posinf = tl.sum((x == float("inf")).to(tl.float64), axis=0)
+    t = tl.where(m == float("inf"), 0.0, tl.exp(x - shift)) * 1099511627776.0  # 2^40: exact
+    hi = t.to(tl.int64)  # t >= 0: truncation is floor
+    lo = ((t - hi.to(tl.float64)) * 1099511627776.0).to(tl.int64)
+    s = tl.sum(hi, axis=0).to(tl.float64) * 9.094947017729282e-13  # 2^-40
+    s += tl.sum(lo, axis=0).to(tl.float64) * 8.271806125530277e-25  # 2^-80
+    posinf = tl.sum((x == float("inf")).to(tl.int32), axis=0).to(tl.float64)
     tl.store(out_ptr + c * 4, m)
     tl.store(out_ptr + c * 4 + 1, s)
-    tl.store(out_ptr + c * 4 + 2, tl.sum(nan.to(tl.float64), axis=0))
+    tl.store(out_ptr + c * 4 + 2, tl.sum(nan.to(tl.int32), axis=0).to(tl.float64))
     tl.store(out_ptr + c * 4 + 3, posinf)
 
 

@@ -7,9 +7,9 @@ a CUDA graph per bucket; `--levels`: the level-by-level executor) exactly as `En
 does (system root computed once, evidence segment, question segments, letter read-out over
 the full vocabulary):
 
-  (a) one question, ~256 tokens                      serial, mean latency
-  (b) three questions sharing ~256 tokens of evidence serial, mean latency
-  (c) one question, ~8,192 tokens                    serial, mean latency
+  (a) one question, ~256 tokens                      serial, mean / p50 / p99 latency
+  (b) three questions sharing ~256 tokens of evidence serial, mean / p50 / p99 latency
+  (c) one question, ~8,192 tokens                    serial, mean / p50 / p99 latency
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
   (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.decoder` (one
       CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
@@ -20,6 +20,20 @@ evidence. Token ids are random: tokenization and prompt rendering (CPU, ~1 ms) a
     python ops/bench/bench_engine.py --shape 27B --json out.json
     python ops/bench/bench_engine.py --shape 27B --decode-only     # workload (e) alone
     python ops/bench/bench_engine.py --shape 27B --variants body,levels,tc   # one weight build
+    python ops/bench/bench_engine.py --shape 27B --variants body,tc --peer --skip-decode
+    python ops/bench/bench_engine.py --shape 4B --accuracy            # settings vs the fp32 path
+
+`--peer`: after our variants, in the same process, HF transformers `Qwen3_5ForCausalLM` in bf16
+at the same shape (random weights, SDPA attention, fla-core's GDN kernels when `fla` imports,
+`logits_to_keep=1`, no KV cache: a read-out is one forward) runs (a), (b) as one batch of three
+padded prompts (it has no shared-prefix forest) and (c), timed the same way; the JSON holds its
+numbers under "peer" and each variant's `vs_peer` (peer mean / ours: > 1 means we are faster).
+
+`--accuracy`: every body setting that is not bit-exact by construction (tensor-core attention
+dots, the chunked GDN) and the exact body itself against the fp32 reference path (the level
+executor over the same weights dequantized to fp32) on the same forests: argmax agreement over
+the read-outs whose fp32 top-two margin is >= 0.1, and the largest |delta p| of a letter
+probability. 4B by default of the caller: 27B's fp32 copy would not fit beside the int8 one.
 """
 
 from __future__ import annotations
@@ -317,8 +331,171 @@ def agreement(bench: Bench, evidence_tokens: int, questions: int, question_token
 
 
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
-    times = [fn() for _ in range(n)][warmup:]
-    return {"mean_ms": 1e3 * statistics.fmean(times), "p50_ms": 1e3 * statistics.median(times)}
+    """Mean, p50 and p99 of n - warmup timed calls. With 20 samples p99 interpolates between
+    the two slowest (inclusive quantiles): the tail a user sees, not a fitted one."""
+    return latency_stats([fn() for _ in range(n)][warmup:])
+
+
+def latency_stats(seconds: list[float]) -> dict[str, float]:
+    ms = [1e3 * t for t in seconds]
+    p99 = statistics.quantiles(ms, n=100, method="inclusive")[98] if len(ms) > 1 else ms[0]
+    return {"mean_ms": statistics.fmean(ms), "p50_ms": statistics.median(ms), "p99_ms": p99, "n": len(ms)}
+
+
+def peer_model(config: ModelConfig, device: str):  # -> transformers.Qwen3_5ForCausalLM
+    """HF transformers' Qwen3.5 decoder at the bench's shape, bf16, random weights (what a user
+    runs today; built in bf16 directly: an fp32 27B build would not fit beside our weights)."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from engine.testing.hf import to_hf_config
+
+    hf = to_hf_config(config)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = Qwen3_5ForCausalLM(hf)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def run_peer(
+    config: ModelConfig, device: str, record: Callable[[str, object], None], *, skip_long: bool
+) -> None:
+    """Workloads (a)-(c) through the peer, timed like ours (25 serial calls, 5 discarded; (c) 10/2)."""
+    import importlib.util
+
+    model = peer_model(config, device)
+    record("fla_importable", importlib.util.find_spec("fla") is not None)
+    record("attention", model.config._attn_implementation)
+    g = torch.Generator().manual_seed(2)
+    prompt = 27 + 220 + 36  # the system root, the evidence and one question, as in ours
+
+    def forward(batch: int, tokens: int) -> float:
+        ids = torch.randint(0, VOCAB - 512, (batch, tokens), generator=g).to(device)
+        mask = torch.ones_like(ids)
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1, use_cache=False).logits
+            for row in range(batch):
+                read_letters(logits[row, -1].float(), LETTERS[:4], 1.0)
+        sync()
+        return time.perf_counter() - t0
+
+    record("a_one_question_256", serial(lambda: forward(1, prompt)))
+    record("b_three_questions_256", serial(lambda: forward(3, prompt)))
+    if not skip_long:
+        record("c_one_question_8192", serial(lambda: forward(1, 27 + 8156 + 36), n=10, warmup=2))
+
+
+def ratios_to_peer(ours: dict, peer: dict) -> dict[str, float]:
+    """Peer mean latency / ours, per serial workload both ran (> 1: we are faster)."""
+    return {
+        key: peer[key]["mean_ms"] / ours[key]["mean_ms"]
+        for key in ("a_one_question_256", "b_three_questions_256", "c_one_question_8192")
+        if isinstance(ours.get(key), dict) and isinstance(peer.get(key), dict)
+    }
+
+
+def fp32_weights(weights: Weights) -> Weights:
+    """The same model with every int8 linear dequantized to fp32 (`qweight * w_scale`): the
+    fp32 reference path's weights, derived from the one build rather than built again."""
+
+    def deq(w: object) -> object:
+        if isinstance(w, QuantLinear):
+            if w.smooth is not None:
+                raise ValueError("the bench's linears carry no SmoothQuant vector")
+            return w.qweight.float() * w.w_scale.float()[:, None]
+        return w
+
+    layers = [{k: deq(v) for k, v in layer.items()} for layer in weights.layers]
+    return Weights(
+        config=weights.config,
+        token_embd=weights.token_embd,
+        output_norm=weights.output_norm,
+        output=deq(weights.output),
+        layers=layers,
+    )
+
+
+# --accuracy: the settings measured against the fp32 path (the exact body first: the int8 error
+# every setting starts from)
+ACCURACY_SETTINGS: dict[str, dict] = {
+    "body": {},
+    "attn-bf16": {"attention_dots": "bf16"},
+    "attn-tf32": {"attention_dots": "tf32"},
+    "chunk32": {"gdn_chunk": 32},
+    "chunk32-tf32": {"gdn_chunk": 32, "gdn_dots": "tf32"},
+    "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
+}
+MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
+
+
+def compare_readouts(got: list[list[float]], want: list[list[float]], margin: float = MARGIN) -> dict:
+    """Letter probabilities of one setting (`got`) against the fp32 path's (`want`), read-out by
+    read-out: how many fp32 read-outs are decisive (top-two margin >= `margin`), on how many of
+    those the argmax agrees, and the largest and mean |delta p| over every letter."""
+    decisive = agree = 0
+    deltas: list[float] = []
+    for g, w in zip(got, want, strict=True):
+        top2 = sorted(w, reverse=True)[:2]
+        if top2[0] - top2[1] >= margin:
+            decisive += 1
+            agree += int(g.index(max(g)) == w.index(max(w)))
+        deltas += [abs(a - b) for a, b in zip(g, w, strict=True)]
+    return {
+        "readouts": len(want),
+        "decisive": decisive,
+        "argmax_agree": agree,
+        "agreement": agree / decisive if decisive else None,
+        "max_abs_dp": max(deltas),
+        "mean_abs_dp": statistics.fmean(deltas),
+    }
+
+
+def accuracy_forests(g: torch.Generator, requests: int, long_requests: int, long_tokens: int) -> list[Forest]:
+    """(b)-shaped forests (220 evidence tokens, 3 questions) and a few long one-question ones,
+    each from no parent (no root state to share between the two paths)."""
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, VOCAB - 512, (n,), generator=g).tolist())
+
+    shapes = [(220, 3)] * requests + [(long_tokens, 1)] * long_requests
+    return [
+        build_forest([Segment(tokens(ev), None)] + [Segment(tokens(36), 0, read=True) for _ in range(q)])
+        for ev, q in shapes
+    ]
+
+
+def letter_probabilities(logits: torch.Tensor) -> list[list[float]]:
+    return [
+        list(read_letters(logits[r].float(), LETTERS[:4], 1.0).probabilities) for r in range(logits.shape[0])
+    ]
+
+
+def run_accuracy(weights: Weights, args: argparse.Namespace, record: Callable[[str, object], None]) -> None:
+    forests = accuracy_forests(
+        torch.Generator().manual_seed(3),
+        args.accuracy_requests,
+        args.accuracy_long,
+        args.accuracy_long_tokens,
+    )
+    reference = fp32_weights(weights)
+    t0 = time.perf_counter()
+    want = [p for f in forests for p in letter_probabilities(run_forest(reference, f).logits)]
+    record("reference", "fp32 level executor, the same weights dequantized")
+    record("reference_s", time.perf_counter() - t0)
+    del reference
+    names = args.accuracy_settings.split(",") if args.accuracy_settings else list(ACCURACY_SETTINGS)
+    for name in names:
+        body = ForestBody(weights, graphs=False, **ACCURACY_SETTINGS[name])
+        got = [p for f in forests for p in letter_probabilities(body.run(f).logits)]
+        record(name, compare_readouts(got, want))
+        del body
 
 
 # --variants: executors run one after another in one process on the same weights (a 27B
@@ -376,6 +553,13 @@ def main() -> None:
     ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
+    ap.add_argument("--skip-decode", action="store_true", help="skip workload (e)")
+    ap.add_argument("--peer", action="store_true", help="then HF transformers bf16 on (a)-(c); JSON 'peer'")
+    ap.add_argument("--accuracy", action="store_true", help="only: body settings vs the fp32 path")
+    ap.add_argument("--accuracy-settings", default=None, help=f"comma list of {', '.join(ACCURACY_SETTINGS)}")
+    ap.add_argument("--accuracy-requests", type=int, default=16, help="(b)-shaped forests (3 read-outs each)")
+    ap.add_argument("--accuracy-long", type=int, default=2, help="long one-question forests")
+    ap.add_argument("--accuracy-long-tokens", type=int, default=2048)
     args = ap.parse_args()
     variants = variant_settings(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -386,6 +570,22 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     results: dict = {}
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results if args.variants or args.accuracy else results[variants[0][0]], f, indent=2)
+
+    if args.accuracy:
+        results["accuracy"] = acc = {"shape": args.shape, "device": gpu, "margin": MARGIN}
+
+        def record_acc(key: str, value: object) -> None:
+            acc[key] = value
+            show(key, value)
+            save()
+
+        run_accuracy(weights, args, record_acc)
+        return
     for k, (name, settings) in enumerate(variants):
         results[name] = result = {"shape": args.shape, "device": gpu, "build_s": build_s, "variant": name}
         first = k == 0
@@ -395,13 +595,27 @@ def main() -> None:
         def record(key: str, value: object, result: dict = result) -> None:
             result[key] = value
             show(key, value)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results if args.variants else result, f, indent=2)
+            save()
 
-        run_variant(args, weights, device, name, settings, record, decode=first)
+        run_variant(args, weights, device, name, settings, record, decode=first and not args.skip_decode)
         if device == "cuda":
             torch.cuda.empty_cache()  # the next variant's buckets and graphs start from free memory
+    if args.peer:
+        print("--- peer", flush=True)
+        peer: dict = {"model": "transformers Qwen3_5ForCausalLM bf16", "shape": args.shape}
+        # single-run JSON: the peer nests in the result; --variants: beside the variants
+        (results if args.variants else results[variants[0][0]])["peer"] = peer
+
+        def record_peer(key: str, value: object) -> None:
+            peer[key] = value
+            show(f"peer_{key}", value)
+            save()
+
+        run_peer(config, device, record_peer, skip_long=args.skip_long)
+        for name, _ in variants:
+            results[name]["vs_peer"] = ratios_to_peer(results[name], peer)
+            show(f"{name}_vs_peer", results[name]["vs_peer"])
+        save()
 
 
 def run_variant(

@@ -22,9 +22,6 @@ import sys
 
 import torch
 
-from engine.kernels import deltanet
-from engine.kernels.conv import causal_conv_reference, causal_conv_varlen
-from engine.kernels.deltanet import gated_delta_rule_reference, gated_delta_rule_varlen
 from engine.kernels.int8_gemm import GemmConfig, config_for, int8_gemm, int8_gemm_reference
 from engine.kernels.quant import (
     quantize_rows,
@@ -32,7 +29,6 @@ from engine.kernels.quant import (
     rms_norm_quantize,
     rms_norm_quantize_reference,
 )
-from engine.reference import l2_normalize
 
 # Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K.
 DECODE_CANDIDATES = [
@@ -246,72 +242,6 @@ def print_summary(out: dict) -> None:
           f" {len(out['mismatches'])} bit mismatches: {out['mismatches'][:5]}")  # fmt: skip
 
 
-def deltanet_rows(sweep: bool) -> list[dict]:
-    rows = []
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    hqk, hv, d = 16, 48, 128
-    for segs, length in [(1, 256), (64, 256), (64, 1)]:
-        n = segs * length
-        q = l2_normalize(torch.randn(n, hqk, d, device=DEVICE, generator=gen)) * d**-0.5
-        k = l2_normalize(torch.randn(n, hqk, d, device=DEVICE, generator=gen))
-        v = torch.randn(n, hv, d, device=DEVICE, generator=gen)
-        g = -torch.rand(n, hv, device=DEVICE, generator=gen)
-        beta = torch.rand(n, hv, device=DEVICE, generator=gen)
-        offsets = torch.arange(0, n + 1, length, device=DEVICE, dtype=torch.int32)
-        s0 = torch.randn(segs, hv, d, d, device=DEVICE, generator=gen) * 0.1
-        t = bench(lambda: gated_delta_rule_varlen(q, k, v, g, beta, offsets, s0))
-        o, f = gated_delta_rule_varlen(q, k, v, g, beta, offsets, s0)
-        variants = {}
-        if sweep:  # other fixed (BV, warps) choices, to keep deltanet.BLOCK_V/NUM_WARPS honest
-            default = (deltanet.BLOCK_V, deltanet.NUM_WARPS)
-            for bv, nw in [(16, 2), (16, 4), (32, 2), (64, 4), (64, 8)]:
-                deltanet.BLOCK_V, deltanet.NUM_WARPS = bv, nw
-                variants[f"BV={bv},warps={nw}"] = bench(
-                    lambda: gated_delta_rule_varlen(q, k, v, g, beta, offsets, s0)
-                )
-            deltanet.BLOCK_V, deltanet.NUM_WARPS = default
-        ref_ms = rel = None
-        if segs * length <= 256:
-            o_r, f_r = gated_delta_rule_reference(q, k, v, g, beta, offsets, s0)
-            rel = ((o - o_r).norm() / o_r.norm()).item()
-            ref_ms = bench(lambda: gated_delta_rule_reference(q, k, v, g, beta, offsets, s0), rep=20)
-        state_bytes = 2 * segs * hv * d * d * 4  # read + write of the states dominates
-        rows.append(
-            dict(
-                kind="deltanet", segments=segs, tokens=length, ms=t, torch_ms=ref_ms, rel_err=rel,
-                state_gbps=state_bytes / t / 1e6, variants_ms=variants,
-            )
-        )  # fmt: skip
-        print(
-            f"deltanet {segs:3d} seg x {length:3d} tok  triton {t:7.3f} ms"
-            f" (state read+write {state_bytes / t / 1e6:6.0f} GB/s)  torch loop {ref_ms}  rel err {rel}",
-            flush=True,
-        )
-        if variants:
-            print("    variants: " + ", ".join(f"{c}={v:.3f}" for c, v in variants.items()), flush=True)
-    return rows
-
-
-def conv_rows() -> list[dict]:
-    rows = []
-    gen = torch.Generator(device=DEVICE).manual_seed(2)
-    c = 10240
-    for segs, length in [(1, 256), (64, 256), (64, 1)]:
-        n = segs * length
-        x = torch.randn(n, c, device=DEVICE, generator=gen)
-        w = torch.randn(c, 4, device=DEVICE, generator=gen)
-        offsets = torch.arange(0, n + 1, length, device=DEVICE, dtype=torch.int32)
-        tail = torch.randn(segs, c, 3, device=DEVICE, generator=gen)
-        t = bench(lambda: causal_conv_varlen(x, w, offsets, tail))
-        ref = bench(lambda: causal_conv_reference(x, w, offsets, tail), rep=20)
-        rows.append(dict(kind="conv", segments=segs, tokens=length, ms=t, torch_ms=ref))
-        print(
-            f"conv     {segs:3d} seg x {length:3d} tok  triton {t:7.3f} ms  torch loop {ref:7.3f} ms",
-            flush=True,
-        )
-    return rows
-
-
 def quant_rows() -> list[dict]:
     rows = []
     gen = torch.Generator(device=DEVICE).manual_seed(3)
@@ -353,7 +283,6 @@ def main() -> int:
     parser.add_argument(
         "--budget-s", type=float, default=180.0, help="GEMM sweep: skip candidates after this"
     )
-    parser.add_argument("--deltanet-sweep", action="store_true", help="also time other deltanet blockings")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
@@ -364,7 +293,7 @@ def main() -> int:
         f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}",
         flush=True,
     )
-    rows = [] if args.gemm_only else quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep)
+    rows = [] if args.gemm_only else quant_rows()
     gemm = gemm_sweep(
         args.models.split(","), [int(x) for x in args.m.split(",")], args.budget_s, not args.quick
     )

@@ -30,9 +30,8 @@ from schemas.systemone import SystemOneRequest
 
 DEVICES = [
     "cpu",
+    # the CUDA default: the one-pass forest body (engine.body) with its CUDA graphs
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
-    # the one-pass forest body (engine.body) with its CUDA graphs
-    pytest.param("cuda-body", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
 ]
 N_REQUESTS = 32
 WORDS = [

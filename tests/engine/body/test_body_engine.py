@@ -1,5 +1,8 @@
-"""`Engine.decide` with forests in one pass (`body=True`, forced on CPU): the contract's bit
-invariances hold through it, and its decisions agree with the level-by-level executor's."""
+"""`Engine.decide` with forests in one pass: the contract's bit invariances hold through it, and its
+decisions agree with the level-by-level executor's. On CUDA the engine is the default one (the
+body is the CUDA int8 path) with compiled kernels and CUDA graphs; on CPU the body is forced
+(`body=True`) and its kernels run in Triton's interpreter. Every tensor lives on DEVICE: a CPU
+tensor handed to a compiled kernel is what broke these tests on a GPU machine."""
 
 from __future__ import annotations
 
@@ -7,13 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.cache import PrefixCache
-from engine.engine import Engine
+from engine.engine import Engine, uses_body
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 
-DEVICE = "cpu"  # CUDA: test_int8_invariance runs its suite on a body=True engine ("cuda-body")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the conftest compiles on CUDA, else interprets
 
 CHOICE = {
     "type": "choice",
@@ -46,7 +50,18 @@ def model(gguf_model: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model: Path) -> Engine:
-    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=CACHE_BYTES, body=True)
+    body = None if DEVICE == "cuda" else True  # CUDA: the default must be the body
+    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=CACHE_BYTES, body=body)
+
+
+def test_the_body_is_the_cuda_int8_default_and_the_oracle_elsewhere() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert uses_body(None, "int8", cuda)
+    assert not uses_body(None, "int8", cpu) and not uses_body(None, "fp32", cpu)
+    assert not uses_body(None, "bf16", cuda) and not uses_body(None, "fp32", cuda)
+    assert not uses_body(False, "int8", cuda) and uses_body(True, "int8", cpu)
+    with pytest.raises(ValueError, match="int8 path only"):
+        uses_body(True, "bf16", cuda)
 
 
 def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(engine: Engine) -> None:

@@ -47,6 +47,19 @@ def test_a_row_has_the_same_partials_wherever_it_lies(dev: torch.device, gen: to
     assert torch.equal(vocab_partials(block[1]), vocab_partials(x.clone()))
 
 
+def test_partials_do_not_depend_on_the_order_inside_a_chunk(dev: torch.device, gen: torch.Generator) -> None:
+    """The property that makes the address irrelevant: a chunk's sum is the same bits whatever
+    order (reduction tree) adds its terms. A shuffled chunk is the strongest version of a
+    different tree; an fp64 tree sum fails it, the integer-limb sum passes it on every backend."""
+    x = _row(gen, dev)
+    shuffled = x.clone()
+    for lo in range(0, V, CHUNK):
+        hi = min(lo + CHUNK, V)
+        perm = torch.randperm(hi - lo, generator=gen).to(dev)
+        shuffled[lo:hi] = x[lo:hi][perm]
+    assert torch.equal(vocab_partials(shuffled), vocab_partials(x))
+
+
 def test_nan_and_inf_are_counted_and_refused(dev: torch.device, gen: torch.Generator) -> None:
     x = _row(gen, dev)
     x[[5, CHUNK + 3, V - 1]] = float("nan")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: every CUDA-capable test, compiled kernels on the GPU.
+#   bash ops/device/gpu_suite.sh            # carry .gpuwheels (ops/device/wheels.sh makes it)
+#   SUITE="tests/engine/body" bash ops/device/gpu_suite.sh   # a subset
+# The CUDA-capable tests (grep -l cuda tests): the kernels (tests/engine/kernels, incl. the sm_90
+# compile check), the one-pass body (tests/engine/body), the decoder (tests/engine/decode), the int8
+# path (test_quant.py, test_int8_invariance.py) and tensor parallelism (test_tp.py: its 2-GPU cases
+# skip on one GPU). Tests that are CPU-only by design skip themselves on a CUDA machine.
+# Prints one line at the end:  GPU SUITE rc=R: <pytest's summary>   (R=0: all passed)
+# Logs: $OUT/gpu_suite.log (whole output, slowest tests), $OUT/gpu_suite.xml (JUnit).
+set -uo pipefail
+source ops/device/setup.sh
+SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"}
+# --confcutdir keeps pytest off tests/conftest.py (the Kafka fixtures need packages the image lacks);
+# the timeout leaves time for the summary inside a 600 s device call
+# shellcheck disable=SC2086
+timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest $SUITE -q --confcutdir=tests/engine -p no:cacheprovider \
+    -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" ${PYTEST_ARGS:-} \
+    >"$OUT/gpu_suite.log" 2>&1
+rc=$?
+grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | cut -c1-200
+summary=$(grep -E "(passed|failed|error|skipped).* in [0-9.]+s" "$OUT/gpu_suite.log" | tail -1)
+[ "$rc" = 124 ] && summary="TIMED OUT after ${SUITE_TIMEOUT:-560}s (see gpu_suite.log) ${summary}"
+echo "GPU SUITE rc=$rc: ${summary:-no pytest summary (see gpu_suite.log)}"
+exit "$rc"
