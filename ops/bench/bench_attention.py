@@ -36,10 +36,8 @@ PIECES = 4  # the body's smallest piece bucket
 SWEEP = [  # (block_m, block_l, warps, stages): sm_90 resources in ops/bench/NOTES-kernels.md
     (64, 64, 8, 1),
     (64, 32, 8, 2),
-    (64, 32, 8, 1),
     (128, 32, 8, 2),
     (128, 64, 8, 2),
-    (64, 64, 4, 2),
 ]
 WORKLOADS = {"a": [(256, -1)], "b": [(256, -1), (40, 0), (40, 0), (40, 0)], "c": [(8192, -1)]}
 BUCKETS = {"a": (256, 4), "b": (384, 4), "c": (8192, 4)}  # (token bucket, segment slots)
