@@ -18,6 +18,18 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   of the own piece past a token's causal limit give it only -inf scores, which leave its running
   max, sum and output bitwise unchanged. Dead query blocks return at once; rows no live block
   covers keep the zeros the host initialises `out` with.
+- `_long_attention_kernel` (tensor-core dots, LONG_DOTS, segments of at least
+  `LongConfig.min_length` tokens; the 16-row kernel then skips those segments): program (query
+  head, block of `block_m` rows aligned to the segment start; of a long segment's 16-row records
+  the one at each multiple of block_m runs it, the others return) walks the same pieces in the
+  same order in tiles of `block_l` keys aligned to each piece start, with one running online
+  softmax over the whole chain (base-2 exponentials). Tiles every row of the block sees in full
+  run unmasked; the rest (a piece's tail, the own block's diagonal) are masked. The heads are
+  the fastest grid dimension, so the G heads of one KV head read its tiles together (from L2),
+  and query blocks run last first (the longest causal walks start first). An 8,192-token
+  segment at 64 rows streams a quarter of the 16-row kernel's K/V traffic. K/V stay fp32 in
+  storage (the prefix cache and the decoder read them); the kernel rounds tiles to bf16 as it
+  loads them.
 
 Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
 token's bits depend on its own segment's data alone: never on its segment's slot, its packed
@@ -27,12 +39,13 @@ compile-time constant like in the decode kernels.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, kernel, use_triton
-from engine.kernels.decode_attention import _norm_rope, _reduce_piece, _view
+from engine.kernels._triton import Backend, helper, kernel, use_triton
+from engine.kernels.decode_attention import _bf16_operand, _norm_rope, _reduce_piece, _view
 from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -54,10 +67,48 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 NUM_WARPS = 4
+_LOG2E = 1.4426950408889634  # the large-block kernel's exponentials are base 2
 # Precisions of the attention dots (`_reduce_piece`): "ieee" fp32 on the FMA units (the decode
 # kernel's), "tf32" / "bf16" on tensor cores. Each is row-local with a fixed config, so a token's
 # bits still depend on its own segment alone; the choice is one setting per engine.
 ATTENTION_DOTS = ("ieee", "tf32", "bf16")
+# The settings under which long segments take the large-block tensor-core kernel.
+LONG_DOTS = ("tf32", "bf16")
+
+
+@dataclass(frozen=True)
+class LongConfig:
+    """The large-block kernel's fixed config. A segment of at least `min_length` tokens is
+    attended in blocks of `block_m` query rows (aligned to the segment start, like the 16-row
+    blocks) over tiles of `block_l` keys (aligned to each piece's start); shorter segments keep
+    the 16-row kernel. Both choices depend on the segment's own length and the head size only,
+    so a token's bits still depend on its own segment alone."""
+
+    block_m: int
+    block_l: int
+    num_warps: int
+    min_length: int
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_m % BLOCK_M or self.block_m % self.block_l or self.block_l < 16:
+            raise ValueError(
+                f"block_m must be a multiple of {BLOCK_M} and of block_l >= 16: "
+                f"{self.block_m}, {self.block_l}"
+            )
+        if self.min_length < 1:
+            raise ValueError(f"min_length must be >= 1, got {self.min_length}")
+
+
+def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
+    """The shipped large-block config for a head size and dot format. At head_dim 256 a
+    [BM, 256] fp32 accumulator costs BM / 2 registers per thread over 8 warps; the sm_90
+    compile (triton 3.6, ops/bench/NOTES-kernels.md) spills least at 64 query rows, 8 warps,
+    with 64-key tiles for bf16 and 32-key tiles for tf32 (whose fp32 operand tiles at 64 keys
+    need 320 KiB of shared memory, over the 227 KiB a block may have)."""
+    if head_dim >= 256:
+        return LongConfig(block_m=64, block_l=64 if dots == "bf16" else 32, num_warps=8, min_length=128)
+    return LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64)
 
 
 def _attention_warps(head_dim: int) -> int:
@@ -111,7 +162,7 @@ def _prep_kernel(
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
-    BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+    BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -122,6 +173,9 @@ def _attention_kernel(
     local0 = tl.load(qblocks_ptr + qb * 3 + 1)
     tok_lo = tl.load(segs_ptr + seg * 8)  # segment record: tok_lo, length, ...
     length = tl.load(segs_ptr + seg * 8 + 1)
+    if LONG_MIN > 0:  # noqa: SIM102 - a constexpr test, then a runtime one (no mixed `and`)
+        if length >= LONG_MIN:  # the large-block kernel attends this segment
+            return
     local = local0 + tl.arange(0, BM)
     valid = local < length
     rows = tok_lo + local
@@ -162,8 +216,136 @@ def _attention_kernel(
     tl.store(out_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], o, mask=valid[:, None])
 
 
+def _operand(x, DOTS: tl.constexpr, ON_GPU: tl.constexpr):
+    """x as a tensor-core dot operand: bf16 (rounded to nearest even) or fp32 for tf32."""
+    return _bf16_operand(x, ON_GPU) if DOTS == "bf16" else x
+
+
+def _long_tile(
+    q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+    HD: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """One tile of BL keys from `start` folded into the running (max, sum, output) of the block's
+    rows, in base-2 exponentials (qk_scale includes log2 e). The head dimension is handled in two
+    halves (scores = q_lo k_lo^T + q_hi k_hi^T, output halves apart) so that only half of a fp32
+    K or V tile is live in registers at a time. MASKED: keys past n (and, CAUSAL, past each
+    row's own index) score -inf; an unmasked tile lies wholly inside every row's view. A row's
+    first tile always holds a key it sees (every row sees key 0 of every piece), so its max is
+    finite from then on and a fully masked later tile leaves it bitwise unchanged."""
+    HH: tl.constexpr = HD // 2
+    offs_d = tl.arange(0, HH)
+    offs_l = start + tl.arange(0, BL)
+    at = offs_l[:, None] * HD + offs_d[None, :]
+    lmask = offs_l < n
+    if MASKED:
+        k_lo = tl.load(k_base + at, mask=lmask[:, None], other=0.0)
+        k_hi = tl.load(k_base + HH + at, mask=lmask[:, None], other=0.0)
+    else:
+        k_lo = tl.load(k_base + at)
+        k_hi = tl.load(k_base + HH + at)
+    if DOTS == "bf16":
+        s = tl.dot(q_lo, tl.trans(_operand(k_lo, DOTS, ON_GPU)))
+        s = tl.dot(q_hi, tl.trans(_operand(k_hi, DOTS, ON_GPU)), acc=s)
+    else:
+        s = tl.dot(q_lo, tl.trans(k_lo), input_precision=DOTS)
+        s = tl.dot(q_hi, tl.trans(k_hi), acc=s, input_precision=DOTS)
+    s = s * qk_scale
+    if MASKED:
+        seen = lmask[None, :]
+        if CAUSAL:
+            seen = seen & (offs_l[None, :] <= local[:, None])
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    e = tl.exp2(s - m_new[:, None])
+    total = total * alpha + tl.sum(e, axis=1)
+    ed = _operand(e, DOTS, ON_GPU)
+    v_lo = tl.load(v_base + at, mask=lmask[:, None], other=0.0) if MASKED else tl.load(v_base + at)
+    if DOTS == "bf16":
+        acc_lo = tl.dot(ed, _operand(v_lo, DOTS, ON_GPU), acc=acc_lo * alpha[:, None])
+    else:
+        acc_lo = tl.dot(ed, v_lo, acc=acc_lo * alpha[:, None], input_precision=DOTS)
+    v_hi = tl.load(v_base + HH + at, mask=lmask[:, None], other=0.0) if MASKED else tl.load(v_base + HH + at)
+    if DOTS == "bf16":
+        acc_hi = tl.dot(ed, _operand(v_hi, DOTS, ON_GPU), acc=acc_hi * alpha[:, None])
+    else:
+        acc_hi = tl.dot(ed, v_hi, acc=acc_hi * alpha[:, None], input_precision=DOTS)
+    return m_new, total, acc_lo, acc_hi
+
+
+def _long_attention_kernel(
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, qk_scale,
+    NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
+    BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
+    # query blocks last first, so the longest causal walks start first
+    h = tl.program_id(0)
+    qb = tl.num_programs(1) - 1 - tl.program_id(1)
+    if tl.load(qblocks_ptr + qb * 3 + 2) == 0:
+        return
+    seg = tl.load(qblocks_ptr + qb * 3)
+    local0 = tl.load(qblocks_ptr + qb * 3 + 1)
+    tok_lo = tl.load(segs_ptr + seg * 8)
+    length = tl.load(segs_ptr + seg * 8 + 1)
+    # a long segment's 16-row records: the one at each multiple of BM runs the large block
+    if length < LONG_MIN:
+        return
+    if local0 % BM != 0:
+        return
+    HH: tl.constexpr = HD // 2
+    local = local0 + tl.arange(0, BM)
+    valid = local < length
+    rows = tok_lo + local
+    offs_d = tl.arange(0, HH)
+    q_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
+    q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+    q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+    kvh = h // G
+
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    total = tl.zeros((BM,), dtype=tl.float32)
+    acc_lo = tl.zeros((BM, HH), dtype=tl.float32)
+    acc_hi = tl.zeros((BM, HH), dtype=tl.float32)
+    for p in tl.static_range(P):  # chain order: ancestors oldest first, then the own block
+        rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+        head_rows = tl.load(rec + 3)
+        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
+        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+        if p == P - 1:
+            n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
+            full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
+        else:
+            n = tl.load(rec + 2)
+            full = (n // BL) * BL
+        for start in range(0, full, BL):
+            m, total, acc_lo, acc_hi = _long_tile(
+                q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                HD, BL, DOTS, False, False, ON_GPU,
+            )  # fmt: skip
+        for start in range(full, n, BL):
+            m, total, acc_lo, acc_hi = _long_tile(
+                q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                HD, BL, DOTS, True, p == P - 1, ON_GPU,
+            )  # fmt: skip
+
+    inv = 1.0 / tl.where(total > 0, total, 1.0)
+    g_at = rows[:, None] * stride_qg + h * 2 * HD + HD + offs_d[None, :]
+    o_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
+    gate = tl.load(qg_ptr + g_at, mask=valid[:, None], other=0.0)
+    o = (acc_lo * inv[:, None]) * (1.0 / (1.0 + tl.exp(-gate)))
+    tl.store(out_ptr + o_at, o, mask=valid[:, None])
+    gate = tl.load(qg_ptr + HH + g_at, mask=valid[:, None], other=0.0)
+    o = (acc_hi * inv[:, None]) * (1.0 / (1.0 + tl.exp(-gate)))
+    tl.store(out_ptr + HH + o_at, o, mask=valid[:, None])
+
+
+_operand = helper(_operand)  # type: ignore[assignment]
+_long_tile = helper(_long_tile)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
+_long_attn = kernel(_long_attention_kernel)
 
 
 def _check_table(name: str, t: torch.Tensor, shape: tuple[int | None, ...], like: torch.Tensor) -> None:
@@ -279,6 +461,7 @@ def forest_attention(
     *,
     num_kv_heads: int,
     dots: str = "ieee",
+    long: LongConfig | bool = True,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
@@ -286,7 +469,10 @@ def forest_attention(
     Rows covered by a live query block (qblocks [Q, 3]) get the output; every other row is zero
     (`out` starts as zeros). The gate is the second half of each head's [q | gate] in qg
     [T, nh * 2 * hd]. rows [T, 4] is only validated: the blocks come from qblocks and segs.
-    dots: one of ATTENTION_DOTS; the torch reference computes in fp32 whatever it is.
+    dots: one of ATTENTION_DOTS; the torch reference computes in fp32 whatever it is. Under
+    LONG_DOTS, segments of at least `min_length` tokens take the large-block kernel: `long`
+    True is the shipped config (`long_config`), False keeps the 16-row kernel for every segment
+    (the previous behaviour, for benchmarks), a LongConfig is that config (tests, sweeps).
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
@@ -305,11 +491,22 @@ def forest_attention(
     out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
     if qblocks.shape[0] == 0 or t == 0:
         return out
+    q = q.contiguous()
+    cfg: LongConfig | None = None
+    if dots in LONG_DOTS and long is not False:
+        cfg = long_config(hd, dots) if long is True else long
+    common = dict(NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], DOTS=dots)
     _attn[(qblocks.shape[0], nh)](
-        q.contiguous(), qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
-        NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], BM=BLOCK_M,
-        BL=_block_l(hd), DOTS=dots, num_warps=_attention_warps(hd), enable_fp_fusion=False,
+        q, qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
+        BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=cfg.min_length if cfg else 0,
+        num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
+    if cfg is not None:
+        _long_attn[(nh, qblocks.shape[0])](
+            q, qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5 * _LOG2E,
+            BM=cfg.block_m, BL=cfg.block_l, LONG_MIN=cfg.min_length,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
+        )  # fmt: skip
     return out
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from engine.kernels.forest_attention import forest_attention, forest_attention_prep
+from engine.kernels.forest_attention import LongConfig, forest_attention, forest_attention_prep, long_config
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
 from engine.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
@@ -28,6 +28,11 @@ SLACK = 3  # own blocks hold length + SLACK rows: padding rows aim at the spare 
 # blocks of BLOCK_M = 16, ancestors and an own block longer than one key block of 64
 SEGMENTS = [([3, 0], 1), ([0, 0], 5), ([70, 7], 17), ([0, 12], 33), ([2, 0], 70)]
 P = 3
+# The large-block kernel's configs under test (tensor-core dots): the shipped one at this head
+# size (64-row blocks from 64 tokens: the 70-token segment, one full and one partial block) and
+# a small one that takes the segments of 17, 33 and 70 tokens (ancestors of 77 and 12 keys: full
+# and partial key tiles, several blocks, a block of one row) while 1 and 5 keep the 16-row kernel.
+LONG = {"shipped": True, "small": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17)}
 
 
 @dataclass
@@ -144,12 +149,20 @@ def _prep(case: Case, lay: Launch, backend: str, dtype: torch.dtype = torch.floa
     )  # fmt: skip
 
 
-def _attend(case: Case, lay: Launch, q: torch.Tensor, backend: str, dots: str = "ieee") -> torch.Tensor:
+def _attend(
+    case: Case,
+    lay: Launch,
+    q: torch.Tensor,
+    backend: str,
+    dots: str = "ieee",
+    long: LongConfig | bool = True,
+) -> torch.Tensor:
     qg = lay.inputs()[0]
     base = case.pool.base
     return forest_attention(
-        q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, dots=dots, backend=backend
-    )
+        q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, dots=dots, long=long,
+        backend=backend,
+    )  # fmt: skip
 
 
 def _own_block(case: Case, s: int) -> tuple[slice, slice]:
@@ -269,17 +282,54 @@ TENSOR_CORE_ORACLE: dict[str, dict] = {
 }
 
 
+@pytest.mark.parametrize("long", sorted(LONG))
 @pytest.mark.parametrize("dots", sorted(TENSOR_CORE_ORACLE))
 def test_tensor_core_dots_within_their_rounding_bound(
-    dots: str, dev: torch.device, gen: torch.Generator
+    dots: str, long: str, dev: torch.device, gen: torch.Generator
 ) -> None:
     case = _case(dev, gen)
     lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
     q = _prep(case, lay, "torch")
-    out = _attend(case, lay, q, "triton", dots)
+    out = _attend(case, lay, q, "triton", dots, LONG[long])
     want, bound = _oracle(case, lay, q, **TENSOR_CORE_ORACLE[dots])
     err = (out - want).abs()
     assert (err <= bound + 1e-5).all(), f"{dots}: error {err.max():.3g} over its bound"
+
+
+@pytest.mark.parametrize("dots", ["bf16"])
+def test_long_segments_take_the_large_block_kernel_and_short_ones_keep_theirs(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Under tensor-core dots only segments of at least min_length tokens change kernel: the
+    others' bits equal the 16-row kernel's (long=False); every covered row gets an output."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    cfg = LONG["small"]
+    assert isinstance(cfg, LongConfig)
+    old = _attend(case, lay, q, "triton", dots, False)
+    new = _attend(case, lay, q, "triton", dots, cfg)
+    changed = 0
+    for s, row0 in lay.row_of.items():
+        rows = slice(row0, row0 + SEGMENTS[s][1])
+        assert new[rows].abs().amin(dim=1).gt(0).all(), s
+        if SEGMENTS[s][1] < cfg.min_length:
+            assert torch.equal(new[rows], old[rows]), s
+        else:
+            changed += not torch.equal(new[rows], old[rows])
+    assert changed  # another tile order rounds differently somewhere: the large kernel ran
+    assert torch.equal(_attend(case, lay, q, "triton", "ieee", cfg), _attend(case, lay, q, "triton", "ieee"))
+
+
+def test_long_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="block_m must be a multiple"):
+        LongConfig(block_m=48, block_l=32, num_warps=4, min_length=64)
+    with pytest.raises(ValueError, match="min_length"):
+        LongConfig(block_m=64, block_l=32, num_warps=4, min_length=0)
+    for hd in (32, 256):
+        for dots in ("bf16", "tf32"):
+            cfg = long_config(hd, dots)
+            assert cfg.min_length >= cfg.block_m  # a long segment fills at least one block
 
 
 def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
@@ -290,20 +340,25 @@ def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
         _attend(case, lay, q, "triton", "fp16")
 
 
-@pytest.mark.parametrize("dots", ["ieee", "tf32", "bf16"])
-def test_segment_bits_do_not_depend_on_the_launch(dots: str, dev: torch.device, gen: torch.Generator) -> None:
+@pytest.mark.parametrize(
+    ("dots", "long"), [("ieee", "shipped"), ("tf32", "shipped"), ("bf16", "shipped"), ("tf32", "small"),
+                       ("bf16", "small")]
+)  # fmt: skip
+def test_segment_bits_do_not_depend_on_the_launch(
+    dots: str, long: str, dev: torch.device, gen: torch.Generator
+) -> None:
     case = _case(dev, gen)
     members = list(range(len(SEGMENTS)))
     big = _launch(case, members, dev, spread=True)
     case.pool.base.copy_(case.before)
     q_big = _prep(case, big, "triton")
-    out_big = _attend(case, big, q_big, "triton", dots)
+    out_big = _attend(case, big, q_big, "triton", dots, LONG[long])
     base_big = case.pool.base.clone()
     for s in members:
         alone = _launch(case, [s], dev, spread=False)
         case.pool.base.copy_(case.before)
         q = _prep(case, alone, "triton")
-        out = _attend(case, alone, q, "triton", dots)
+        out = _attend(case, alone, q, "triton", dots, LONG[long])
         rows = slice(big.row_of[s], big.row_of[s] + SEGMENTS[s][1])
         assert torch.equal(q, q_big[rows]), s
         assert torch.equal(out, out_big[rows]), s
@@ -355,3 +410,81 @@ def test_bad_tables_raise(dev: torch.device, gen: torch.Generator) -> None:
         attend(q=q.double())
     with pytest.raises(ValueError, match="qg must be"):
         attend(qg=qg[:, :-2])
+
+
+# ------------------------------------------------------------------ the 27B head shape (CUDA only)
+# 24 query heads over 4 KV heads of 256: the shipped large-block config at its real size. Segments
+# (length, parent index): a long root, a short and a long child of it (the long child reads the
+# root as its ancestor piece), so both kernels and the chain run in one launch.
+BIG_NH, BIG_NKV, BIG_HD = 24, 4, 256
+BIG_SEGMENTS = [(300, -1), (40, 0), (200, 0)]
+
+
+def _big_tables(
+    members: list[int], kv: list[list[int]], dev: torch.device, pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[int, int]]:
+    """rows, segs, pieces [S, 2, 4], qblocks of `members` packed after `pad` padding rows (and a
+    padding slot first when pad > 0); kv[s] is segment s's own piece record."""
+    rows, segs, pieces, blocks, row_of = [[0, 0, 0, 0]] * pad, [], [], [], {}
+    if pad:
+        segs.append(_seg_record(0, pad, 0))
+        pieces.append([[0, 0, 0, 0], [0, 0, 0, 0]])
+    for s in members:
+        slot, (n, parent) = len(segs), BIG_SEGMENTS[s]
+        row_of[s] = len(rows)
+        segs.append(_seg_record(len(rows), n, 1))
+        pieces.append([kv[parent] if parent >= 0 else [0, 0, 0, 0], kv[s]])
+        rows += [[slot, i, 1, 0] for i in range(n)]
+        blocks += [[slot, lo, 1] for lo in range(0, n, BLOCK_M)]
+        rows += [[0, 0, 0, 0]] * pad
+    if pad:
+        blocks = blocks[::-1] + [[0, 0, 0]]
+    i64 = dict(dtype=torch.int64, device=dev)
+    return (
+        torch.tensor(rows, **i64),
+        torch.tensor(segs, **i64),
+        torch.tensor(pieces, **i64),
+        torch.tensor(blocks, **i64),
+        row_of,
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("dots", ["bf16", "tf32"])
+def test_27b_heads_alone_equals_packed_and_within_bound(dots: str, gen: torch.Generator) -> None:
+    dev = torch.device("cuda")
+    block = BIG_NKV * BIG_HD
+    kv, off = [], 0
+    for n, _ in BIG_SEGMENTS:
+        kv.append([off, off + n * block, n, n])
+        off += 2 * n * block
+    # bf16-representable data: the kernel's operand rounding is then exact, leaving the weights'
+    base = torch.randn(off, generator=gen).bfloat16().float().to(dev)
+    t_max = sum(n for n, _ in BIG_SEGMENTS) + 8 * (len(BIG_SEGMENTS) + 1)
+    q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
+    qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
+
+    def run(members: list[int], pad: int, backend: str = "triton") -> tuple[torch.Tensor, dict[int, int]]:
+        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad)
+        t = rows.shape[0]
+        q, qg = q_all[:t].clone(), qg_all[:t].clone()
+        for s, r in row_of.items():  # each segment's rows carry the same data wherever they lie
+            n = BIG_SEGMENTS[s][0]
+            src = sum(m for m, _ in BIG_SEGMENTS[:s])
+            q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
+        out = forest_attention(
+            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots=dots, backend=backend
+        )
+        return out, row_of
+
+    packed, row_of = run([2, 0, 1], pad=8)
+    want, _ = run([2, 0, 1], pad=8, backend="torch")
+    for s, (n, _) in enumerate(BIG_SEGMENTS):
+        alone, _ = run([s], pad=0)
+        assert torch.equal(alone[:n], packed[row_of[s] : row_of[s] + n]), s
+    # bf16 values are tf32 values too, so only the weights are rounded: to bf16 or tf32, which
+    # moves each output by at most 2u(1 + u) sum_j p_j |v_j| <= 2u(1 + u) max |v| (gate <= 1)
+    unit = 2.0**-8 if dots == "bf16" else 2.0**-10  # tf32: 2^-10 covers truncation too
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed - want).abs().max()
+    assert err <= bound + 1e-5, f"{dots}: {err:.3g} over {bound:.3g}"
