@@ -34,38 +34,42 @@ from engine.kernels.quant import (
 )
 from engine.reference import l2_normalize
 
-# Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K.
+# Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K. The
+# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles and split tiles of 128.
 DECODE_CANDIDATES = [
-    GemmConfig(64, 128, 128, 4, 4),  # the prefill tile decode used before the sweep
+    GemmConfig(64, 128, 128, 4, 4),  # the prefill tile; best at M = 64 for wide N
     GemmConfig(16, 64, 256, 4, 4),
     GemmConfig(16, 32, 512, 4, 4),
     GemmConfig(16, 128, 256, 4, 4),
+    GemmConfig(16, 128, 512, 4, 3),
+    GemmConfig(16, 256, 128, 4, 4),
+    GemmConfig(16, 256, 256, 8, 3),
     GemmConfig(16, 64, 256, 4, 4, split_k=2),
     GemmConfig(16, 64, 256, 4, 4, split_k=4),
-    GemmConfig(16, 64, 256, 4, 4, split_k=8),
     GemmConfig(16, 128, 256, 4, 4, split_k=4),
-    GemmConfig(16, 32, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
-    GemmConfig(32, 64, 256, 4, 4, split_k=4),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
     GemmConfig(64, 64, 256, 4, 4, split_k=4),
-    GemmConfig(64, 128, 128, 4, 4, split_k=4),
 ]
-# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA.
+# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA. 128x256 and
+# 256x128 tiles with 8 warps spill (248-376 B) unless the epilogue runs on half tiles (/e2:
+# 0 B, ops/bench/kernel_resources.py-style sm_90 compile); the first sweep's losers are gone.
 PREFILL_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),
     GemmConfig(128, 128, 128, 8, 3),
-    GemmConfig(128, 128, 128, 4, 4),
-    GemmConfig(128, 256, 128, 8, 3),
-    GemmConfig(128, 256, 128, 8, 3, group_m=16),
+    GemmConfig(128, 128, 128, 8, 4),
     GemmConfig(64, 256, 128, 8, 4),
-    GemmConfig(128, 256, 64, 8, 4),
-    GemmConfig(256, 128, 128, 8, 3),
-    GemmConfig(128, 128, 128, 8, 3, persistent=True),
-    GemmConfig(128, 256, 128, 8, 3, persistent=True),
-    GemmConfig(128, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 3, epilogue_split=2),
+    GemmConfig(128, 256, 128, 8, 3, group_m=16, epilogue_split=2),
+    GemmConfig(128, 256, 64, 8, 4, epilogue_split=2),
+    GemmConfig(256, 128, 128, 8, 3, epilogue_split=2),
+    GemmConfig(64, 128, 128, 4, 4, persistent=True),
+    GemmConfig(128, 128, 128, 8, 4, persistent=True),
     GemmConfig(64, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 4, persistent=True, epilogue_split=2),
+    GemmConfig(256, 128, 128, 8, 3, persistent=True, epilogue_split=2),
 ]
 SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
 DECODE_MAX_M = 64
