@@ -44,6 +44,10 @@ class GemmConfig:
     # residual of only half the tile are live next to the int32 accumulator (a 128x256 tile
     # with 8 warps spills otherwise). Elementwise, so the bits cannot change.
     epilogue_split: int = 1
+    # persistent only: Triton's automatic warp specialization of the tile loop (a producer warp
+    # issues the TMA loads, the other warps run the MMAs and the epilogue, which then overlaps
+    # the next tile's loads)
+    warp_specialize: bool = False
 
     def __str__(self) -> str:
         """Short and stable: the benchmark's JSON keys and the notes use it."""
@@ -56,6 +60,8 @@ class GemmConfig:
             s += "/tma"
         if self.epilogue_split > 1:
             s += f"/e{self.epilogue_split}"
+        if self.warp_specialize:
+            s += "/ws"
         return s
 
 
@@ -240,7 +246,7 @@ def _int8_gemm_tma_kernel(
     M, N, K, num_programs, stride_rm, stride_rn, stride_ym, stride_yn,
     HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI: tl.constexpr, ON_GPU: tl.constexpr,
+    EPI: tl.constexpr, WS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Persistent: program p computes tiles p, p + num_programs, ... in the grouped order of
     `_int8_gemm_kernel`; operand tiles come by TMA (tensor descriptors), whose reads past an
@@ -248,7 +254,7 @@ def _int8_gemm_tma_kernel(
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     width = GROUP_M * num_n
-    for tile in tl.range(tl.program_id(0), num_m * num_n, num_programs):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, num_programs, warp_specialize=WS):
         first_m = (tile // width) * GROUP_M
         group_size = tl.minimum(num_m - first_m, GROUP_M)
         pid_m = first_m + (tile % width) % group_size
@@ -551,7 +557,8 @@ def int8_gemm(
             a_scale, w_scale, res, y, m, n, k, programs,
             res.stride(0), res.stride(1), y.stride(0), y.stride(1),
             HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
-            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, EPI=cfg.epilogue_split,
+            BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+            EPI=cfg.epilogue_split, WS=cfg.warp_specialize,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
         )  # fmt: skip
         return y

@@ -70,6 +70,15 @@ PREFILL_CANDIDATES = [
     GemmConfig(128, 256, 128, 8, 4, persistent=True),
     GemmConfig(128, 256, 128, 8, 4, persistent=True, epilogue_split=2),
     GemmConfig(256, 128, 128, 8, 3, persistent=True, epilogue_split=2),
+    # two programs per SM (<= 114 KB shared, <= 255 registers x 128 threads): one's epilogue
+    # overlaps the other's main loop
+    GemmConfig(128, 128, 64, 4, 4, epilogue_split=2),
+    GemmConfig(128, 128, 128, 4, 3, epilogue_split=2),
+    # warp-specialized persistent (a TMA producer warp group, two MMA/epilogue groups: 12 warps
+    # compiled from num_warps=4; with 8, or with a split epilogue, Triton 3.6 does not specialize)
+    GemmConfig(128, 128, 128, 4, 3, persistent=True, warp_specialize=True),
+    GemmConfig(128, 128, 128, 4, 4, persistent=True, warp_specialize=True),
+    GemmConfig(128, 128, 64, 4, 5, persistent=True, warp_specialize=True),
 ]
 SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
 DECODE_MAX_M = 64

@@ -20,7 +20,9 @@ import json
 import re
 import sys
 
-_CFG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/g(\d+))?(?:/split(\d+)(\+pass)?)?(/tma)?(?:/e(\d+))?$")
+_CFG = re.compile(
+    r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/g(\d+))?(?:/split(\d+)(\+pass)?)?(/tma)?(?:/e(\d+))?(/ws)?$"
+)
 
 
 def config_source(name: str) -> str:
@@ -28,7 +30,7 @@ def config_source(name: str) -> str:
     m = _CFG.match(name)
     if m is None:
         raise ValueError(f"not a GemmConfig string: {name!r}")
-    bm, bn, bk, w, s, g, split, unfused, tma, epi = m.groups()
+    bm, bn, bk, w, s, g, split, unfused, tma, epi, ws = m.groups()
     args = [bm, bn, bk, w, s]
     if g:
         args.append(f"group_m={g}")
@@ -40,6 +42,8 @@ def config_source(name: str) -> str:
         args.append("persistent=True")
     if epi:
         args.append(f"epilogue_split={epi}")
+    if ws:
+        args.append("warp_specialize=True")
     return f"GemmConfig({', '.join(args)})"
 
 
