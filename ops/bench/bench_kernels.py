@@ -156,9 +156,13 @@ def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     ]  # fmt: skip
 
 
-def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -> dict:
+def gemm_sweep(
+    models: list[str], ms: list[int], budget_s: float, sweep: bool, partial_out: str | None = None
+) -> dict:
     """Time every candidate config at every (model linear, M); check each one's bits against
-    the torch reference; propose the table. Candidates after `budget_s` are skipped (listed)."""
+    the torch reference; propose the table. Candidates after `budget_s` are skipped (listed).
+    A candidate that fails to compile or run is recorded (`failed`) and the sweep goes on;
+    `partial_out` gets the rows so far after each linear (a sweep cut short keeps its data)."""
     import time
 
     t_start = time.perf_counter()
@@ -166,6 +170,7 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
     rows: list[dict] = []
     skipped = 0
     mismatches: list[str] = []
+    failed: list[str] = []
     for model in models:
         for name, n, k, uses in model_linears(model):
             w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEVICE, generator=gen)
@@ -189,8 +194,15 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
                         if time.perf_counter() - t_start > budget_s:
                             skipped += 1
                             continue
-                        exact = torch.equal(int8_gemm(a, w, a_s, ws, r, config=cfg), ref)
-                        t = bench_stream(lambda w, cfg=cfg: int8_gemm(a, w, a_s, ws, r, config=cfg), copies)
+                        try:
+                            exact = torch.equal(int8_gemm(a, w, a_s, ws, r, config=cfg), ref)
+                            t = bench_stream(
+                                lambda w, cfg=cfg: int8_gemm(a, w, a_s, ws, r, config=cfg), copies
+                            )
+                        except Exception as e:  # noqa: BLE001 - one candidate's failure is data
+                            failed.append(f"{model} {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                            torch.cuda.synchronize()
+                            continue
                         if not exact:
                             mismatches.append(f"{model} {name} M={m} {cfg}")
                         cands[str(cfg)] = dict(
@@ -217,8 +229,13 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
                     + (f"  _int_mm {t_intmm * 1e3:.1f} us" if t_intmm else ""),
                     flush=True,
                 )
+            if partial_out:
+                with open(partial_out, "w") as f:
+                    json.dump(
+                        dict(gemm=dict(rows=rows, proposal=propose(rows), partial=True, failed=failed)), f
+                    )
     out = dict(rows=rows, proposal=propose(rows), skipped_candidates=skipped, mismatches=mismatches,
-               sweep_s=time.perf_counter() - t_start)  # fmt: skip
+               failed=failed, sweep_s=time.perf_counter() - t_start)  # fmt: skip
     print_summary(out)
     return out
 
@@ -257,6 +274,8 @@ def print_summary(out: dict) -> None:
         print(f"  M={m:5d}  {c}")
     print(f"# sweep {out['sweep_s']:.0f} s, {out['skipped_candidates']} candidates skipped (budget),"
           f" {len(out['mismatches'])} bit mismatches: {out['mismatches'][:5]}")  # fmt: skip
+    failed = out.get("failed", [])
+    print(f"# {len(failed)} candidate runs failed" + "".join(f"\n  {f}" for f in failed[:8]))
 
 
 def deltanet_rows(sweep: bool) -> list[dict]:
@@ -379,7 +398,11 @@ def main() -> int:
     )
     rows = [] if args.gemm_only else quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep)
     gemm = gemm_sweep(
-        args.models.split(","), [int(x) for x in args.m.split(",")], args.budget_s, not args.quick
+        args.models.split(","),
+        [int(x) for x in args.m.split(",")],
+        args.budget_s,
+        not args.quick,
+        partial_out=args.out + ".partial" if args.out else None,
     )
     if args.out:
         with open(args.out, "w") as f:
