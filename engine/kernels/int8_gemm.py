@@ -40,6 +40,14 @@ class GemmConfig:
     # slices and writes y, all in one launch; False: a second launch does it.
     split_fused: bool = True
     persistent: bool = False  # one program per SM walking tiles, operands by TMA (sm_90+)
+    # 2: the epilogue runs on the tile's two column halves in turn, so the fp32 result and the
+    # residual of only half the tile are live next to the int32 accumulator (a 128x256 tile
+    # with 8 warps spills otherwise). Elementwise, so the bits cannot change.
+    epilogue_split: int = 1
+    # persistent only: Triton's automatic warp specialization of the tile loop (a producer warp
+    # issues the TMA loads, the other warps run the MMAs and the epilogue, which then overlaps
+    # the next tile's loads)
+    warp_specialize: bool = False
 
     def __str__(self) -> str:
         """Short and stable: the benchmark's JSON keys and the notes use it."""
@@ -50,25 +58,132 @@ class GemmConfig:
             s += f"/split{self.split_k}" + ("" if self.split_fused else "+pass")
         if self.persistent:
             s += "/tma"
+        if self.epilogue_split > 1:
+            s += f"/e{self.epilogue_split}"
+        if self.warp_specialize:
+            s += "/ws"
         return s
 
 
 # Decode (M <= 64) streams the weight: at M = 1 a 64x128 tile gives N / 128 programs (40 for
 # N = 5,120), far too few to keep 132 SMs' loads in flight; narrow N tiles, long K steps and
 # split K give thousands. (largest M, config): fixed, so a given M always runs the same
-# program; any entry gives identical bits (exact int32, one epilogue). Set from the sweep in
-# ops/bench/bench_kernels.py (see ops/bench/NOTES-kernels.md).
+# program; any entry gives identical bits (exact int32, one epilogue). Set from the H200 sweep
+# at tree 7546c16 (ops/bench/bench_kernels.py --gemm-only, then ops/bench/gemm_table.py
+# --margin 0.05; RESULTS.md, NOTES-kernels.md): per M the config with the least step-weighted
+# time over the 27B and 4B linears.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
-    (16, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
-    (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
-    (512, GemmConfig(64, 128, 128, 4, 4)),
-    (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+    (4, GemmConfig(16, 128, 256, 4, 4)),
+    (16, GemmConfig(16, 64, 256, 4, 4)),
+    (1024, GemmConfig(64, 128, 128, 4, 4)),
+    (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
 )
 
 # Per weight shape (N, K), a table like CONFIG_TABLE that overrides it where the sweep found a
-# better fixed config for that shape. Keyed by the weight alone, so a row's program still
-# depends on M's bucket and the layer, never on which other rows share the call.
-SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {}
+# better fixed config for that shape (by more than 5% at a swept M). Keyed by the weight alone,
+# so a row's program still depends on M's bucket and the layer, never on which other rows
+# share the call. 27B: (10240, 5120) GDN qkv, (6144, 5120) GDN z, (5120, 6144) GDN/attention
+# out, (12288, 5120) attention q+gate, (1024, 5120) k/v, (17408, 5120) MLP gate/up, (5120,
+# 17408) MLP down; 4B: K = 2560 / 4096 / 9216 rows alike.
+SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
+    (10240, 5120): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 4)),
+        (384, GemmConfig(128, 128, 128, 8, 3)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (6144, 5120): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (256, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (5120, 6144): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (1024, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (12288, 5120): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 4)),
+        (256, GemmConfig(128, 128, 128, 8, 3)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (1024, 5120): (
+        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
+        (64, GemmConfig(16, 32, 512, 4, 4)),
+        (2048, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+    ),
+    (17408, 5120): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (256, GemmConfig(64, 128, 128, 4, 4)),
+        (384, GemmConfig(128, 128, 128, 8, 3)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (5120, 17408): (
+        (1, GemmConfig(16, 128, 256, 4, 4, split_k=4)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=4)),
+        (1024, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (8192, 2560): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (256, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (4096, 2560): (
+        (1, GemmConfig(16, 32, 512, 4, 4)),
+        (4, GemmConfig(16, 64, 256, 4, 4)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(16, 128, 256, 4, 4)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+    ),
+    (2560, 4096): (
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (2048, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (1024, 2560): (
+        (64, GemmConfig(16, 32, 512, 4, 4)),
+        (2048, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+    ),
+    (9216, 2560): (
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 4)),
+        (384, GemmConfig(128, 128, 128, 8, 3)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (2048, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+    (2560, 9216): (
+        (4, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (2048, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    ),
+}
 
 
 def config_for(m: int, n: int | None = None, k: int | None = None) -> GemmConfig:
@@ -86,7 +201,7 @@ def _int8_gemm_kernel(
     stride_am, stride_ak, stride_wn, stride_wk, stride_rm, stride_rn, stride_ym, stride_yn,
     HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    EPI: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -120,9 +235,9 @@ def _int8_gemm_kernel(
         a_ptrs += BK * stride_ak
         w_ptrs += BK * stride_wk
 
-    _epilogue(
-        acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
-        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+    _epilogue_tile(
+        acc, offs_m, pid_n * BN, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, BM, BN, EPI, ON_GPU,
     )  # fmt: skip
 
 
@@ -131,7 +246,7 @@ def _int8_gemm_tma_kernel(
     M, N, K, num_programs, stride_rm, stride_rn, stride_ym, stride_yn,
     HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    EPI: tl.constexpr, WS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Persistent: program p computes tiles p, p + num_programs, ... in the grouped order of
     `_int8_gemm_kernel`; operand tiles come by TMA (tensor descriptors), whose reads past an
@@ -139,7 +254,7 @@ def _int8_gemm_tma_kernel(
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     width = GROUP_M * num_n
-    for tile in tl.range(tl.program_id(0), num_m * num_n, num_programs):
+    for tile in tl.range(tl.program_id(0), num_m * num_n, num_programs, warp_specialize=WS):
         first_m = (tile // width) * GROUP_M
         group_size = tl.minimum(num_m - first_m, GROUP_M)
         pid_m = first_m + (tile % width) % group_size
@@ -150,9 +265,33 @@ def _int8_gemm_tma_kernel(
             w = w_desc.load([pid_n * BN, kb * BK])
             acc = tl.dot(a, w.T, acc, out_dtype=tl.int32)
         offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
+        _epilogue_tile(
+            acc, offs_m, pid_n * BN, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+            stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, BM, BN, EPI, ON_GPU,
+        )  # fmt: skip
+
+
+def _epilogue_tile(
+    acc, offs_m, n0, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    EPI: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of a [BM, BN] tile whose columns start at n0: whole (EPI 1) or as two
+    [BM, BN / 2] halves in turn (EPI 2; `GemmConfig.epilogue_split`)."""
+    if EPI == 2:
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
         _epilogue(
-            acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+            left, offs_m, n0 + tl.arange(0, BN // 2), M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+            stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+        )  # fmt: skip
+        _epilogue(
+            right, offs_m, n0 + BN // 2 + tl.arange(0, BN // 2), M, N, a_scale_ptr, w_scale_ptr, res_ptr,
+            y_ptr, stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+        )  # fmt: skip
+    else:
+        _epilogue(
+            acc, offs_m, n0 + tl.arange(0, BN), M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
             stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
         )  # fmt: skip
 
@@ -261,6 +400,7 @@ def _int32_epilogue_kernel(
 
 
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
+_epilogue_tile = helper(_epilogue_tile)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
 _tma_kernel = kernel(_int8_gemm_tma_kernel)
 _split = kernel(_int8_split_kernel)
@@ -418,6 +558,7 @@ def int8_gemm(
             res.stride(0), res.stride(1), y.stride(0), y.stride(1),
             HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
             BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+            EPI=cfg.epilogue_split, WS=cfg.warp_specialize,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
         )  # fmt: skip
         return y
@@ -428,7 +569,7 @@ def int8_gemm(
         a.stride(0), a.stride(1), w.stride(0), w.stride(1),
         res.stride(0), res.stride(1), y.stride(0), y.stride(1),
         HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16, EVEN_K=k % cfg.block_k == 0,
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m,
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, EPI=cfg.epilogue_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
     )  # fmt: skip
     return y

@@ -30,38 +30,51 @@ from engine.kernels.quant import (
     rms_norm_quantize_reference,
 )
 
-# Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K.
+# Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K. The
+# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles and split tiles of 128.
 DECODE_CANDIDATES = [
-    GemmConfig(64, 128, 128, 4, 4),  # the prefill tile decode used before the sweep
+    GemmConfig(64, 128, 128, 4, 4),  # the prefill tile; best at M = 64 for wide N
     GemmConfig(16, 64, 256, 4, 4),
     GemmConfig(16, 32, 512, 4, 4),
     GemmConfig(16, 128, 256, 4, 4),
+    GemmConfig(16, 128, 512, 4, 3),
+    GemmConfig(16, 256, 128, 4, 4),
+    GemmConfig(16, 256, 256, 8, 3),
     GemmConfig(16, 64, 256, 4, 4, split_k=2),
     GemmConfig(16, 64, 256, 4, 4, split_k=4),
-    GemmConfig(16, 64, 256, 4, 4, split_k=8),
     GemmConfig(16, 128, 256, 4, 4, split_k=4),
-    GemmConfig(16, 32, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
-    GemmConfig(32, 64, 256, 4, 4, split_k=4),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
     GemmConfig(64, 64, 256, 4, 4, split_k=4),
-    GemmConfig(64, 128, 128, 4, 4, split_k=4),
 ]
-# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA.
+# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA. 128x256 and
+# 256x128 tiles with 8 warps spill (248-376 B) unless the epilogue runs on half tiles (/e2:
+# 0 B, ops/bench/kernel_resources.py-style sm_90 compile); the first sweep's losers are gone.
 PREFILL_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),
     GemmConfig(128, 128, 128, 8, 3),
-    GemmConfig(128, 128, 128, 4, 4),
-    GemmConfig(128, 256, 128, 8, 3),
-    GemmConfig(128, 256, 128, 8, 3, group_m=16),
+    GemmConfig(128, 128, 128, 8, 4),
     GemmConfig(64, 256, 128, 8, 4),
-    GemmConfig(128, 256, 64, 8, 4),
-    GemmConfig(256, 128, 128, 8, 3),
-    GemmConfig(128, 128, 128, 8, 3, persistent=True),
-    GemmConfig(128, 256, 128, 8, 3, persistent=True),
-    GemmConfig(128, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 3, epilogue_split=2),
+    GemmConfig(128, 256, 128, 8, 3, group_m=16, epilogue_split=2),
+    GemmConfig(128, 256, 64, 8, 4, epilogue_split=2),
+    GemmConfig(256, 128, 128, 8, 3, epilogue_split=2),
+    GemmConfig(64, 128, 128, 4, 4, persistent=True),
+    GemmConfig(128, 128, 128, 8, 4, persistent=True),
     GemmConfig(64, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 4, persistent=True),
+    GemmConfig(128, 256, 128, 8, 4, persistent=True, epilogue_split=2),
+    GemmConfig(256, 128, 128, 8, 3, persistent=True, epilogue_split=2),
+    # two programs per SM (<= 114 KB shared, <= 255 registers x 128 threads): one's epilogue
+    # overlaps the other's main loop
+    GemmConfig(128, 128, 64, 4, 4, epilogue_split=2),
+    GemmConfig(128, 128, 128, 4, 3, epilogue_split=2),
+    # warp-specialized persistent (a TMA producer warp group, two MMA/epilogue groups: 12 warps
+    # compiled from num_warps=4; with 8, or with a split epilogue, Triton 3.6 does not specialize)
+    GemmConfig(128, 128, 128, 4, 3, persistent=True, warp_specialize=True),
+    GemmConfig(128, 128, 128, 4, 4, persistent=True, warp_specialize=True),
+    GemmConfig(128, 128, 64, 4, 5, persistent=True, warp_specialize=True),
 ]
 SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
 DECODE_MAX_M = 64
@@ -139,9 +152,13 @@ def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     ]  # fmt: skip
 
 
-def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -> dict:
+def gemm_sweep(
+    models: list[str], ms: list[int], budget_s: float, sweep: bool, partial_out: str | None = None
+) -> dict:
     """Time every candidate config at every (model linear, M); check each one's bits against
-    the torch reference; propose the table. Candidates after `budget_s` are skipped (listed)."""
+    the torch reference; propose the table. Candidates after `budget_s` are skipped (listed).
+    A candidate that fails to compile or run is recorded (`failed`) and the sweep goes on;
+    `partial_out` gets the rows so far after each linear (a sweep cut short keeps its data)."""
     import time
 
     t_start = time.perf_counter()
@@ -149,6 +166,7 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
     rows: list[dict] = []
     skipped = 0
     mismatches: list[str] = []
+    failed: list[str] = []
     for model in models:
         for name, n, k, uses in model_linears(model):
             w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEVICE, generator=gen)
@@ -172,8 +190,15 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
                         if time.perf_counter() - t_start > budget_s:
                             skipped += 1
                             continue
-                        exact = torch.equal(int8_gemm(a, w, a_s, ws, r, config=cfg), ref)
-                        t = bench_stream(lambda w, cfg=cfg: int8_gemm(a, w, a_s, ws, r, config=cfg), copies)
+                        try:
+                            exact = torch.equal(int8_gemm(a, w, a_s, ws, r, config=cfg), ref)
+                            t = bench_stream(
+                                lambda w, cfg=cfg: int8_gemm(a, w, a_s, ws, r, config=cfg), copies
+                            )
+                        except Exception as e:  # noqa: BLE001 - one candidate's failure is data
+                            failed.append(f"{model} {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                            torch.cuda.synchronize()
+                            continue
                         if not exact:
                             mismatches.append(f"{model} {name} M={m} {cfg}")
                         cands[str(cfg)] = dict(
@@ -200,8 +225,13 @@ def gemm_sweep(models: list[str], ms: list[int], budget_s: float, sweep: bool) -
                     + (f"  _int_mm {t_intmm * 1e3:.1f} us" if t_intmm else ""),
                     flush=True,
                 )
+            if partial_out:
+                with open(partial_out, "w") as f:
+                    json.dump(
+                        dict(gemm=dict(rows=rows, proposal=propose(rows), partial=True, failed=failed)), f
+                    )
     out = dict(rows=rows, proposal=propose(rows), skipped_candidates=skipped, mismatches=mismatches,
-               sweep_s=time.perf_counter() - t_start)  # fmt: skip
+               failed=failed, sweep_s=time.perf_counter() - t_start)  # fmt: skip
     print_summary(out)
     return out
 
@@ -240,6 +270,8 @@ def print_summary(out: dict) -> None:
         print(f"  M={m:5d}  {c}")
     print(f"# sweep {out['sweep_s']:.0f} s, {out['skipped_candidates']} candidates skipped (budget),"
           f" {len(out['mismatches'])} bit mismatches: {out['mismatches'][:5]}")  # fmt: skip
+    failed = out.get("failed", [])
+    print(f"# {len(failed)} candidate runs failed" + "".join(f"\n  {f}" for f in failed[:8]))
 
 
 def quant_rows() -> list[dict]:
@@ -295,7 +327,11 @@ def main() -> int:
     )
     rows = [] if args.gemm_only else quant_rows()
     gemm = gemm_sweep(
-        args.models.split(","), [int(x) for x in args.m.split(",")], args.budget_s, not args.quick
+        args.models.split(","),
+        [int(x) for x in args.m.split(",")],
+        args.budget_s,
+        not args.quick,
+        partial_out=args.out + ".partial" if args.out else None,
     )
     if args.out:
         with open(args.out, "w") as f:

@@ -14,6 +14,8 @@ if [ "$STAGE" != bench ]; then
         -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_gemm.log" | tail -3
 fi
 if [ "$STAGE" != tests ]; then
-    python3 ops/bench/bench_kernels.py --gemm-only --out "$OUT/gemm_sweep.json" ${SWEEP_ARGS:-} 2>&1 \
+    # the sweep rewrites $OUT/gemm_sweep.json.partial after each linear: a cut-short run keeps its rows
+    timeout "${SWEEP_TIMEOUT:-420}" python3 ops/bench/bench_kernels.py --gemm-only --out "$OUT/gemm_sweep.json" \
+        ${SWEEP_ARGS:-} 2>&1 \
         | tee "$OUT/gemm_sweep.log" | grep -v '^\s*$' | tail -40
 fi

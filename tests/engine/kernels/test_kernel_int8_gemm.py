@@ -50,6 +50,10 @@ def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
         # persistent TMA: 30 tiles over the programs, edges in M, N and K read as zeros
         (37, 208, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),
         (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True)),  # rows not 16-byte: fallback
+        # the epilogue on two column halves: edge columns in either half, with and without TMA
+        (37, 200, 300, GemmConfig(16, 64, 32, 4, 2, epilogue_split=2)),
+        (37, 208, 300, GemmConfig(16, 64, 32, 4, 2, persistent=True, epilogue_split=2)),
+        (37, 208, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True, warp_specialize=True)),
     ],
 )
 @pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
@@ -96,6 +100,11 @@ def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) ->
     ]
     configs += [c for table in SHAPE_TABLE.values() for _, c in table]
     configs += [GemmConfig(16, 32, 32, 4, 2, persistent=True), GemmConfig(32, 64, 64, 4, 2, persistent=True)]
+    configs += [
+        GemmConfig(16, 64, 32, 4, 2, epilogue_split=2),
+        GemmConfig(32, 64, 64, 4, 2, persistent=True, epilogue_split=2),
+        GemmConfig(32, 64, 64, 4, 2, persistent=True, warp_specialize=True),
+    ]
     outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
