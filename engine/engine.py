@@ -42,7 +42,7 @@ from engine.prompt import (
 )
 from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
 from engine.reference import forward
-from engine.sampling import sample_token, sample_tokens, thought_key, uniform
+from engine.sampling import sample_tokens, thought_key, uniform
 from engine.tokenizer import Tokenizer, TokenizerError
 from engine.tp import (
     Followers,
@@ -629,9 +629,10 @@ class Engine:
                     feeds.append((q, closing, True, state))
                     continue
                 u = uniform(self._thought_key(q), len(q.thought_ids))
-                token = sample_token(
-                    logits,
-                    u,
+                # the batched sampler on one row: sample_token's token, without sorting the vocabulary
+                (token,) = sample_tokens(
+                    logits[None],
+                    [u],
                     temperature=dc.thought_temperature,
                     top_p=dc.thought_top_p,
                     top_k=dc.thought_top_k,
