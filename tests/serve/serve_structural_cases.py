@@ -2,7 +2,8 @@
 alerts, security, billing, logistics), all three question types, option descriptions that show the
 name alone (equal to it but for case, spaces, `_` and `-`) and others that do not, and a choice of 30
 services (more than 26 options: answered in rounds). Few questions per case, so a run with AutoThink
-on stays cheap."""
+on stays cheap. JevBench's noul_as_choice draws the choice's option order from the case id and the
+question key: three of the five nouls get yes first (the same prompt as the noul), two no first."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CASES: list[dict] = [
         "id": "alert-latency",  # first: the default (quick) run takes the first two cases
         "state": "Alert: checkout p99 latency 2.4 s for 15 minutes in eu-west-1; payments error rate 4%.",
         "questions": {
-            "page_now": {"type": "noul", "instructions": "Should the on-call engineer be paged now?"},
+            "paging": {"type": "noul", "instructions": "Should the on-call engineer be paged now?"},
             "service": {
                 "type": "choice",
                 "instructions": "Which service is the cause?",
@@ -44,7 +45,7 @@ CASES: list[dict] = [
             "body": "I was charged twice for March. Refund one by Friday.",
         },
         "questions": {
-            "refund": {"type": "noul", "instructions": "Is the customer asking for a refund?"},
+            "wants_refund": {"type": "noul", "instructions": "Is the customer asking for a refund?"},
             "team": {
                 "type": "choice",
                 "instructions": "Which team should handle this?",
