@@ -183,6 +183,13 @@ def _summary(structural: list[dict], outcomes: list[dict]) -> None:
     kept = {id(o) for o in structural}
     for name in RELATIONS:
         mine = [o for o in outcomes if o["relation"] == name]
+        if name == "routing_stability":
+            flips = [o["detail"]["flips"] for o in mine]
+            same = sum(bool(f.get("neutral_key") or f.get("solo")) for f in flips)
+            other = sum(bool(f.get("reversed_options")) for f in flips)
+            print(f"  {name:26} {len(mine):3} trials, {same} flipped by a neutral key or a solo ask; "
+                  f"{other} by reversed options (another prompt)")  # fmt: skip
+            continue
         held = [o for o in mine if id(o) in kept]
         worst = max((o["deviation"] for o in held), default=0.0)
         other = f"; {len(mine) - len(held)} not structural" if len(mine) > len(held) else ""
