@@ -42,7 +42,7 @@ from engine.prompt import (
 )
 from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
 from engine.reference import forward
-from engine.sampling import sample_token, sample_tokens, uniform
+from engine.sampling import sample_tokens, thought_key, uniform
 from engine.tokenizer import Tokenizer, TokenizerError
 from engine.tp import (
     Followers,
@@ -71,7 +71,9 @@ Mode = Literal["forest", "per_question"]
 # Records name it; a replay under another version notes the change. 0.2.0: a CUDA read-out's
 # coverage is summed on the device in fixed-order chunks (engine.kernels.vocab_mass), which
 # moves its last bits; RoPE angles come from a per-position table (engine.rope). 0.3.0: CUDA int8
-# runs the one-pass body by default, and the coverage sums are exact integer-limb sums.
+# runs the one-pass body by default, and the coverage sums are exact integer-limb sums; thought
+# draws are keyed by content (seed, evidence digest, question tokens), not by event id and
+# question key (engine.sampling.thought_key): every thought, and so its second read-out, moves.
 ENGINE_VERSION = "0.3.0"
 # StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
 MAX_REQUEST_TOKENS = 40_000
@@ -135,12 +137,14 @@ class _Question:
     state_text: str
     rounds: ChoiceRounds
     budget: int
+    evidence_digest: str = ""  # the exact prefix this question hangs from (part of its thought key)
     first: Readout | None = None
     prompt_tokens: int = 0  # tokens of every read-out prompt, as if each ran on its own
     # AutoThink
     thinking: bool = False
     thought_ids: list[int] = field(default_factory=list)
     thought_truncated: bool = False
+    thought_key: bytes | None = None  # memo of Engine._thought_key
     second: Readout | None = None
     token_memo: dict[tuple[tuple[int, ...], bool], list[int]] = field(default_factory=dict)
 
@@ -414,6 +418,9 @@ class Engine:
         # Exact-prefix cache: a hit starts the questions from the kept evidence state. Keys
         # are pinned for the whole call, so nothing this batch reads is evicted under it.
         keys = [prefix_key(self.prompts.prefix_ids + ids) for ids in evidence_ids]
+        for qs, key in zip(batch, keys, strict=True):
+            for q in qs:
+                q.evidence_digest = key
         evidence_states: list[SegmentState | None] = [None] * len(live)
         if mode == "forest":
             for i, key in enumerate(keys):
@@ -479,6 +486,16 @@ class Engine:
             parts = render_parts_for_state_text(q.state_text, q.question, option_ids)
             q.token_memo[key] = self.prompts.question_ids(parts.question_text, think=think)
         return q.token_memo[key]
+
+    def _thought_key(self, q: _Question) -> bytes:
+        """The counter key of `q`'s thought: the record seed, the evidence digest and the tokens of
+        the think prompt (all options, `<think>\\n` at the end). The question's key and the event
+        id are not in it: the same question about the same evidence under the same seed thinks the
+        same thought, whatever it is called and however often it is asked."""
+        if q.thought_key is None:
+            tokens = self._question_tokens(q, list(range(len(q.option_ids))), True)
+            q.thought_key = thought_key(q.seed, q.evidence_digest, tokens)
+        return q.thought_key
 
     def _run_forest(self, forest: Forest) -> ForestOutput:
         if self.body is not None:
@@ -578,11 +595,12 @@ class Engine:
         """Seeded thought decoding for every thinking question at once, then the second read-out.
 
         The thought starts from a read of the question with `<think>\\n`; every draw is keyed
-        by (seed, event, question, step). At the budget, or when `</think>` is drawn, the
-        closing tokens are fed and the letters read after them. On CUDA int8 the steps run in
-        `engine.decoder` (graph-captured; eager under tensor parallelism); elsewhere each step
-        is a forest of one-token segments, one per active question, hanging from its own
-        question's state.
+        by what the model sees (seed, evidence digest, the question's think-prompt tokens) and
+        the step, never by the question's key (see `_thought_key`). At the budget, or when
+        `</think>` is drawn, the closing tokens are fed and the letters read after them. On
+        CUDA int8 the steps run in `engine.decoder` (graph-captured; eager under tensor
+        parallelism); elsewhere each step is a forest of one-token segments, one per active
+        question, hanging from its own question's state.
         """
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
         outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
@@ -622,10 +640,11 @@ class Engine:
                     q.thought_truncated = True
                     feeds.append((q, closing, True, state))
                     continue
-                u = uniform(q.seed, q.event_id, q.qid, len(q.thought_ids))
-                token = sample_token(
-                    logits,
-                    u,
+                u = uniform(self._thought_key(q), len(q.thought_ids))
+                # the batched sampler on one row: sample_token's token, without sorting the vocabulary
+                (token,) = sample_tokens(
+                    logits[None],
+                    [u],
                     temperature=dc.thought_temperature,
                     top_p=dc.thought_top_p,
                     top_k=dc.thought_top_k,
@@ -690,7 +709,7 @@ class Engine:
                 elif t.closed is None:
                     drawing.append(t)
             if drawing:
-                us = [uniform(t.q.seed, t.q.event_id, t.q.qid, len(t.q.thought_ids)) for t in drawing]
+                us = [uniform(self._thought_key(t.q), len(t.q.thought_ids)) for t in drawing]
                 assert all(t.logits is not None for t in drawing)
                 tokens = sample_tokens(
                     torch.stack([t.logits for t in drawing]),  # type: ignore[misc]

@@ -1,8 +1,13 @@
 """Seeded, counter-based sampling for AutoThink thoughts.
 
-Every draw is a pure function of (record seed, event id, question id, step) and the logits:
-the uniform number comes from a hash of that tuple, never from a shared random stream, so a
-question's thought does not depend on what else was in the batch or in which order it ran.
+Every draw is a pure function of (thought key, step) and the logits, where the thought key is
+a digest of what the model sees - the record seed, the evidence's digest (the exact token prefix
+the question hangs from) and the question's rendered prompt tokens - never of the question's key
+or the event id. The uniform number comes from a hash of (key, step), never from a shared random
+stream, so a question's thought does not depend on what else was in the batch, in which order it
+ran, whether its prefix came from the cache, or which name the client gave the question: renaming
+a key, or asking the same question twice, gives the same thought (JevBench key_rename and
+duplicate_question).
 Filtering (temperature, top-k, top-p) and the inverse-CDF draw run in float64 on the CPU with
 ties broken by token id, so the same logits always give the same token.
 """
@@ -16,11 +21,26 @@ from collections.abc import Sequence
 
 import torch
 
+THOUGHT_KEY_VERSION = b"prism-thought-v2"  # v1 hashed (seed, event id, question id, step)
 
-def uniform(seed: int, event_id: str, question_id: str, step: int) -> float:
-    """A uniform number in [0, 1) keyed by the counter tuple (53 random bits)."""
-    key = f"{seed}\x1f{event_id}\x1f{question_id}\x1f{step}".encode()
-    (bits,) = struct.unpack(">Q", hashlib.sha256(key).digest()[:8])
+
+def thought_key(seed: int, evidence_digest: str, question_tokens: Sequence[int]) -> bytes:
+    """The counter key of one question's thought: a SHA-256 of what the model sees.
+
+    `evidence_digest` names the exact prefix (system + evidence tokens, and images) the question
+    hangs from; `question_tokens` are the question segment's tokens as rendered for the thought.
+    Lengths are hashed before the variable parts, so no two different inputs share a byte string.
+    """
+    h = hashlib.sha256(THOUGHT_KEY_VERSION)
+    for part in (str(seed).encode(), evidence_digest.encode()):  # any int seed, any digest form
+        h.update(struct.pack(">I", len(part)) + part)
+    h.update(struct.pack(f">I{len(question_tokens)}I", len(question_tokens), *question_tokens))
+    return h.digest()
+
+
+def uniform(key: bytes, step: int) -> float:
+    """A uniform number in [0, 1) for draw `step` of the thought `key` (53 random bits)."""
+    (bits,) = struct.unpack(">Q", hashlib.sha256(key + struct.pack(">Q", step)).digest()[:8])
     return (bits >> 11) * 2.0**-53
 
 

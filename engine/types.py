@@ -14,7 +14,7 @@ from schemas.systemone import Answer, SystemOneRequest
 
 @dataclass(frozen=True)
 class DecideRequest:
-    request_id: str  # the event id: part of every question's sampling seed
+    request_id: str  # the event id (thought draws are keyed by content and `seed`, not by it)
     request: SystemOneRequest
     seed: int = 0
     gate: float | None = None  # event-level AutoThink gate; a question's own gate wins

@@ -61,6 +61,7 @@ log = structlog.get_logger(__name__)
 Position = tuple[str, int, int]  # input (topic, partition, offset)
 Status = Literal["identical", "different", "missing", "invalid", "rejected"]
 _ABSENT = object()
+VERSION_FIELDS = ("engine_version", "render_version")  # provenance fields a replay may differ in
 _IDLE_TIMEOUT_S = 30.0  # a partition that stops delivering below its end offset for this long
 
 
@@ -460,6 +461,21 @@ class EventOutcome:
     note: str = ""
     copies: int = 0  # record copies found on the decisions topic
     replayed: bytes | None = None
+    # (field, recorded, replayed) for each of VERSION_FIELDS the record names differently from
+    # this replay's engine: its differences are then expected and summarized, not listed
+    version_change: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def changed_answers(self) -> list[str]:
+        """The question ids whose answer differs (from the field paths `answers.<qid>...`)."""
+        qids = (d.path.split(".", 2)[1].split("[", 1)[0] for d in self.diffs if d.path.startswith("answers."))
+        return list(dict.fromkeys(qids))
+
+    @property
+    def only_versions_differ(self) -> bool:
+        """Every difference is a version field: the record reproduces but for the versions it names."""
+        names = {f"model.{f}" for f, _, _ in self.version_change}
+        return bool(self.diffs) and all(d.path in names for d in self.diffs)
 
 
 @dataclass
@@ -626,9 +642,19 @@ def replay_events(
                 notes.append(f"copy at decisions {c.where[0]}@{c.where[1]}")
                 diffs.extend(d)
         status = "different" if diffs else "identical"
-        outcomes.append(
-            EventOutcome(pos, eid, status, diffs, "; ".join(notes), copies=len(copies), replayed=again)
+        eng = engine_of.get(pos, default_engine)
+        recorded_model = copies[0].model or {}
+        changes = tuple(
+            (f, str(recorded_model.get(f)), str(getattr(eng, f)))
+            for f in VERSION_FIELDS
+            if eng is not None and recorded_model.get(f) != getattr(eng, f)
         )
+        outcomes.append(
+            EventOutcome(
+                pos, eid, status, diffs, "; ".join(notes), copies=len(copies), replayed=again,
+                version_change=changes,
+            )
+        )  # fmt: skip
     events = {pos: (ev, v) for pos, (ev, v) in decided.items() if isinstance(v, bytes)}
     return outcomes, events
 
@@ -734,8 +760,36 @@ async def replay(
 # ---- rendering and the CLI ---------------------------------------------------------------------------
 
 
-def render_report(report: ReplayReport, max_diffs: int = 50) -> str:
+def _version_summary(report: ReplayReport) -> list[str]:
+    """One block per version change: which records it covers and what they still reproduce.
+
+    A new engine or renderer version is allowed to move bits (each version's note in
+    engine/engine.py says what moved), so listing every moved float would bury the one fact that
+    matters: the records are from another version, and only that version can verify them.
+    """
+    groups: dict[tuple[tuple[str, str, str], ...], list[EventOutcome]] = defaultdict(list)
+    for o in report.outcomes:
+        if o.status == "different" and o.version_change:
+            groups[o.version_change].append(o)
     lines = []
+    for change, members in groups.items():
+        what = ", ".join(f"{f} {theirs!r} (this replay: {mine!r})" for f, theirs, mine in change)
+        same = sum(1 for o in members if o.only_versions_differ)
+        moved = [o for o in members if o.changed_answers]
+        lines.append(
+            f"VERSION CHANGE: {len(members)} of {report.checked} checked records were decided under {what}; "
+            "their differences are expected and not listed field by field (replay under the version "
+            "that made them to check them bit for bit)"
+        )
+        lines.append(
+            f"  {same} reproduce every field but the version; {len(members) - same - len(moved)} keep every "
+            f"answer but move read-out/thought bits; {len(moved)} change an answer"
+        )
+    return lines
+
+
+def render_report(report: ReplayReport, max_diffs: int = 50) -> str:
+    lines = _version_summary(report)
     shown = 0
     for o in report.outcomes:
         if o.status not in ("different", "missing"):
@@ -744,6 +798,10 @@ def render_report(report: ReplayReport, max_diffs: int = 50) -> str:
         lines.append(
             f"{o.status.upper()} {o.event_id or '?'} (input {where}){': ' + o.note if o.note else ''}"
         )
+        if o.status == "different" and o.version_change:
+            answers = ", ".join(o.changed_answers) or "none"
+            lines.append(f"  another version: {len(o.diffs)} field(s) differ; answers changed: {answers}")
+            continue
         for d in o.diffs:
             if shown >= max_diffs:
                 break
@@ -760,7 +818,13 @@ def render_report(report: ReplayReport, max_diffs: int = 50) -> str:
         f"(invalid or rejected) in {report.seconds:.1f} s"
         + (f"; {report.published} records published" if report.published else "")
     )
-    lines.append("RESULT: all identical" if report.ok else "RESULT: DIFFERENCES FOUND")
+    versioned = sum(1 for o in report.outcomes if o.status == "different" and o.version_change)
+    if report.ok:
+        lines.append("RESULT: all identical")
+    elif versioned and versioned == report.count("different") and not report.count("missing"):
+        lines.append("RESULT: DIFFERENCES FOUND, all in records of another engine/render version")
+    else:
+        lines.append("RESULT: DIFFERENCES FOUND")
     return "\n".join(lines) + "\n"
 
 

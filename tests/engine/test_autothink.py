@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.sampling import sample_token, uniform
+from engine.sampling import sample_token, thought_key, uniform
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 
@@ -90,10 +90,14 @@ def test_seed_changes_the_thought(engine: Engine) -> None:
 
 
 def test_uniform_is_a_pure_function_of_the_counter() -> None:
-    assert uniform(1, "e", "q", 0) == uniform(1, "e", "q", 0)
-    draws = {uniform(1, "e", "q", step) for step in range(1000)}
+    key = thought_key(1, "e" * 64, [5, 6, 7])
+    assert uniform(key, 0) == uniform(thought_key(1, "e" * 64, [5, 6, 7]), 0)
+    draws = {uniform(key, step) for step in range(1000)}
     assert len(draws) == 1000 and all(0.0 <= u < 1.0 for u in draws)
-    assert uniform(1, "e", "q", 0) != uniform(2, "e", "q", 0) != uniform(1, "f", "q", 0)
+    # every part of what the model sees, and the seed, moves the draws
+    others = [thought_key(2, "e" * 64, [5, 6, 7]), thought_key(1, "f" * 64, [5, 6, 7])]
+    others += [thought_key(1, "e" * 64, [5, 6]), thought_key(1, "e" * 64, [5, 7, 6])]
+    assert len({uniform(k, 0) for k in [key, *others]}) == 5
 
 
 def test_sampler_filters_and_inverse_cdf() -> None:

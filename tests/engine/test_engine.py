@@ -24,11 +24,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+from engine.cache import prefix_key
 from engine.decision_config import DecisionConfig, Temperatures
 from engine.engine import Engine
 from engine.gguf import GGUFError, open_gguf
+from engine.prompt import render_state
 from engine.reference import forward
-from engine.sampling import sample_token, uniform
+from engine.sampling import sample_token, thought_key, uniform
 from engine.types import DecideRequest
 from schemas.systemone import Answer, Question, SystemOneRequest, SystemOneResponse, Usage
 
@@ -335,10 +337,14 @@ def reference_thought(eng: Engine, req: DecideRequest, qid: str, q: Question, bu
     """Thought decoded the slow way: a full forward per step, the same keyed draws."""
     dc = eng.decision_config
     prompt = eng.prompts.render(req.request.state, q, think=True).token_ids
+    # the key: what the model sees - the evidence prefix's digest and the question's own tokens
+    prefix = eng.prompts.prefix_ids + eng.prompts.evidence_ids(render_state(req.request.state))
+    assert prompt[: len(prefix)] == prefix
+    key = thought_key(req.seed, prefix_key(prefix), prompt[len(prefix) :])
     thought: list[int] = []
     for step in range(budget):
         logits = last_logits(eng, prompt + thought)
-        u = uniform(req.seed, req.request_id, qid, step)
+        u = uniform(key, step)
         token = sample_token(
             logits, u, temperature=dc.thought_temperature, top_p=dc.thought_top_p, top_k=dc.thought_top_k
         )
