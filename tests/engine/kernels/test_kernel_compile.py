@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[3]
 def test_every_engine_kernel_compiles_for_hopper(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # really compile, never reuse
-    env["PYTHONPATH"] = str(REPO)
+    # the repo first, then whatever the caller put there (a GPU image carries packages on PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run(
         [sys.executable, "ops/bench/kernel_resources.py", "--shape", "tiny", "--shape", "27B"],
         cwd=REPO,
