@@ -35,7 +35,8 @@ from engine.kernels.quant import (
 from engine.reference import l2_normalize
 
 # Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K. The
-# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles and split tiles of 128.
+# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles, split tiles of 128 and
+# 64x64 split 4 (never within 2% of a shape's best).
 DECODE_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),  # the prefill tile; best at M = 64 for wide N
     GemmConfig(16, 64, 256, 4, 4),
@@ -50,22 +51,19 @@ DECODE_CANDIDATES = [
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
-    GemmConfig(64, 64, 256, 4, 4, split_k=4),
 ]
-# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA. 128x256 and
-# 256x128 tiles with 8 warps spill (248-376 B) unless the epilogue runs on half tiles (/e2:
-# 0 B, ops/bench/kernel_resources.py-style sm_90 compile); the first sweep's losers are gone.
+# Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
+# 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
+# only 790-920 TOP/s at M = 1,024 (40 column tiles: 3 waves of 2.4 on 132 SMs, and an epilogue
+# no main loop overlaps). 128x256 and 256x128 tiles with 8 warps spill (248-376 B) unless the
+# epilogue runs on half tiles (/e2: 0 B, sm_90 compile); never-winners of run 1 are gone.
 PREFILL_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),
     GemmConfig(128, 128, 128, 8, 3),
     GemmConfig(128, 128, 128, 8, 4),
-    GemmConfig(64, 256, 128, 8, 4),
     GemmConfig(128, 256, 128, 8, 3, epilogue_split=2),
-    GemmConfig(128, 256, 128, 8, 3, group_m=16, epilogue_split=2),
-    GemmConfig(128, 256, 64, 8, 4, epilogue_split=2),
     GemmConfig(256, 128, 128, 8, 3, epilogue_split=2),
     GemmConfig(64, 128, 128, 4, 4, persistent=True),
-    GemmConfig(128, 128, 128, 8, 4, persistent=True),
     GemmConfig(64, 256, 128, 8, 4, persistent=True),
     GemmConfig(128, 256, 128, 8, 4, persistent=True),
     GemmConfig(128, 256, 128, 8, 4, persistent=True, epilogue_split=2),
@@ -79,6 +77,9 @@ PREFILL_CANDIDATES = [
     GemmConfig(128, 128, 128, 4, 3, persistent=True, warp_specialize=True),
     GemmConfig(128, 128, 128, 4, 4, persistent=True, warp_specialize=True),
     GemmConfig(128, 128, 64, 4, 5, persistent=True, warp_specialize=True),
+    # split K for the waves: twice the tiles for N = 5,120 (exact int32 slices, one epilogue)
+    GemmConfig(64, 128, 128, 4, 4, split_k=2),
+    GemmConfig(128, 128, 128, 8, 3, split_k=2),
 ]
 SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
 DECODE_MAX_M = 64
