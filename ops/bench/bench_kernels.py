@@ -192,6 +192,8 @@ def gemm_sweep(
                 cands = {}
                 if sweep:
                     for cfg in DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES:
+                        if cfg.split_k > 1 and m > 2048:
+                            continue  # thousands of tiles already; the slices would cost > 1 GB
                         if time.perf_counter() - t_start > budget_s:
                             skipped += 1
                             continue
