@@ -128,6 +128,32 @@ def bench_stream(fn, weights: list[torch.Tensor], min_ms: float = 3.0) -> float:
     return ms
 
 
+def preflight(skip_ws: bool) -> int:
+    """Every sweep candidate once at a small shape (edges in M and N, a residual), bits against
+    the reference, one line each: run in its own process first (ops/device/gemm_check.sh), so a
+    candidate that hangs or faults costs this run, not the sweep."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    m, n, k = 320, 1024, 1024  # divisible as the sweep's shapes: the compiles are reused there
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEVICE, generator=gen)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEVICE, generator=gen)
+    a_s = torch.rand(m, device=DEVICE, generator=gen) * 0.05
+    w_s = torch.rand(n, device=DEVICE, generator=gen) * 0.01
+    r = torch.randn(m, n, device=DEVICE, generator=gen)
+    want = int8_gemm_reference(a, w, a_s, w_s, r)
+    bad = 0
+    for cfg in sweep_candidates(DECODE_CANDIDATES + PREFILL_CANDIDATES, skip_ws):
+        got = int8_gemm(a, w, a_s, w_s, r, config=cfg)
+        torch.cuda.synchronize()
+        ok = torch.equal(got, want)
+        bad += not ok
+        print(f"preflight {str(cfg):32s} {'bit-equal' if ok else 'MISMATCH'}", flush=True)
+    return 1 if bad else 0
+
+
+def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]:
+    return [c for c in cands if not (skip_ws and c.warp_specialize)]
+
+
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.int8_rows`
     callers: GDN in/z/out projections, attention q+gate/k/v/o, MLP gate/up/down, LM head).
@@ -158,7 +184,12 @@ def model_linears(model: str) -> list[tuple[str, int, int, int]]:
 
 
 def gemm_sweep(
-    models: list[str], ms: list[int], budget_s: float, sweep: bool, partial_out: str | None = None
+    models: list[str],
+    ms: list[int],
+    budget_s: float,
+    sweep: bool,
+    partial_out: str | None = None,
+    skip_ws: bool = False,
 ) -> dict:
     """Time every candidate config at every (model linear, M); check each one's bits against
     the torch reference; propose the table. Candidates after `budget_s` are skipped (listed).
@@ -191,7 +222,8 @@ def gemm_sweep(
                 t_intmm = bench_stream(lambda w: torch._int_mm(a, w.t()), copies) if m > 16 else None
                 cands = {}
                 if sweep:
-                    for cfg in DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES:
+                    cands_m = DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES
+                    for cfg in sweep_candidates(cands_m, skip_ws):
                         if cfg.split_k > 1 and m > 2048:
                             continue  # thousands of tiles already; the slices would cost > 1 GB
                         if time.perf_counter() - t_start > budget_s:
@@ -389,6 +421,10 @@ def main() -> int:
         "--budget-s", type=float, default=180.0, help="GEMM sweep: skip candidates after this"
     )
     parser.add_argument("--deltanet-sweep", action="store_true", help="also time other deltanet blockings")
+    parser.add_argument("--preflight", action="store_true", help="run each GEMM candidate once, then exit")
+    parser.add_argument(
+        "--skip-ws", action="store_true", help="GEMM sweep: leave out warp-specialized configs"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
@@ -399,6 +435,8 @@ def main() -> int:
         f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}",
         flush=True,
     )
+    if args.preflight:
+        return preflight(args.skip_ws)
     rows = [] if args.gemm_only else quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep)
     gemm = gemm_sweep(
         args.models.split(","),
@@ -406,6 +444,7 @@ def main() -> int:
         args.budget_s,
         not args.quick,
         partial_out=args.out + ".partial" if args.out else None,
+        skip_ws=args.skip_ws,
     )
     if args.out:
         with open(args.out, "w") as f:

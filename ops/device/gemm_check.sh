@@ -14,6 +14,13 @@ if [ "$STAGE" != bench ]; then
         -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/pytest_gemm.log" | tail -3
 fi
 if [ "$STAGE" != tests ]; then
+    # every candidate once in its own process first: a warp-specialized config that hangs or
+    # faults is dropped from the sweep instead of stalling it (compiles land in Triton's cache)
+    if ! timeout 150 python3 ops/bench/bench_kernels.py --preflight > "$OUT/gemm_preflight.log" 2>&1; then
+        echo "preflight failed (see gemm_preflight.log): sweeping without warp-specialized configs"
+        SWEEP_ARGS="--skip-ws ${SWEEP_ARGS:-}"
+    fi
+    grep -c bit-equal "$OUT/gemm_preflight.log" | sed 's/^/preflight bit-equal configs: /'
     # the sweep rewrites $OUT/gemm_sweep.json.partial after each linear: a cut-short run keeps its rows
     timeout "${SWEEP_TIMEOUT:-420}" python3 ops/bench/bench_kernels.py --gemm-only --out "$OUT/gemm_sweep.json" \
         ${SWEEP_ARGS:-} 2>&1 \
