@@ -313,6 +313,62 @@ def print_summary(out: dict) -> None:
     print(f"# {len(failed)} candidate runs failed" + "".join(f"\n  {f}" for f in failed[:8]))
 
 
+def attention_case(b: int, prefix: int, nh: int = 24, nkv: int = 4, hd: int = 256, tlen: int = 32):
+    """A decode step's attention inputs at the 27B head shape: each of b rows has its own
+    `prefix`-key ancestor piece and its own thought buffer holding tlen + 1 keys."""
+    from engine.kernels.decode_rows import LIVE, ROW_FIELDS, THOUGHT_LEN
+
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    cap = tlen + 1
+    per_row = 2 * nkv * hd * (prefix + cap)
+    base = torch.randn(b * per_row, device=DEVICE, generator=gen)
+    pieces = torch.zeros(b, 4, 4, dtype=torch.int64)
+    for r in range(b):
+        o = r * per_row
+        kv_pre, kv_own = nkv * hd * prefix, nkv * hd * cap
+        pieces[r, 0] = torch.tensor([o, o + kv_pre, prefix, prefix])
+        pieces[r, 3] = torch.tensor([o + 2 * kv_pre, o + 2 * kv_pre + kv_own, 0, cap])
+    rows = torch.zeros(b, ROW_FIELDS, dtype=torch.int64)
+    rows[:, LIVE] = 1
+    rows[:, THOUGHT_LEN] = tlen
+    q = torch.randn(b, nh, hd, device=DEVICE, generator=gen) * 0.1
+    qg = torch.randn(b, nh * 2 * hd, device=DEVICE, generator=gen)
+    kv_bytes = b * 2 * nkv * hd * 4 * (prefix + cap)
+    return q, qg, base, rows.to(DEVICE), pieces.to(DEVICE), nkv, kv_bytes
+
+
+def decode_attention_rows() -> list[dict]:
+    """Decode attention, one pass (splits=1) against the prefix split (SPLITS), in a CUDA graph:
+    ms per layer and K/V read rate; the two must agree to fp32 rounding (different fold order)."""
+    from engine.kernels.decode_attention import SPLITS, decode_attention
+
+    rows = []
+    for b, prefix in [(1, 512), (1, 8192), (16, 512), (64, 512), (64, 2048)]:
+        q, qg, base, trows, pieces, nkv, kv_bytes = attention_case(b, prefix)
+        out = {}
+        for splits in (1, SPLITS):
+            t = bench_stream(
+                lambda _, splits=splits: decode_attention(
+                    q, qg, base, trows, pieces, num_kv_heads=nkv, splits=splits
+                ),
+                [base],
+            )
+            out[splits] = (t, decode_attention(q, qg, base, trows, pieces, num_kv_heads=nkv, splits=splits))
+        diff = ((out[1][1] - out[SPLITS][1]).abs().max() / out[1][1].abs().max()).item()
+        t1, ts = out[1][0], out[SPLITS][0]
+        rows.append(
+            dict(kind="decode_attention", rows=b, prefix=prefix, one_pass_ms=t1, split_ms=ts,
+                 splits=SPLITS, kv_gbps=kv_bytes / ts / 1e6, rel_diff=diff)
+        )  # fmt: skip
+        print(
+            f"decode attention {b:3d} rows x {prefix:5d} keys  one pass {t1 * 1e3:8.1f} us"
+            f"  split {SPLITS} {ts * 1e3:8.1f} us ({kv_bytes / ts / 1e6:5.0f} GB/s K/V)"
+            f"  max rel diff {diff:.1e}",
+            flush=True,
+        )
+    return rows
+
+
 def deltanet_rows(sweep: bool) -> list[dict]:
     rows = []
     gen = torch.Generator(device=DEVICE).manual_seed(1)
@@ -422,6 +478,7 @@ def main() -> int:
     )
     parser.add_argument("--deltanet-sweep", action="store_true", help="also time other deltanet blockings")
     parser.add_argument("--preflight", action="store_true", help="run each GEMM candidate once, then exit")
+    parser.add_argument("--attention", action="store_true", help="only decode attention, 1 vs SPLITS splits")
     parser.add_argument(
         "--skip-ws", action="store_true", help="GEMM sweep: leave out warp-specialized configs"
     )
@@ -437,6 +494,12 @@ def main() -> int:
     )
     if args.preflight:
         return preflight(args.skip_ws)
+    if args.attention:
+        rows = decode_attention_rows()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(rows=rows), f, indent=1)
+        return 0
     rows = [] if args.gemm_only else quant_rows() + conv_rows() + deltanet_rows(args.deltanet_sweep)
     gemm = gemm_sweep(
         args.models.split(","),
