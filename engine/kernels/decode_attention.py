@@ -17,6 +17,14 @@ Pieces are described by the row's piece table (`engine.kernels.decode_rows`): of
 `base` fp32 tensor, so the shared system and evidence K/V are read in place by every row that
 descends from them. One program per (row, KV head) with a config fixed by the head sizes: a
 row's bits never depend on what else is in the batch.
+
+Split over the prefix (`SPLITS` > 1, the default): one (row, KV head) has only 4 programs at
+27B, which walk thousands of keys one block after another - latency, not bandwidth. The keys
+are cut into chunks of BLOCK_L from each piece's start, numbered piece after piece; program
+(row, KV head, s) reduces chunks s, s + SPLITS, s + 2 SPLITS, ... in that order (each one a
+piece of the cascade, folded in), and a second launch folds the SPLITS partials in the order
+s = 0, 1, ... and applies the gate. Chunking and both fold orders depend on the row's own
+lengths and the constant SPLITS alone, so a row's bits still never depend on the batch.
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 NUM_WARPS = 4
+SPLITS = 16  # programs per (row, KV head) over the prefix; a constant: it decides the bits
+# a split program's blocks are far apart: no software pipeline (50 KB shared at 27B, four
+# programs per SM); 8 warps: 110 registers, no spills (4 warps spill 7 KB; sm_90, Triton 3.6)
+SPLIT_STAGES = 1
+SPLIT_WARPS = 8
 
 
 def _block_l(head_dim: int) -> int:
@@ -204,11 +217,107 @@ def _attention_kernel(
     tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
 
 
+def _attention_split_kernel(
+    q_ptr, base_ptr, rows_ptr, pieces_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr, scale,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (row, KV head, s): the chunks numbered s mod S of the row's pieces (see the
+    module docstring), folded in order into one partial (max, sum, output) per query head."""
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    tlen = tl.load(rows_ptr + row * 5 + 1)
+    live = tl.load(rows_ptr + row * 5 + 4)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, HD)
+    gmask = offs_g < G
+    heads = kvh * G + offs_g
+    q = tl.load(q_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], mask=gmask[:, None], other=0.0)
+
+    m = tl.full((GP,), float("-inf"), tl.float32)
+    total = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, HD), dtype=tl.float32)
+    first = tlen * 0  # chunks before this piece (int64)
+    for p in tl.static_range(P):
+        rec = pieces_ptr + (row * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+        head_rows = tl.load(rec + 3)
+        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
+        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+        n = tl.load(rec + 2)
+        if p == P - 1:
+            n = tlen + 1  # the own thought, this step's token included
+        n = tl.where(live != 0, n, 0)
+        chunks = (n + BL - 1) // BL
+        for j in range((split - first % S + S) % S, chunks, S):
+            count = tl.minimum(n - j * BL, BL)
+            last = tl.full((GP,), 0, tl.int64) + count - 1
+            m_p, sum_p, acc_p = _reduce_piece(
+                q, k_base + j * BL * HD, v_base + j * BL * HD, count, last, scale, GP, HD, BL, "ieee", ON_GPU
+            )
+            m_new = tl.maximum(m, m_p)
+            old_scale = tl.exp(m - m_new)
+            new_scale = tl.exp(m_p - m_new)
+            total = total * old_scale + sum_p * new_scale
+            acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
+            m = m_new
+        first += chunks
+    at = ((row * NKV + kvh) * S + split) * G + offs_g
+    tl.store(ws_m_ptr + at, m, mask=gmask)
+    tl.store(ws_l_ptr + at, total, mask=gmask)
+    # an empty partial (no chunk: short rows leave most of the S programs idle) writes no output
+    keep = gmask & (total > 0.0)
+    tl.store(ws_acc_ptr + at[:, None] * HD + offs_d[None, :], acc, mask=keep[:, None])
+
+
+def _attention_combine_kernel(
+    qg_ptr, rows_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, stride_qg,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    S: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (row, KV head): the S partials folded in split order (an empty one - no chunk -
+    is skipped, its output never read), normalised, times sigmoid(gate)."""
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    live = tl.load(rows_ptr + row * 5 + 4)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, HD)
+    gmask = offs_g < G
+    heads = kvh * G + offs_g
+    m = tl.full((GP,), float("-inf"), tl.float32)
+    total = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, HD), dtype=tl.float32)
+    for split in range(0, S):
+        at = ((row * NKV + kvh) * S + split) * G + offs_g
+        sum_p = tl.load(ws_l_ptr + at, mask=gmask, other=0.0)
+        has = sum_p > 0.0
+        m_p = tl.load(ws_m_ptr + at, mask=has, other=float("-inf"))
+        acc_p = tl.load(ws_acc_ptr + at[:, None] * HD + offs_d[None, :], mask=has[:, None], other=0.0)
+        m_new = tl.where(has, tl.maximum(m, m_p), m)
+        old_scale = tl.where(has, tl.exp(m - m_new), 1.0)
+        new_scale = tl.where(has, tl.exp(m_p - m_new), 0.0)
+        total = total * old_scale + sum_p * new_scale
+        acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
+        m = m_new
+    safe = tl.where(total > 0, total, 1.0)
+    o = acc / safe[:, None]
+    gate = tl.load(
+        qg_ptr + row * stride_qg + heads[:, None] * 2 * HD + HD + offs_d[None, :],
+        mask=gmask[:, None],
+        other=0.0,
+    )
+    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    o = tl.where((offs_g[:, None] * 0 + offs_d[None, :] * 0 + live) != 0, o, 0.0)
+    tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
+
+
 _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
 _bf16_operand = helper(_bf16_operand)  # type: ignore[assignment]
 _reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
+_attn_split = kernel(_attention_split_kernel)
+_attn_combine = kernel(_attention_combine_kernel)
 
 
 def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
@@ -282,18 +391,40 @@ def decode_attention(
     pieces: torch.Tensor,
     *,
     num_kv_heads: int,
+    splits: int | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [B, nh * hd] of queries q [B, nh, hd] over each row's pieces.
 
-    The gate is the second half of each head's [q | gate] in qg [B, nh * 2 * hd].
+    The gate is the second half of each head's [q | gate] in qg [B, nh * 2 * hd]. `splits`
+    (default `SPLITS`; 1: one program per row and KV head) fixes the prefix split, and with
+    it the bits: a decoder keeps one value for every step and batch.
     """
     b, nh, hd = q.shape
     _check_tables(rows, pieces, b)
     if not use_triton(backend, q):
         return decode_attention_reference(q, qg, base, rows, pieces, num_kv_heads)
     group = nh // num_kv_heads
+    splits = SPLITS if splits is None else splits
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
     out = torch.empty(b, nh * hd, dtype=torch.float32, device=q.device)
+    gp = max(16, next_pow2(group))
+    if splits > 1:
+        ws_m = torch.empty(b, num_kv_heads, splits, group, dtype=torch.float32, device=q.device)
+        ws_l = torch.empty_like(ws_m)
+        ws_acc = torch.empty(b, num_kv_heads, splits, group, hd, dtype=torch.float32, device=q.device)
+        _attn_split[(b, num_kv_heads, splits)](
+            q.contiguous(), base, rows, pieces, ws_m, ws_l, ws_acc, hd**-0.5,
+            NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=gp, P=pieces.shape[1], BL=_block_l(hd), S=splits,
+            num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, enable_fp_fusion=False,
+        )  # fmt: skip
+        _attn_combine[(b, num_kv_heads)](
+            qg, rows, ws_m, ws_l, ws_acc, out, qg.stride(0),
+            NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=next_pow2(group), S=splits,
+            num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        return out
     _attn[(b, num_kv_heads)](
         q.contiguous(), qg, base, rows, pieces, out, qg.stride(0), hd**-0.5,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=max(16, next_pow2(group)), P=pieces.shape[1],

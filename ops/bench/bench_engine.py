@@ -13,6 +13,8 @@ the full vocabulary):
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
   (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.decoder` (one
       CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
+  (f) --thinking: a thinking request end to end    mean / p99 ms at 1 and 16 concurrent: read-out,
+      thinking read, a forced 128-token thought, closing tokens, second read-out
 
 Serial workloads run 25 requests and discard the first 5; every request carries unique random
 evidence. Token ids are random: tokenization and prompt rendering (CPU, ~1 ms) are not timed.
@@ -285,6 +287,65 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     if path:
         with open(f"{path}.{sequences}.txt", "w") as f:
             f.write(table)
+
+
+# (f) a thinking request end to end, as Engine._decide_stages / _think run it on CUDA int8:
+# first read-out (evidence + question), the thinking read (the question + `<think>\n` from the
+# cached evidence state), a thought forced to THOUGHT_TOKENS tokens (drawn by the sampler, no
+# early `</think>`: lengths comparable between runs), the closing tokens fed one per step, and
+# the second read-out. The seed's figure: 1,150 ms (int8) / 1,212 ms per thinking request.
+THOUGHT_TOKENS = 128
+THINK_OPEN, THINK_CLOSE = 2, 3  # `<think>\n` and `</think>\n\n` (token counts; random ids here)
+
+
+def thinking_requests(bench: Bench, clients: int, thought_tokens: int = THOUGHT_TOKENS) -> float:
+    """`clients` concurrent thinking requests (~256 evidence + question tokens each); returns the
+    seconds until the last second read-out (they run in lockstep, so each one's latency)."""
+    sync()
+    t0 = time.perf_counter()
+    segs: list[Segment] = []
+    for _ in range(clients):
+        segs.append(Segment(bench.tokens(220), bench.root))
+        segs.append(Segment(bench.tokens(36), len(segs) - 1, read=True))
+    forest = build_forest(segs)
+    first = bench.run(forest)
+    for row in range(clients):
+        read_letters(first.logits[row], LETTERS[:4], 1.0)
+    evidence = [first.states[forest.packed_index[2 * i]] for i in range(clients)]
+    think = bench.run(
+        build_forest([Segment(bench.tokens(36 + THINK_OPEN), ev, read=True) for ev in evidence])
+    )
+    decoder = bench.decoder()
+    seqs = [decoder.start(st, thought_tokens + THINK_CLOSE) for st in think.states]
+    us = [0.5] * clients
+    logits = think.logits
+    for _ in range(thought_tokens):
+        tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+        logits = decoder.step(seqs, tokens)
+    for token in bench.tokens(THINK_CLOSE):
+        logits = decoder.step(seqs, [token] * clients)
+    for row in range(clients):
+        read_letters(logits[row], LETTERS[:4], 1.0)
+    sync()
+    elapsed = time.perf_counter() - t0
+    decoder.forget()
+    return elapsed
+
+
+def run_thinking(
+    bench: Bench, record: Callable[[str, object], None], runs: int = 6, concurrency: tuple[int, ...] = (1, 16)
+) -> None:
+    """Workload (f): mean and p99 latency of a thinking request at 1 and 16 concurrent (after one
+    warm-up batch, which compiles and captures; p99 over every request of `runs` batches)."""
+    for clients in concurrency:
+        thinking_requests(bench, clients, 4)
+        times = [thinking_requests(bench, clients) for _ in range(runs)]
+        per_request = sorted(t for t in times for _ in range(clients))
+        p99 = per_request[min(len(per_request) - 1, int(0.99 * len(per_request)))]
+        record(
+            f"f_thinking_{clients}",
+            {"mean_ms": 1e3 * statistics.fmean(times), "p99_ms": 1e3 * p99, "thought_tokens": THOUGHT_TOKENS},
+        )
 
 
 def run_workloads(
@@ -560,6 +621,7 @@ def main() -> None:
     ap.add_argument("--accuracy-requests", type=int, default=16, help="(b)-shaped forests (3 read-outs each)")
     ap.add_argument("--accuracy-long", type=int, default=2, help="long one-question forests")
     ap.add_argument("--accuracy-long-tokens", type=int, default=2048)
+    ap.add_argument("--thinking", action="store_true", help="also run workload (f): thinking requests")
     args = ap.parse_args()
     variants = variant_settings(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -657,6 +719,8 @@ def run_variant(
         if args.decode_profile:
             for n in (1, 64):
                 profile_decode(bench, n, f"{args.decode_profile}.{args.shape}")
+    if decode and args.thinking:
+        run_thinking(bench, record)
     record("peak_gib", torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -31,7 +31,8 @@ from engine.kernels.quant import (
 )
 
 # Decode candidates (M <= 64): weight streaming - narrow N tiles, long K steps, split K. The
-# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles and split tiles of 128.
+# first sweep (RESULTS.md, tree 7546c16) dropped split 8, 32-row tiles, split tiles of 128 and
+# 64x64 split 4 (never within 2% of a shape's best).
 DECODE_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),  # the prefill tile; best at M = 64 for wide N
     GemmConfig(16, 64, 256, 4, 4),
@@ -46,22 +47,19 @@ DECODE_CANDIDATES = [
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
-    GemmConfig(64, 64, 256, 4, 4, split_k=4),
 ]
-# Prefill candidates (M >= 256): tensor-core tiles, grouped order, persistent TMA. 128x256 and
-# 256x128 tiles with 8 warps spill (248-376 B) unless the epilogue runs on half tiles (/e2:
-# 0 B, ops/bench/kernel_resources.py-style sm_90 compile); the first sweep's losers are gone.
+# Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
+# 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
+# only 790-920 TOP/s at M = 1,024 (40 column tiles: 3 waves of 2.4 on 132 SMs, and an epilogue
+# no main loop overlaps). 128x256 and 256x128 tiles with 8 warps spill (248-376 B) unless the
+# epilogue runs on half tiles (/e2: 0 B, sm_90 compile); never-winners of run 1 are gone.
 PREFILL_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 4),
     GemmConfig(128, 128, 128, 8, 3),
     GemmConfig(128, 128, 128, 8, 4),
-    GemmConfig(64, 256, 128, 8, 4),
     GemmConfig(128, 256, 128, 8, 3, epilogue_split=2),
-    GemmConfig(128, 256, 128, 8, 3, group_m=16, epilogue_split=2),
-    GemmConfig(128, 256, 64, 8, 4, epilogue_split=2),
     GemmConfig(256, 128, 128, 8, 3, epilogue_split=2),
     GemmConfig(64, 128, 128, 4, 4, persistent=True),
-    GemmConfig(128, 128, 128, 8, 4, persistent=True),
     GemmConfig(64, 256, 128, 8, 4, persistent=True),
     GemmConfig(128, 256, 128, 8, 4, persistent=True),
     GemmConfig(128, 256, 128, 8, 4, persistent=True, epilogue_split=2),
@@ -75,6 +73,9 @@ PREFILL_CANDIDATES = [
     GemmConfig(128, 128, 128, 4, 3, persistent=True, warp_specialize=True),
     GemmConfig(128, 128, 128, 4, 4, persistent=True, warp_specialize=True),
     GemmConfig(128, 128, 64, 4, 5, persistent=True, warp_specialize=True),
+    # split K for the waves: twice the tiles for N = 5,120 (exact int32 slices, one epilogue)
+    GemmConfig(64, 128, 128, 4, 4, split_k=2),
+    GemmConfig(128, 128, 128, 8, 3, split_k=2),
 ]
 SWEEP_M = [1, 4, 16, 64, 256, 384, 512, 1024, 2048, 8192]
 DECODE_MAX_M = 64
@@ -123,6 +124,32 @@ def bench_stream(fn, weights: list[torch.Tensor], min_ms: float = 3.0) -> float:
     return ms
 
 
+def preflight(skip_ws: bool) -> int:
+    """Every sweep candidate once at a small shape (edges in M and N, a residual), bits against
+    the reference, one line each: run in its own process first (ops/device/gemm_check.sh), so a
+    candidate that hangs or faults costs this run, not the sweep."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    m, n, k = 320, 1024, 1024  # divisible as the sweep's shapes: the compiles are reused there
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEVICE, generator=gen)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEVICE, generator=gen)
+    a_s = torch.rand(m, device=DEVICE, generator=gen) * 0.05
+    w_s = torch.rand(n, device=DEVICE, generator=gen) * 0.01
+    r = torch.randn(m, n, device=DEVICE, generator=gen)
+    want = int8_gemm_reference(a, w, a_s, w_s, r)
+    bad = 0
+    for cfg in sweep_candidates(DECODE_CANDIDATES + PREFILL_CANDIDATES, skip_ws):
+        got = int8_gemm(a, w, a_s, w_s, r, config=cfg)
+        torch.cuda.synchronize()
+        ok = torch.equal(got, want)
+        bad += not ok
+        print(f"preflight {str(cfg):32s} {'bit-equal' if ok else 'MISMATCH'}", flush=True)
+    return 1 if bad else 0
+
+
+def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]:
+    return [c for c in cands if not (skip_ws and c.warp_specialize)]
+
+
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.int8_rows`
     callers: GDN in/z/out projections, attention q+gate/k/v/o, MLP gate/up/down, LM head).
@@ -153,7 +180,12 @@ def model_linears(model: str) -> list[tuple[str, int, int, int]]:
 
 
 def gemm_sweep(
-    models: list[str], ms: list[int], budget_s: float, sweep: bool, partial_out: str | None = None
+    models: list[str],
+    ms: list[int],
+    budget_s: float,
+    sweep: bool,
+    partial_out: str | None = None,
+    skip_ws: bool = False,
 ) -> dict:
     """Time every candidate config at every (model linear, M); check each one's bits against
     the torch reference; propose the table. Candidates after `budget_s` are skipped (listed).
@@ -186,7 +218,10 @@ def gemm_sweep(
                 t_intmm = bench_stream(lambda w: torch._int_mm(a, w.t()), copies) if m > 16 else None
                 cands = {}
                 if sweep:
-                    for cfg in DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES:
+                    cands_m = DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES
+                    for cfg in sweep_candidates(cands_m, skip_ws):
+                        if cfg.split_k > 1 and m > 2048:
+                            continue  # thousands of tiles already; the slices would cost > 1 GB
                         if time.perf_counter() - t_start > budget_s:
                             skipped += 1
                             continue
@@ -274,6 +309,62 @@ def print_summary(out: dict) -> None:
     print(f"# {len(failed)} candidate runs failed" + "".join(f"\n  {f}" for f in failed[:8]))
 
 
+def attention_case(b: int, prefix: int, nh: int = 24, nkv: int = 4, hd: int = 256, tlen: int = 32):
+    """A decode step's attention inputs at the 27B head shape: each of b rows has its own
+    `prefix`-key ancestor piece and its own thought buffer holding tlen + 1 keys."""
+    from engine.kernels.decode_rows import LIVE, ROW_FIELDS, THOUGHT_LEN
+
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    cap = tlen + 1
+    per_row = 2 * nkv * hd * (prefix + cap)
+    base = torch.randn(b * per_row, device=DEVICE, generator=gen)
+    pieces = torch.zeros(b, 4, 4, dtype=torch.int64)
+    for r in range(b):
+        o = r * per_row
+        kv_pre, kv_own = nkv * hd * prefix, nkv * hd * cap
+        pieces[r, 0] = torch.tensor([o, o + kv_pre, prefix, prefix])
+        pieces[r, 3] = torch.tensor([o + 2 * kv_pre, o + 2 * kv_pre + kv_own, 0, cap])
+    rows = torch.zeros(b, ROW_FIELDS, dtype=torch.int64)
+    rows[:, LIVE] = 1
+    rows[:, THOUGHT_LEN] = tlen
+    q = torch.randn(b, nh, hd, device=DEVICE, generator=gen) * 0.1
+    qg = torch.randn(b, nh * 2 * hd, device=DEVICE, generator=gen)
+    kv_bytes = b * 2 * nkv * hd * 4 * (prefix + cap)
+    return q, qg, base, rows.to(DEVICE), pieces.to(DEVICE), nkv, kv_bytes
+
+
+def decode_attention_rows() -> list[dict]:
+    """Decode attention, one pass (splits=1) against the prefix split (SPLITS), in a CUDA graph:
+    ms per layer and K/V read rate; the two must agree to fp32 rounding (different fold order)."""
+    from engine.kernels.decode_attention import SPLITS, decode_attention
+
+    rows = []
+    for b, prefix in [(1, 512), (1, 8192), (16, 512), (64, 512), (64, 2048)]:
+        q, qg, base, trows, pieces, nkv, kv_bytes = attention_case(b, prefix)
+        out = {}
+        for splits in (1, SPLITS):
+            t = bench_stream(
+                lambda _, splits=splits: decode_attention(
+                    q, qg, base, trows, pieces, num_kv_heads=nkv, splits=splits
+                ),
+                [base],
+            )
+            out[splits] = (t, decode_attention(q, qg, base, trows, pieces, num_kv_heads=nkv, splits=splits))
+        diff = ((out[1][1] - out[SPLITS][1]).abs().max() / out[1][1].abs().max()).item()
+        t1, ts = out[1][0], out[SPLITS][0]
+        rows.append(
+            dict(kind="decode_attention", rows=b, prefix=prefix, one_pass_ms=t1, split_ms=ts,
+                 splits=SPLITS, kv_gbps=kv_bytes / ts / 1e6, rel_diff=diff)
+        )  # fmt: skip
+        print(
+            f"decode attention {b:3d} rows x {prefix:5d} keys  one pass {t1 * 1e3:8.1f} us"
+            f"  split {SPLITS} {ts * 1e3:8.1f} us ({kv_bytes / ts / 1e6:5.0f} GB/s K/V)"
+            f"  max rel diff {diff:.1e}",
+            flush=True,
+        )
+    return rows
+
+
 def quant_rows() -> list[dict]:
     rows = []
     gen = torch.Generator(device=DEVICE).manual_seed(3)
@@ -315,6 +406,11 @@ def main() -> int:
     parser.add_argument(
         "--budget-s", type=float, default=180.0, help="GEMM sweep: skip candidates after this"
     )
+    parser.add_argument("--preflight", action="store_true", help="run each GEMM candidate once, then exit")
+    parser.add_argument("--attention", action="store_true", help="only decode attention, 1 vs SPLITS splits")
+    parser.add_argument(
+        "--skip-ws", action="store_true", help="GEMM sweep: leave out warp-specialized configs"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA device", file=sys.stderr)
@@ -325,6 +421,14 @@ def main() -> int:
         f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}",
         flush=True,
     )
+    if args.preflight:
+        return preflight(args.skip_ws)
+    if args.attention:
+        rows = decode_attention_rows()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(rows=rows), f, indent=1)
+        return 0
     rows = [] if args.gemm_only else quant_rows()
     gemm = gemm_sweep(
         args.models.split(","),
@@ -332,6 +436,7 @@ def main() -> int:
         args.budget_s,
         not args.quick,
         partial_out=args.out + ".partial" if args.out else None,
+        skip_ws=args.skip_ws,
     )
     if args.out:
         with open(args.out, "w") as f:

@@ -3,6 +3,7 @@
 # batch invariance through Engine.decide, decode kernels), then decode benchmarks.
 #   STAGE=tests  bash ops/device/decode_check.sh     # tests only
 #   STAGE=bench  bash ops/device/decode_check.sh     # benchmarks only (SHAPES, default "4B 27B")
+#   (the bench adds workload (f), thinking requests at 1 and 16 concurrent; THINKING=0 skips it)
 # Needs the wheels the image lacks in .gpuwheels/ (carry it). Uses GPU 0.
 set -uo pipefail
 STAGE=${STAGE:-all}
@@ -20,6 +21,6 @@ fi
 if [ "$STAGE" != tests ]; then
     for shape in ${SHAPES:-4B 27B}; do  # BENCH_ARGS="--decode-profile $OUT/prof" adds a per-kernel profile
         python3 ops/bench/bench_engine.py --shape "$shape" --decode-only --json "$OUT/decode_$shape.json" \
-            ${BENCH_ARGS:-} 2>&1 | tee "$OUT/decode_$shape.log" | grep -v '^\s*$' | tail -6
+            $([ "${THINKING:-1}" = 0 ] || echo --thinking) ${BENCH_ARGS:-} 2>&1 | tee "$OUT/decode_$shape.log" | grep -v '^\s*$' | tail -6
     done
 fi

@@ -131,14 +131,17 @@ def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int =
 
 
 @pytest.mark.parametrize("dims", ["tiny", "small"])
+@pytest.mark.parametrize("splits", [None, 1, 2])  # None: SPLITS (more programs than chunks)
 def test_attention_prep_and_piece_attention_match_reference(
-    dims: str, dev: torch.device, gen: torch.Generator
+    dims: str, splits: int | None, dev: torch.device, gen: torch.Generator
 ) -> None:
     pool, args, kw = _attention_case(dims, dev, gen)
     qg, rows, pieces = args[0], args[7], args[8]
     before = pool.base.clone()
     q = attention_prep(*args, **kw, backend="triton")
-    out = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="triton")
+    out = decode_attention(
+        q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], splits=splits, backend="triton"
+    )
     after_kernel = pool.base.clone()
     pool.base.copy_(before)
     q_ref = attention_prep(*args, **kw, backend="torch")
@@ -150,7 +153,10 @@ def test_attention_prep_and_piece_attention_match_reference(
     torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
 
 
-def test_piece_attention_rows_are_independent(dev: torch.device, gen: torch.Generator) -> None:
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_piece_attention_rows_are_independent(
+    splits: int | None, dev: torch.device, gen: torch.Generator
+) -> None:
     pool, args, kw = _attention_case("tiny", dev, gen)
     qg, k, v, q_norm, k_norm, rope, base, rows, pieces = args
     before = pool.base.clone()
@@ -161,7 +167,7 @@ def test_piece_attention_rows_are_independent(dev: torch.device, gen: torch.Gene
         sub = (qg[idx], k[idx], v[idx], q_norm, k_norm, rope[idx].contiguous(), base)
         q = attention_prep(*sub, rows[idx].contiguous(), pieces[idx].contiguous(), **kw)
         out = decode_attention(
-            q, qg[idx], base, rows[idx].contiguous(), pieces[idx].contiguous(), num_kv_heads=2
+            q, qg[idx], base, rows[idx].contiguous(), pieces[idx].contiguous(), num_kv_heads=2, splits=splits
         )
         return [q, out]
 
