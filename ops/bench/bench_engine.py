@@ -492,6 +492,8 @@ ACCURACY_SETTINGS: dict[str, dict] = {
     "chunk32": {"gdn_chunk": 32},
     "chunk32-tf32": {"gdn_chunk": 32, "gdn_dots": "tf32"},
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
+    "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
+    "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
 }
 MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
 
@@ -571,6 +573,8 @@ VARIANTS: dict[str, dict | None] = {
     "attn-bf16": {"attention_dots": "bf16"},
     "attn-tf32": {"attention_dots": "tf32"},
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
+    "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
+    "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
 }
 
 
