@@ -99,8 +99,12 @@ def _float64_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, impl: GemmImpl = "auto") -> torch.Tensor:
     """Exact int32 product a @ b_t.T of int8 a [M, K] and int8 b_t [N, K] (weights stay [out, in]).
 
-    `impl` forces a backend (tests compare them); "auto" takes `_int_mm` directly where its
-    shape rules allow, else the padded call, and float64 where `_int_mm` is unavailable.
+    `impl` forces a backend (tests compare them). "auto" on CUDA takes `_int_mm` directly where
+    its shape rules allow, else the padded call. On CPU it takes the float64 product, which is
+    exact by construction on any CPU: torch's CPU `_int_mm` goes through oneDNN, whose s8s8
+    GEMM without VNNI returned wrong sums (torch 2.15 with ONEDNN_MAX_CPU_ISA=AVX2, AVX512_CORE
+    or SSE41 on a VNNI machine; a CPU without VNNI, e.g. Skylake or Zen 2/3, would run those
+    kernels too - not measured on one).
     """
     if a.dtype != torch.int8 or b_t.dtype != torch.int8:
         raise ValueError(f"int8_matmul takes int8 operands, got {a.dtype} and {b_t.dtype}")
@@ -118,10 +122,8 @@ def int8_matmul(a: torch.Tensor, b_t: torch.Tensor, impl: GemmImpl = "auto") -> 
         return torch._int_mm(a, b_t.t())
     if impl != "auto":
         raise ValueError(f"impl must be auto, int_mm, padded or float64, got {impl!r}")
-    if not hasattr(torch, "_int_mm"):
+    if not hasattr(torch, "_int_mm") or a.device.type == "cpu":
         return _float64_mm(a, b_t)
-    if a.device.type == "cpu":
-        return torch._int_mm(a.contiguous(), b_t.t())
     if m > 16 and k % 8 == 0 and n % 8 == 0:
         return torch._int_mm(a.contiguous(), b_t.t())
     return _int_mm_padded(a.contiguous(), b_t)

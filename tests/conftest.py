@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from prism_pipeline.local_kafka import LocalKafka
 
@@ -16,6 +17,13 @@ from prism_pipeline.local_kafka import LocalKafka
 # thousands of small ops, where a second thread costs more than it gives (on CI's 2 cores
 # especially when a broker and worker subprocesses share them). PRISM_TEST_THREADS overrides.
 torch.set_num_threads(int(os.environ.get("PRISM_TEST_THREADS", "1")))
+
+# No timing in verdicts: hypothesis' defaults fail an example slower than 200 ms (`deadline`) and
+# a strategy that generates slowly (`too_slow`), which on a loaded 2-core CI machine says
+# something about the machine, not about Prism. A test's own @settings still sets its example
+# count; this profile only removes the clock.
+settings.register_profile("prism", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("prism")
 
 # ---- Kafka: one real local broker (ops/kafka) per test session, started on first use ----
 

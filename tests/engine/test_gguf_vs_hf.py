@@ -129,12 +129,17 @@ def test_f32_logits_match_hf(loaded_engine, canonical_weights) -> None:
     check_against_hf(loaded_engine, canonical_weights("tiny", 0), "F32", "tiny", 0)
 
 
+@pytest.fixture(scope="module")
+def q8_0_oracle(canonical_weights) -> Weights:
+    """tiny seed 1 through Q8_0 and gguf-py (248k embedding rows: built once for both users)."""
+    return dequantized_canonical(canonical_weights("tiny", 1), "Q8_0")
+
+
 @pytest.mark.slow
-def test_q8_0_logits_match_hf_on_dequantized_weights(loaded_engine, canonical_weights, gguf_model) -> None:
+def test_q8_0_logits_match_hf_on_dequantized_weights(loaded_engine, q8_0_oracle, gguf_model) -> None:
     types = {r.ggml_type for r in open_gguf(gguf_model("Q8_0", "tiny", 1)).tensors.values()}
     assert types == {Q.Q8_0, Q.F32}
-    oracle = dequantized_canonical(canonical_weights("tiny", 1), "Q8_0")
-    check_against_hf(loaded_engine, oracle, "Q8_0", "tiny", 1)
+    check_against_hf(loaded_engine, q8_0_oracle, "Q8_0", "tiny", 1)
 
 
 @pytest.mark.slow
@@ -148,11 +153,11 @@ def test_q4_k_m_logits_match_hf_on_dequantized_weights(loaded_engine, canonical_
     check_against_hf(loaded_engine, oracle, "Q4_K_M", "small", 2)
 
 
-def test_quantised_oracle_differs_from_float_weights(canonical_weights) -> None:
+def test_quantised_oracle_differs_from_float_weights(canonical_weights, q8_0_oracle) -> None:
     """Guard on the oracle itself: the Q8_0 weights really are the quantised ones, so the Q8_0
     comparison cannot pass by comparing two float models."""
     w = canonical_weights("tiny", 1)
-    dq = dequantized_canonical(w, "Q8_0")
+    dq = q8_0_oracle
     assert not torch.equal(dq.layers[0]["attn_qkv"], w.layers[0]["attn_qkv"])
     assert torch.allclose(dq.layers[0]["attn_qkv"], w.layers[0]["attn_qkv"], atol=0.02)
     assert torch.equal(dq.layers[0]["ssm_a"], w.layers[0]["ssm_a"])  # F32 stays exact

@@ -6,8 +6,9 @@ answers) in several orders and splits into `decide` calls, with and without Auto
 after a process restart, and with the evidence from the prefix cache. Parametrized by device:
 the same file runs the CUDA checks on a GPU host (`torch._int_mm`), skipped elsewhere.
 
-The reference paths are different: the last tests document (and assert) that bf16/fp32 bits
-do change with the batch.
+Only the int8 guarantee is tested here. The bf16/fp32 reference paths promise nothing about
+batch invariance either way (README, "Precision paths"): whether their bits move with the batch
+is an accident of the CPU's instruction set and the BLAS kernel torch picks, so no test asserts it.
 """
 
 from __future__ import annotations
@@ -246,34 +247,3 @@ def test_bits_survive_a_process_restart_and_the_prefix_cache(
                 request_id=item["id"], answers={}, traces=traces, input_tokens=0, output_tokens=0
             )
             assert _bits(fake) == alone_bits[item["id"]], item["id"]
-
-
-# ------------------------------------------------------------------------ reference paths
-def test_bf16_gemm_rows_depend_on_the_batch_size() -> None:
-    """bf16 is not batch invariant, by design (DESIGN §2): it is a reference path.
-
-    A float GEMM picks its kernel and K-blocking from the problem shape, so a row computed in
-    a 1-row call and the same row inside a 300-row call are summed in different orders and can
-    round differently. On the tiny test model (K = 64) CPU bf16 happens to be invariant at the
-    engine level, so this shows it at the GEMM level with real model widths (K >= 1024). The
-    int8 linears on the same rows are identical (test_quant: rows do not depend on the batch).
-    """
-    gen = torch.Generator().manual_seed(0)
-    differing = 0
-    for k in (1024, 2048):
-        x = torch.randn(300, k, generator=gen).bfloat16()
-        w = torch.randn(1024, k, generator=gen).bfloat16()
-        full = x @ w.T
-        differing += sum(not torch.equal(x[i : i + 1] @ w.T, full[i : i + 1]) for i in range(0, 300, 3))
-    assert differing > 0
-
-
-@pytest.mark.slow
-def test_fp32_engine_bits_change_with_the_batch(gguf_model: Callable[..., Path]) -> None:
-    """The fp32 oracle is not batch invariant either: its LM head is a float GEMM whose rows
-    depend on how many read positions share the call (measured: every answer differs here)."""
-    engine = Engine.load(gguf_model("Q8_0", "tiny", 0, False, 4), precision="fp32", cache_bytes=0)
-    requests = [r for r in _requests() if r.gate == 0.0][:12]
-    alone = [_bits(engine.decide([r])[0]) for r in requests]
-    batched = [_bits(res) for res in engine.decide(requests)]
-    assert alone != batched

@@ -87,9 +87,12 @@ def test_int8_matmul_is_exact(device: str, m: int, k: int, n: int) -> None:
     gen = torch.Generator().manual_seed(m * 1000 + k + n)
     a, b = _randint8((m, k), gen), _randint8((n, k), gen)
     want = a.long() @ b.long().T
-    impls = ["auto", "padded", "float64"] + (
-        ["int_mm"] if device == "cpu" or (m > 16 and k % 8 == 0 == n % 8) else []
-    )
+    # On CPU Prism never calls torch._int_mm (engine.quant.int8_matmul says why): whether that
+    # is exact depends on the CPU's oneDNN kernels, so only the paths Prism takes are asserted.
+    if device == "cpu":
+        impls = ["auto", "float64"]
+    else:
+        impls = ["auto", "padded", "float64"] + (["int_mm"] if m > 16 and k % 8 == 0 == n % 8 else [])
     for impl in impls:
         got = int8_matmul(a.to(device), b.to(device), impl=impl)  # type: ignore[arg-type]
         assert got.dtype == torch.int32, impl
@@ -105,7 +108,7 @@ def test_int8_matmul_extreme_values_do_not_overflow(device: str) -> None:
     assert torch.equal(got.cpu().long(), torch.full((5, 8), -127 * 127 * k, dtype=torch.long))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"])  # CPU: no _int_mm (see above)
 def test_padded_path_equals_direct_path(device: str) -> None:
     gen = torch.Generator().manual_seed(3)
     a, b = _randint8((64, 96), gen), _randint8((40, 96), gen)

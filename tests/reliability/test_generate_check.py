@@ -88,9 +88,12 @@ async def test_generator_bounds_and_manifest_match_the_topic(kafka_bootstrap: st
     write_manifest(rep.produced, tmp_path / "m.jsonl")
     assert read_manifest(tmp_path / "m.jsonl") == rep.produced
 
-    # A duration bound alone stops the generator; a paced rate keeps it well below unpaced speed.
+    # A duration bound alone stops the generator (it returns, and not before the duration is
+    # up); a paced rate caps it: message i is claimed no earlier than i / rate, so 1.5 s at 20/s
+    # sends at most 31 (indices 0..30), however fast the machine. How many it reaches below that
+    # cap, and how long in-flight sends take after the deadline, is the machine's speed: not asserted.
     timed = await generate(kafka_bootstrap, topic, duration_s=1.5, rate=20, prefix=unique("g"))
-    assert 10 <= len(timed.produced) <= 31 and timed.seconds < 10
+    assert len(timed.produced) <= 31 and timed.seconds >= 1.5
 
 
 async def test_clis_round_trip(kafka_bootstrap: str, tmp_path: Path) -> None:
