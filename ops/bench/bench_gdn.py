@@ -11,6 +11,8 @@ bf16 with BV value columns and W warps per walk program, and at tf32) is capture
 graph per forest and replayed: median over `--reps` timed replays after warm-up, of CUDA event
 time per replay = ms per layer; `s` is the seconds since the start when the row was printed
 (compiles included), so a run cut short shows where its time went; fla's rows come last.
+"split bf16" is followed by its parts, each in a graph of its own: the prep, the levels' walks,
+the outputs launch (the sum exceeds the whole by the graphs' launch overheads).
 `maxdiff` is the largest |o - o_token| over the live rows and `state` the largest difference
 of the final states, both against the token-by-token kernel
 (the exact path). If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16, varlen) is
@@ -51,6 +53,7 @@ FORESTS = {
     "(b) 256+3x40": [(256, None), (40, 0), (40, 0), (40, 0)],
     "T=8192": [(8192, None)],
 }
+BREAKDOWN = "split bf16"  # also timed launch kind by launch kind (prep, the levels' walks, outputs)
 # path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) does by default
 PATHS = {
     "token": (0, "ieee", {}),
@@ -175,6 +178,40 @@ def main() -> None:
             print(f"{name:<14} {path:<14} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e} {el:>5.0f}", flush=True)
             results.append(dict(forest=name, path=path, ms=ms, maxdiff=diff, state_diff=sdiff))
             save(args.out, results)
+            if path == BREAKDOWN:  # where its time goes: each launch kind in a graph of its own
+                prep = forest_gdn_prep(
+                    conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
+                )
+                parts = {
+                    "prep": lambda: forest_gdn_prep(
+                        conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
+                    ),
+                    "walks": lambda: [
+                        forest_gdn(
+                            conv,
+                            b_raw,
+                            a_raw,
+                            ssm_a,
+                            dt,
+                            base,
+                            segs,
+                            level,
+                            0,
+                            out,
+                            **heads,
+                            chunk=chunk,
+                            dots=dots,
+                            prep=prep,
+                            outputs=False,
+                        )  # fmt: skip
+                        for level in range(levels)
+                    ],
+                    "outputs": lambda: forest_gdn_outputs(prep, segs, out),
+                }
+                for part, fn in parts.items():
+                    ms = timed(fn, args.reps)
+                    print(f"{name:<14} {'  ' + part:<14} {ms:>9.4f}", flush=True)
+                    results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
         made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))
     # fla last, so a slow autotune of its kernels cannot cut our rows short
     for name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o in made:
