@@ -816,6 +816,7 @@ TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chu
 TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
 TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
 TC_OUT_BV = 64  # value columns per outputs program
+TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 B of spills
 
 
 @dataclass(frozen=True)
@@ -929,7 +930,7 @@ def forest_gdn_prep(
     dots: str = "ieee",
     walk: str = "split",
     walk_bv: int | None = None,
-    walk_warps: int = TC_WARPS,
+    walk_warps: int | None = None,
 ) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
@@ -945,7 +946,7 @@ def forest_gdn_prep(
     updates; the outputs of all chunks are then one parallel launch (`forest_gdn_outputs`, or
     per level inside `forest_gdn`). "fused": the walk makes the outputs too. walk_bv: value
     columns per split-walk program (a divisor of dv; None: TC_WALK_BV, 16 for the tiny test
-    heads), walk_warps its warps. The bits are the same either way on the
+    heads), walk_warps its warps (None: TC_WALK_WARPS). The bits are the same either way on the
     interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
@@ -969,6 +970,8 @@ def forest_gdn_prep(
             walk_bv = TC_WALK_BV if dv % TC_WALK_BV == 0 else 16
         if walk not in TC_WALKS or walk_bv < 16 or walk_bv & (walk_bv - 1) or dv % walk_bv:
             raise ValueError(f"walk must be one of {TC_WALKS} and walk_bv a power of two >= 16 dividing {dv}")
+        if walk_warps is None:
+            walk_warps = TC_WALK_WARPS[dots]
         if walk_warps not in (1, 2, 4, 8):
             raise ValueError(f"walk_warps must be 1, 2, 4 or 8, got {walk_warps}")
         return _tc_prep(

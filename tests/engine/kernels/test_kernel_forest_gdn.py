@@ -601,6 +601,15 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="ieee")
     with pytest.raises(ValueError, match="bf16 dots need chunk"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=32, dots="bf16")
+    with pytest.raises(ValueError, match="walk must be one of"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk="serial")
+    with pytest.raises(ValueError, match="walk_bv a power of two"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_bv=24)
+    with pytest.raises(ValueError, match="walk_warps must be"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_warps=3)
+    tc = forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16")
+    with pytest.raises(ValueError, match="out must be contiguous fp32"):
+        forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV + 1, device=dev))
     prep = forest_gdn_prep(*args, segs, qb, **KW, chunk=16)
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
