@@ -849,6 +849,7 @@ class TcPrep:
     walk: str = "split"  # TC_WALKS
     walk_bv: int = TC_WALK_BV
     walk_warps: int = TC_WARPS
+    walk_stages: int = 2
     qblocks: torch.Tensor | None = None  # the pass's query blocks (split: the outputs' launch)
     chunk_no: torch.Tensor | None = None  # int32 [T], a chunk's number at its first row
     starts: torch.Tensor | None = None  # split: [NH, HV, dk, dv] every chunk's start state
@@ -931,6 +932,7 @@ def forest_gdn_prep(
     walk: str = "split",
     walk_bv: int | None = None,
     walk_warps: int | None = None,
+    walk_stages: int | None = None,
 ) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
@@ -946,7 +948,8 @@ def forest_gdn_prep(
     updates; the outputs of all chunks are then one parallel launch (`forest_gdn_outputs`, or
     per level inside `forest_gdn`). "fused": the walk makes the outputs too. walk_bv: value
     columns per split-walk program (a divisor of dv; None: TC_WALK_BV, 16 for the tiny test
-    heads), walk_warps its warps (None: TC_WALK_WARPS). The bits are the same either way on the
+    heads), walk_warps its warps (None: TC_WALK_WARPS), walk_stages its software-pipeline
+    depth (None: TC_STAGES). The bits are the same either way on the
     interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
@@ -972,11 +975,16 @@ def forest_gdn_prep(
             raise ValueError(f"walk must be one of {TC_WALKS} and walk_bv a power of two >= 16 dividing {dv}")
         if walk_warps is None:
             walk_warps = TC_WALK_WARPS[dots]
-        if walk_warps not in (1, 2, 4, 8):
-            raise ValueError(f"walk_warps must be 1, 2, 4 or 8, got {walk_warps}")
+        if walk_stages is None:
+            walk_stages = TC_STAGES[dots]
+        if walk_warps not in (1, 2, 4, 8) or walk_stages not in (1, 2, 3, 4):
+            raise ValueError(
+                f"walk_warps must be 1, 2, 4 or 8 and walk_stages 1 to 4, got {walk_warps}, {walk_stages}"
+            )
         return _tc_prep(
-            conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv, walk_warps
-        )
+            conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv,
+            (walk_warps, walk_stages),
+        )  # fmt: skip
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
         chunk=chunk,
@@ -1014,7 +1022,7 @@ def _tc_prep(
     dots: str,
     walk: str,
     walk_bv: int,
-    walk_warps: int,
+    walk_config: tuple[int, int],
 ) -> TcPrep:
     _block_v(dk, dv)
     t, dev = conv.shape[0], conv.device
@@ -1034,7 +1042,8 @@ def _tc_prep(
         gam=torch.empty(t, hv, dtype=torch.float32, device=dev),
         walk=walk,
         walk_bv=walk_bv,
-        walk_warps=walk_warps,
+        walk_warps=walk_config[0],
+        walk_stages=walk_config[1],
         qblocks=qblocks,
         chunk_no=torch.empty(t, dtype=torch.int32, device=dev),
         starts=torch.empty(nh, hv, dk, dv, dtype=op, device=dev),
@@ -1132,7 +1141,7 @@ def forest_gdn(
                 base, segs, prep.w, prep.u, prep.kd, prep.gam, prep.chunk_no, prep.starts, prep.updates,
                 level, layer_off, prep.starts.shape[0],
                 HV=hv, DK=dk, DV=dv, BV=prep.walk_bv, BF16=dots == "bf16",
-                num_warps=prep.walk_warps, num_stages=TC_STAGES[dots], enable_fp_fusion=False,
+                num_warps=prep.walk_warps, num_stages=prep.walk_stages, enable_fp_fusion=False,
             )  # fmt: skip
             if outputs:
                 _tc_outputs(prep, segs, out, level)

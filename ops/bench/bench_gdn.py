@@ -4,20 +4,20 @@
 
 One GDN layer (16 key heads x 128, 48 value heads x 128) over three forests read from device
 tables: T=256 (one segment), (b) 256 + 3 x 40 (evidence then three questions from its final
-state: two levels), T=8,192 (one segment). Each path (token by token; the chunk-64 tensor-core
-prep + fused walk at bf16 - "tc64 bf16", the first version; the split form - prep, a walk
-that makes only the state's products, then every chunk's outputs in one parallel launch - at
-bf16 with BV value columns and W warps per walk program, and at tf32) is captured in one CUDA
-graph per forest and replayed: median over `--reps` timed replays after warm-up, of CUDA event
-time per replay = ms per layer; `s` is the seconds since the start when the row was printed
-(compiles included), so a run cut short shows where its time went; fla's rows come last.
-"split bf16" is followed by its parts, each in a graph of its own: the prep, the levels' walks,
-the outputs launch (the sum exceeds the whole by the graphs' launch overheads).
+state: two levels), T=8,192 (one segment). Paths: token by token; "tc64 bf16", the chunk-64
+tensor-core prep + fused walk (the first version); the split form - prep, a walk that makes
+only the state's products, then every chunk's outputs in one parallel launch - at bf16 with
+BV value columns, w warps and s pipeline stages per walk program ("split bf16" is the
+default, BV 32 w4 s2), and at tf32. Each is captured in one CUDA graph per forest and
+replayed: median over `--reps` timed replays after warm-up, of CUDA event time per replay =
+ms per layer. "split bf16" is followed by its parts, each in a graph of its own: the prep, the
+levels' walks, the outputs launch (their sum exceeds the whole by the launch overheads).
 `maxdiff` is the largest |o - o_token| over the live rows and `state` the largest difference
-of the final states, both against the token-by-token kernel
-(the exact path). If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16, varlen) is
-timed the same way at the same lengths for a side-by-side (its (b) runs four independent
-sequences: fla has no forest).
+of the final states, both against the token-by-token kernel (the exact path); `s` is the
+seconds since the start when the row was printed (compiles included), so a run cut short
+shows where its time went. If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16)
+is timed the same way at the same lengths, after all our rows, for a side-by-side (its (b)
+runs four independent sequences: fla has no forest; eagerly if its graph capture fails).
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -62,6 +62,7 @@ PATHS = {
     "split BV64 w4": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=4)),
     "split BV64 w8": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=8)),
     "split BV16 w4": (TC_CHUNK, "bf16", dict(walk_bv=16, walk_warps=4)),
+    "split BV32 s3": (TC_CHUNK, "bf16", dict(walk_stages=3)),
     "split tf32": (TC_CHUNK, "tf32", {}),
 }
 

@@ -607,6 +607,8 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_bv=24)
     with pytest.raises(ValueError, match="walk_warps must be"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_warps=3)
+    with pytest.raises(ValueError, match="walk_stages 1 to 4"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_stages=0)
     tc = forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16")
     with pytest.raises(ValueError, match="out must be contiguous fp32"):
         forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV + 1, device=dev))
