@@ -47,7 +47,13 @@ from engine.int8_rows import (
 )
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
-from engine.kernels.forest_gdn import forest_conv, forest_gdn, forest_gdn_prep, gdn_dots_for
+from engine.kernels.forest_gdn import (
+    forest_conv,
+    forest_gdn,
+    forest_gdn_outputs,
+    forest_gdn_prep,
+    gdn_dots_for,
+)
 from engine.kernels.forest_tables import (
     BLOCK_M,
     CONV_ROW,
@@ -489,8 +495,9 @@ class ForestBody:
         for level in range(bucket.levels):
             forest_gdn(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,
-                j * self.state_size, o, **heads, **chunked, prep=prep,
+                j * self.state_size, o, **heads, **chunked, prep=prep, outputs=False,
             )  # fmt: skip
+        forest_gdn_outputs(prep, bucket.segs, o)  # chunk 64 (split walk): every level's outputs at once
         return gdn_output_residual(o, z, layer, c.rms_norm_eps, h)
 
     def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:

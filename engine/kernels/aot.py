@@ -15,6 +15,7 @@ for a target such as Hopper (sm_90), through the `ptxas` shipped in the triton w
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import subprocess
@@ -177,6 +178,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         CHUNK,
         TC_CHUNK,
         TC_DOTS,
+        TC_WALKS,
         ChunkPrep,
         forest_conv,
         forest_gdn,
@@ -260,10 +262,10 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
             num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
         )  # fmt: skip
-        for dots in TC_DOTS:  # the tensor-core chunked form: its prep and its walk
+        for dots, walk in itertools.product(TC_DOTS, TC_WALKS):  # tensor cores: prep, walk, outputs
             tc = forest_gdn_prep(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
-                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, walk=walk,
             )  # fmt: skip
             forest_gdn(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),

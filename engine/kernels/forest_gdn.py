@@ -375,7 +375,7 @@ def _qk(
 
 def _forest_gdn_tc_prep_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
-    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr,
+    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
     stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BF16: tl.constexpr, ON_GPU: tl.constexpr,
@@ -383,7 +383,10 @@ def _forest_gdn_tc_prep_kernel(
     """Program (query block, value head): everything of the 64-token chunk that starts at the
     block (if one does) that needs no state, in four 16-row blocks: the WY form's w and u by
     block forward substitution X_i = (I + A_ii)^-1 (B_i - sum_{j<i} A_ij X_j), the decayed
-    causal scores, q exp(gam), k exp(gam_last - gam) and gam itself."""
+    causal scores, q exp(gam), k exp(gam_last - gam) and gam itself. Head 0 also writes the
+    chunk's number (how many chunk-starting query blocks precede it in the table: a count over
+    the table, no host work) at the chunk's first packed row; the split walk stores the chunk's
+    start state under that number."""
     qb = tl.program_id(0).to(tl.int64) * 3  # query block record: slot, first local index, live
     h = tl.program_id(1)
     slot = tl.load(qblocks_ptr + qb)
@@ -392,6 +395,18 @@ def _forest_gdn_tc_prep_kernel(
     length = tl.load(rec + 1)
     if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length):
         tok_lo = tl.load(rec)
+        if h == 0:
+            n = tl.program_id(0) * 0
+            offs_q = tl.arange(0, 256)
+            for i0 in range(0, tl.program_id(0), 256):
+                i = (i0 + offs_q).to(tl.int64)
+                m = i < tl.program_id(0)
+                q_slot = tl.load(qblocks_ptr + i * 3, mask=m, other=0)
+                q_lo = tl.load(qblocks_ptr + i * 3 + 1, mask=m, other=1)
+                q_live = m & (tl.load(qblocks_ptr + i * 3 + 2, mask=m, other=0) != 0)
+                q_len = tl.load(segs_ptr + q_slot * 8 + 1, mask=q_live, other=0)
+                n += tl.sum((q_live & (q_lo % 64 == 0) & (q_lo < q_len)).to(tl.int32), axis=0)
+            tl.store(hidx_ptr + tok_lo + c0, n)
         hk = h // (HV // HQK)
         ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
         dt = tl.load(dt_ptr + h).to(tl.float32)
@@ -559,6 +574,87 @@ def _forest_gdn_tc_kernel(
         tl.store(base_ptr + state_out + blk, s)
 
 
+def _forest_gdn_tc_walk_kernel(
+    base_ptr, segs_ptr, w_ptr, u_ptr, kd_ptr, g_ptr, hidx_ptr, hs_ptr, vn_ptr, level, layer_off, NH,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (segment slot, value head, value block) of one level, the split form's serial
+    part: per 64-token chunk only the two products that feed the state - U = u - w S and
+    S <- exp(gam_last) S + (k exp(gam_last - gam))^T U - storing the chunk's start state S (in the
+    operand dtype, as the dots read it) at its chunk number and U at its rows, so that
+    `_forest_gdn_tc_out_kernel` makes the outputs of every chunk in parallel afterwards."""
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, DK)
+    offs_c = tl.arange(0, 64)
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    live = tl.load(rec + 7)
+    seg_level = tl.load(rec + 2)
+    if (live != 0) & (seg_level == level):
+        tok_lo = tl.load(rec)
+        length = tl.load(rec + 1)
+        state_in = tl.load(rec + 3)
+        has_in = tl.load(rec + 4)
+        state_out = tl.load(rec + 5)
+        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        zero = offs_k[:, None] * 0 + offs_v[None, :] * 0  # block-shaped masks (interpreter)
+        s = tl.load(base_ptr + state_in + blk, mask=(zero + has_in) != 0, other=0.0)
+        hblk = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        for c0 in range(0, length, 64):
+            valid = (c0 + offs_c) < length
+            at = (tok_lo + c0 + offs_c) * HV + h
+            idx = tl.load(hidx_ptr + tok_lo + c0).to(tl.int64)
+            s_op = s.to(w_ptr.dtype.element_ty)
+            tl.store(hs_ptr + idx * HV * DK * DV + hblk, s_op, mask=(zero + idx) < NH)
+            w = tl.load(w_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+            un_op = (u.to(tl.float32) - _mm(w, s_op, BF16, ON_GPU)).to(w.dtype)  # delta-rule updates
+            tl.store(vn_ptr + at[:, None] * DV + offs_v[None, :], un_op, mask=valid[:, None])
+            kd = tl.load(kd_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+            last = tl.minimum(length - c0, 64) - 1
+            g_last = tl.load(g_ptr + (tok_lo + c0 + last) * HV + h)
+            s = s * tl.exp(g_last) + _mm(tl.trans(kd), un_op, BF16, ON_GPU)
+        tl.store(base_ptr + state_out + blk, s)
+
+
+def _forest_gdn_tc_out_kernel(
+    segs_ptr, qblocks_ptr, o_ptr, qg_ptr, aqk_ptr, hidx_ptr, hs_ptr, vn_ptr, level, NH,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (query block, value head, value block): if the block starts a 64-token chunk of a
+    live segment of `level` (< 0: of any level), the chunk's outputs
+    o = (q exp(gam)) S_start + scores U from the split walk's stored start state and updates -
+    the same operands and products as the fused walk's, every chunk of every segment at once."""
+    qb = tl.program_id(0).to(tl.int64) * 3
+    h = tl.program_id(1)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    slot = tl.load(qblocks_ptr + qb)
+    c0 = tl.load(qblocks_ptr + qb + 1)
+    rec = segs_ptr + slot * 8
+    length = tl.load(rec + 1)
+    seg_level = tl.load(rec + 2)
+    ok = (tl.load(qblocks_ptr + qb + 2) != 0) & (tl.load(rec + 7) != 0) & (c0 % 64 == 0) & (c0 < length)
+    if ok & ((level < 0) | (seg_level == level)):
+        tok_lo = tl.load(rec)
+        offs_k = tl.arange(0, DK)
+        offs_c = tl.arange(0, 64)
+        idx = tl.load(hidx_ptr + tok_lo + c0).to(tl.int64)
+        valid = (c0 + offs_c) < length
+        at = (tok_lo + c0 + offs_c) * HV + h
+        hmask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + idx) < NH
+        hs = tl.load(
+            hs_ptr + (idx * HV + h) * DK * DV + offs_k[:, None] * DV + offs_v[None, :], mask=hmask, other=0.0
+        )
+        qg = tl.load(qg_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+        aqk = tl.load(aqk_ptr + at[:, None] * 64 + offs_c[None, :], mask=valid[:, None], other=0.0)
+        vn = tl.load(vn_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
+        o = _mm(qg, hs, BF16, ON_GPU) + _mm(aqk, vn, BF16, ON_GPU)
+        tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
+
+
 _input_at = helper(_input_at)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
@@ -571,6 +667,8 @@ _kk = helper(_kk)  # type: ignore[assignment]
 _qk = helper(_qk)  # type: ignore[assignment]
 _gdn_tc_prep = kernel(_forest_gdn_tc_prep_kernel)
 _gdn_tc = kernel(_forest_gdn_tc_kernel)
+_gdn_tc_walk = kernel(_forest_gdn_tc_walk_kernel)
+_gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -715,6 +813,10 @@ TC_DOTS = ("tf32", "bf16")  # the operand precisions of the TC_CHUNK form (chunk
 TC_WARPS = 4
 TC_PREP_WARPS = 8
 TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chunk c's products
+TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
+TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
+TC_OUT_BV = 64  # value columns per outputs program
+TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 B of spills
 
 
 @dataclass(frozen=True)
@@ -744,6 +846,14 @@ class TcPrep:
     kd: torch.Tensor  # [T, HV, dk]
     scores: torch.Tensor  # [T, HV, TC_CHUNK]
     gam: torch.Tensor  # fp32 [T, HV]
+    walk: str = "split"  # TC_WALKS
+    walk_bv: int = TC_WALK_BV
+    walk_warps: int = TC_WARPS
+    walk_stages: int = 2
+    qblocks: torch.Tensor | None = None  # the pass's query blocks (split: the outputs' launch)
+    chunk_no: torch.Tensor | None = None  # int32 [T], a chunk's number at its first row
+    starts: torch.Tensor | None = None  # split: [NH, HV, dk, dv] every chunk's start state
+    updates: torch.Tensor | None = None  # split: [T, HV, dv] the chunks' U = u - w S
 
 
 def _check_gdn_inputs(
@@ -819,7 +929,11 @@ def forest_gdn_prep(
     v_dim: int,
     chunk: int = CHUNK,
     dots: str = "ieee",
-) -> ChunkPrep:
+    walk: str = "split",
+    walk_bv: int | None = None,
+    walk_warps: int | None = None,
+    walk_stages: int | None = None,
+) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
     and value head, all in parallel): with gam the cumulative log decay inside the chunk,
@@ -828,6 +942,15 @@ def forest_gdn_prep(
     of each level with the state. Inputs as for `forest_gdn`, and the pass's query blocks
     (`engine.kernels.forest_tables` qblocks [Q, 3]: every live segment's blocks of BLOCK_M rows
     from its start; a chunk is made where a block starts one). The kernel path only.
+
+    chunk TC_CHUNK (tensor cores) takes `walk` (TC_WALKS): "split" (default) leaves only the
+    products with the state to the serial walk, which stores each chunk's start state and
+    updates; the outputs of all chunks are then one parallel launch (`forest_gdn_outputs`, or
+    per level inside `forest_gdn`). "fused": the walk makes the outputs too. walk_bv: value
+    columns per split-walk program (a divisor of dv; None: TC_WALK_BV, 16 for the tiny test
+    heads), walk_warps its warps (None: TC_WALK_WARPS), walk_stages its software-pipeline
+    depth (None: TC_STAGES). The bits are the same either way on the
+    interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -846,7 +969,22 @@ def forest_gdn_prep(
                     f"live query block {i} (slot {slot}, local {local}) is not a block of a live slot"
                 )
     if chunk == TC_CHUNK:
-        return _tc_prep(conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots)
+        if walk_bv is None:
+            walk_bv = TC_WALK_BV if dv % TC_WALK_BV == 0 else 16
+        if walk not in TC_WALKS or walk_bv < 16 or walk_bv & (walk_bv - 1) or dv % walk_bv:
+            raise ValueError(f"walk must be one of {TC_WALKS} and walk_bv a power of two >= 16 dividing {dv}")
+        if walk_warps is None:
+            walk_warps = TC_WALK_WARPS[dots]
+        if walk_stages is None:
+            walk_stages = TC_STAGES[dots]
+        if walk_warps not in (1, 2, 4, 8) or walk_stages not in (1, 2, 3, 4):
+            raise ValueError(
+                f"walk_warps must be 1, 2, 4 or 8 and walk_stages 1 to 4, got {walk_warps}, {walk_stages}"
+            )
+        return _tc_prep(
+            conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv,
+            (walk_warps, walk_stages),
+        )  # fmt: skip
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
         chunk=chunk,
@@ -882,10 +1020,17 @@ def _tc_prep(
     dk: int,
     dv: int,
     dots: str,
+    walk: str,
+    walk_bv: int,
+    walk_config: tuple[int, int],
 ) -> TcPrep:
     _block_v(dk, dv)
     t, dev = conv.shape[0], conv.device
     op = torch.bfloat16 if dots == "bf16" else torch.float32
+    split = walk == "split"
+    # chunks: sum over segments of ceil(length / 64) <= T // 64 + S (the segments' rows are
+    # disjoint), and at most one per query block - fixed by the tables' sizes
+    nh = min(qblocks.shape[0], t // TC_CHUNK + segs.shape[0]) if split else 0
     prep = TcPrep(
         chunk=TC_CHUNK,
         dots=dots,
@@ -895,13 +1040,21 @@ def _tc_prep(
         kd=torch.empty(t, hv, dk, dtype=op, device=dev),
         scores=torch.empty(t, hv, TC_CHUNK, dtype=op, device=dev),
         gam=torch.empty(t, hv, dtype=torch.float32, device=dev),
+        walk=walk,
+        walk_bv=walk_bv,
+        walk_warps=walk_config[0],
+        walk_stages=walk_config[1],
+        qblocks=qblocks,
+        chunk_no=torch.empty(t, dtype=torch.int32, device=dev),
+        starts=torch.empty(nh, hv, dk, dv, dtype=op, device=dev),
+        updates=torch.empty(t if split else 0, hv, dv, dtype=op, device=dev),
     )
     if t == 0 or qblocks.shape[0] == 0:
         return prep
     conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
     _gdn_tc_prep[(qblocks.shape[0], hv)](
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
-        prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam,
+        prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, prep.chunk_no,
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
         HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16",
         num_warps=TC_PREP_WARPS, enable_fp_fusion=False,
@@ -928,6 +1081,7 @@ def forest_gdn(
     chunk: int = 0,
     dots: str = "ieee",
     prep: ChunkPrep | TcPrep | None = None,
+    outputs: bool = True,
     backend: Backend = "triton",
 ) -> None:
     """The delta-rule recurrence of one level's segments; writes their rows of `out` and final states.
@@ -946,6 +1100,11 @@ def forest_gdn(
     summed in another order (equal to rounding, not bitwise), with no token-to-token dependency
     inside a chunk. Either way a segment's bits depend on its own tokens and initial state alone.
     The torch reference (backend "torch") is token by token whatever chunk is.
+
+    A split chunk-64 prep (`forest_gdn_prep(walk="split")`): the walk stores the chunks' start
+    states and updates, and the level's outputs follow in a parallel launch - unless outputs is
+    False, when the caller makes every level's outputs in one launch after the last level with
+    `forest_gdn_outputs`. outputs is moot for every other form (they write their outputs as they go).
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     _check_chunk(chunk, dots)
@@ -977,6 +1136,16 @@ def forest_gdn(
                 f"prep is for chunk {prep.chunk}, dots {prep.dots!r}, {prep.w.shape[0]} rows; "
                 f"this call has chunk {chunk}, dots {dots!r}, {t} rows"
             )
+        if prep.walk == "split":
+            _gdn_tc_walk[(segs.shape[0], hv, dv // prep.walk_bv)](
+                base, segs, prep.w, prep.u, prep.kd, prep.gam, prep.chunk_no, prep.starts, prep.updates,
+                level, layer_off, prep.starts.shape[0],
+                HV=hv, DK=dk, DV=dv, BV=prep.walk_bv, BF16=dots == "bf16",
+                num_warps=prep.walk_warps, num_stages=prep.walk_stages, enable_fp_fusion=False,
+            )  # fmt: skip
+            if outputs:
+                _tc_outputs(prep, segs, out, level)
+            return
         _gdn_tc[(segs.shape[0], hv, dv // bv)](
             base, segs, out, prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, level, layer_off,
             HV=hv, DK=dk, DV=dv, BV=bv, BF16=dots == "bf16",
@@ -999,6 +1168,34 @@ def forest_gdn(
         HQK=hqk, HV=hv, DK=dk, DV=dv, BV=bv, BC=chunk, DOTS=dots,
         num_warps=CHUNK_WARPS if chunk else NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
+
+
+def _tc_outputs(prep: TcPrep, segs: torch.Tensor, out: torch.Tensor, level: int) -> None:
+    assert prep.qblocks is not None and prep.starts is not None
+    t, hv, dk, dv = *prep.qg.shape, out.shape[2]
+    if t == 0 or prep.qblocks.shape[0] == 0:
+        return
+    bv = TC_OUT_BV if dv % TC_OUT_BV == 0 else 16
+    _gdn_tc_out[(prep.qblocks.shape[0], hv, dv // bv)](
+        segs, prep.qblocks, out, prep.qg, prep.scores, prep.chunk_no, prep.starts, prep.updates,
+        level, prep.starts.shape[0],
+        HV=hv, DK=dk, DV=dv, BV=bv, BF16=prep.dots == "bf16",
+        num_warps=TC_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
+def forest_gdn_outputs(prep: ChunkPrep | TcPrep | None, segs: torch.Tensor, out: torch.Tensor) -> None:
+    """The outputs of every level's chunks in one parallel launch, after the last level's
+    `forest_gdn(..., outputs=False)` with a split chunk-64 prep (each chunk's start state and
+    updates are stored by then); does nothing for any other prep (their walks wrote the outputs)."""
+    if not isinstance(prep, TcPrep) or prep.walk != "split":
+        return
+    assert prep.updates is not None
+    want = (prep.qg.shape[0], prep.qg.shape[1], prep.updates.shape[2])
+    if out.dtype != torch.float32 or tuple(out.shape) != want or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous fp32 {list(want)}, got {out.dtype} {tuple(out.shape)}")
+    _check_table("segs", segs, (segs.shape[0], SEG_FIELDS), out)
+    _tc_outputs(prep, segs, out, -1)
 
 
 # ------------------------------------------------------------------------ torch references

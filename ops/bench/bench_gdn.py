@@ -4,14 +4,20 @@
 
 One GDN layer (16 key heads x 128, 48 value heads x 128) over three forests read from device
 tables: T=256 (one segment), (b) 256 + 3 x 40 (evidence then three questions from its final
-state: two levels), T=8,192 (one segment). Each path (token by token; the old chunk-32 tf32
-prep + walk; the chunk-64 tensor-core prep + walk at bf16 and tf32 operands) is captured in one
-CUDA graph per forest and replayed: median over `--reps` timed replays after warm-up, of CUDA
-event time per replay = ms per layer. `maxdiff` is the largest |o - o_token| over the live rows
-and `state` the largest difference of the final states, both against the token-by-token kernel
-(the exact path). If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16, varlen) is
-timed the same way at the same lengths for a side-by-side (its (b) runs four independent
-sequences: fla has no forest).
+state: two levels), T=8,192 (one segment). Paths: token by token; "tc64 bf16", the chunk-64
+tensor-core prep + fused walk (the first version); the split form - prep, a walk that makes
+only the state's products, then every chunk's outputs in one parallel launch - at bf16 with
+BV value columns, w warps and s pipeline stages per walk program ("split bf16" is the
+default, BV 32 w4 s2), and at tf32. Each is captured in one CUDA graph per forest and
+replayed: median over `--reps` timed replays after warm-up, of CUDA event time per replay =
+ms per layer. "split bf16" is followed by its parts, each in a graph of its own: the prep, the
+levels' walks, the outputs launch (their sum exceeds the whole by the launch overheads).
+`maxdiff` is the largest |o - o_token| over the live rows and `state` the largest difference
+of the final states, both against the token-by-token kernel (the exact path); `s` is the
+seconds since the start when the row was printed (compiles included), so a run cut short
+shows where its time went. If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16)
+is timed the same way at the same lengths, after all our rows, for a side-by-side (its (b)
+runs four independent sequences: fla has no forest; eagerly if its graph capture fails).
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -22,11 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
 
-from engine.kernels.forest_gdn import TC_CHUNK, forest_gdn, forest_gdn_prep
+from engine.kernels.forest_gdn import TC_CHUNK, forest_gdn, forest_gdn_outputs, forest_gdn_prep
 from engine.kernels.forest_tables import (
     BLOCK_M,
     SEG_FIELDS,
@@ -46,11 +53,17 @@ FORESTS = {
     "(b) 256+3x40": [(256, None), (40, 0), (40, 0), (40, 0)],
     "T=8192": [(8192, None)],
 }
+BREAKDOWN = "split bf16"  # also timed launch kind by launch kind (prep, the levels' walks, outputs)
+# path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) does by default
 PATHS = {
-    "token": (0, "ieee"),
-    "old c32 tf32": (32, "tf32"),
-    "tc64 bf16": (TC_CHUNK, "bf16"),
-    "tc64 tf32": (TC_CHUNK, "tf32"),
+    "token": (0, "ieee", {}),
+    "tc64 bf16": (TC_CHUNK, "bf16", dict(walk="fused")),
+    "split bf16": (TC_CHUNK, "bf16", {}),
+    "split BV64 w4": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=4)),
+    "split BV64 w8": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=8)),
+    "split BV16 w4": (TC_CHUNK, "bf16", dict(walk_bv=16, walk_warps=4)),
+    "split BV32 s3": (TC_CHUNK, "bf16", dict(walk_stages=3)),
+    "split tf32": (TC_CHUNK, "tf32", {}),
 }
 
 
@@ -100,11 +113,22 @@ def timed(fn: Callable[[], None], reps: int, graph: bool = True) -> float:
     return statistics.median(times)
 
 
+def save(path: str | None, results: list[dict]) -> None:
+    """Rewrite the JSON after every row: a run cut short keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--paths", help="comma-separated path names to time (token always runs)")
+    ap.add_argument("--no-fla", action="store_true", help="skip fla's side-by-side")
     args = ap.parse_args()
+    paths = {k: v for k, v in PATHS.items() if k == "token" or not args.paths or k in args.paths.split(",")}
+    t_start = time.perf_counter()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     heads = dict(num_k_heads=HQK, num_v_heads=HV, k_dim=DK, v_dim=DV)
@@ -113,8 +137,8 @@ def main() -> None:
     except Exception as e:  # optional side-by-side
         chunk_gated_delta_rule = None
         print(f"fla: not available ({type(e).__name__}: {e})")
-    results = []
-    print(f"{'forest':<14} {'path':<14} {'ms/layer':>9} {'maxdiff':>10} {'state':>10}")
+    results, made = [], []
+    print(f"{'forest':<14} {'path':<14} {'ms/layer':>9} {'maxdiff':>10} {'state':>10} {'s':>5}")
     for name, spec in FORESTS.items():
         segs, qblocks, t, levels = forest(spec, dev)
         conv = torch.nn.functional.silu(torch.randn(t, 2 * HQK * DK + HV * DV, device=dev, generator=gen))
@@ -129,20 +153,21 @@ def main() -> None:
             for r in range(lo, lo + n)
         ]
         ref_o = ref_state = None
-        for path, (chunk, dots) in PATHS.items():
+        for path, (chunk, dots, opts) in paths.items():
             out = torch.zeros(t, HV, DV, device=dev)
 
             def layer(chunk: int = chunk, dots: str = dots, out: torch.Tensor = out) -> None:
                 prep = None
                 if chunk:
                     prep = forest_gdn_prep(
-                        conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots
+                        conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
                     )
-                for level in range(levels):
+                for level in range(levels):  # as the body: the split form's outputs after the last level
                     forest_gdn(
                         conv, b_raw, a_raw, ssm_a, dt, base, segs, level, 0, out, **heads,
-                        chunk=chunk, dots=dots, prep=prep,
+                        chunk=chunk, dots=dots, prep=prep, outputs=False,
                     )  # fmt: skip
+                forest_gdn_outputs(prep, segs, out)
 
             ms = timed(layer, args.reps)
             o, state = out[live], base.clone()
@@ -150,47 +175,86 @@ def main() -> None:
                 ref_o, ref_state = o, state
             diff = (o - ref_o).abs().max().item()
             sdiff = (state - ref_state).abs().max().item()
-            print(f"{name:<14} {path:<14} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e}", flush=True)
+            el = time.perf_counter() - t_start
+            print(f"{name:<14} {path:<14} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e} {el:>5.0f}", flush=True)
             results.append(dict(forest=name, path=path, ms=ms, maxdiff=diff, state_diff=sdiff))
-        if chunk_gated_delta_rule is not None:
-            group = HV // HQK
-            q, k, v = conv.split([HQK * DK, HQK * DK, HV * DV], dim=-1)
-            q = q.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
-            k = k.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
-            v = v.reshape(1, t, HV, DV).bfloat16()
-            g = (ssm_a * torch.nn.functional.softplus(a_raw + dt)).view(1, t, HV)
-            beta = torch.sigmoid(b_raw).view(1, t, HV).bfloat16()
-            # one sequence: no cu_seqlens (fla then needs no host sync and fits in a graph)
-            cu = None
-            if len(spec) > 1:
-                cu = torch.tensor([0, *torch.tensor([n for n, _ in spec]).cumsum(0).tolist()], device=dev)
+            save(args.out, results)
+            if path == BREAKDOWN:  # where its time goes: each launch kind in a graph of its own
+                prep = forest_gdn_prep(
+                    conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
+                )
+                parts = {
+                    "prep": lambda: forest_gdn_prep(
+                        conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
+                    ),
+                    "walks": lambda: [
+                        forest_gdn(
+                            conv,
+                            b_raw,
+                            a_raw,
+                            ssm_a,
+                            dt,
+                            base,
+                            segs,
+                            level,
+                            0,
+                            out,
+                            **heads,
+                            chunk=chunk,
+                            dots=dots,
+                            prep=prep,
+                            outputs=False,
+                        )  # fmt: skip
+                        for level in range(levels)
+                    ],
+                    "outputs": lambda: forest_gdn_outputs(prep, segs, out),
+                }
+                for part, fn in parts.items():
+                    ms = timed(fn, args.reps)
+                    print(f"{name:<14} {'  ' + part:<14} {ms:>9.4f}", flush=True)
+                    results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
+        made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))
+    # fla last, so a slow autotune of its kernels cannot cut our rows short
+    for name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o in made:
+        if chunk_gated_delta_rule is None or args.no_fla:
+            break
+        group = HV // HQK
+        q, k, v = conv.split([HQK * DK, HQK * DK, HV * DV], dim=-1)
+        q = q.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
+        k = k.view(1, t, HQK, DK).repeat_interleave(group, dim=2).bfloat16()
+        v = v.reshape(1, t, HV, DV).bfloat16()
+        g = (ssm_a * torch.nn.functional.softplus(a_raw + dt)).view(1, t, HV)
+        beta = torch.sigmoid(b_raw).view(1, t, HV).bfloat16()
+        # one sequence: no cu_seqlens (fla then needs no host sync and fits in a graph)
+        cu = None
+        if len(spec) > 1:
+            cu = torch.tensor([0, *torch.tensor([n for n, _ in spec]).cumsum(0).tolist()], device=dev)
 
-            def fla_layer() -> None:
-                chunk_gated_delta_rule(
-                    q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                    output_final_state=True,
-                )  # fmt: skip
+        def fla_layer() -> None:
+            chunk_gated_delta_rule(
+                q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                output_final_state=True,
+            )  # fmt: skip
 
+        try:
+            label = "fla 0.6 bf16"
             try:
-                label = "fla 0.6 bf16"
-                try:
-                    ms = timed(fla_layer, args.reps)
-                except Exception:  # varlen fla syncs with the host: no graph; time it eagerly
-                    torch.cuda.synchronize()
-                    label = "fla eager"
-                    ms = timed(fla_layer, args.reps, graph=False)
-                o_fla, _ = chunk_gated_delta_rule(
-                    q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-                    output_final_state=True,
-                )  # fmt: skip
-                diff = (o_fla[0].float() - ref_o).abs().max().item() if levels == 1 else float("nan")
-                print(f"{name:<14} {label:<14} {ms:>9.4f} {diff:>10.2e}", flush=True)
-                results.append(dict(forest=name, path=label, ms=ms, maxdiff=diff))
-            except Exception as e:
-                print(f"{name:<14} fla failed: {type(e).__name__}: {str(e)[:200]}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+                ms = timed(fla_layer, args.reps)
+            except Exception:  # varlen fla syncs with the host: no graph; time it eagerly
+                torch.cuda.synchronize()
+                label = "fla eager"
+                ms = timed(fla_layer, args.reps, graph=False)
+            o_fla, _ = chunk_gated_delta_rule(
+                q, k, v, g, beta, scale=DK**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                output_final_state=True,
+            )  # fmt: skip
+            diff = (o_fla[0].float() - ref_o).abs().max().item() if levels == 1 else float("nan")
+            el = time.perf_counter() - t_start
+            print(f"{name:<14} {label:<14} {ms:>9.4f} {diff:>10.2e} {'':>10} {el:>5.0f}", flush=True)
+            results.append(dict(forest=name, path=label, ms=ms, maxdiff=diff))
+            save(args.out, results)
+        except Exception as e:
+            print(f"{name:<14} fla failed: {type(e).__name__}: {str(e)[:200]}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from engine.kernels.forest_gdn import (
     forest_conv,
     forest_conv_reference,
     forest_gdn,
+    forest_gdn_outputs,
     forest_gdn_prep,
     forest_gdn_reference,
 )
@@ -461,18 +462,24 @@ def _long_forest(dev: torch.device, gen: torch.Generator, lengths: list[int], fi
 
 
 def _run_levels(
-    pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk: int, backend: str = "triton", dots: str = "ieee"
-) -> torch.Tensor:
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk: int, backend: str = "triton", dots: str = "ieee",
+    **tc,
+) -> torch.Tensor:  # fmt: skip
+    """Both levels; tc: walk= for the chunk-64 prep, outputs=False to make the outputs after the
+    last level in one launch (as the body does)."""
     out = torch.zeros(conv.shape[0], HV, DV, device=conv.device)
     prep = None
+    outputs = tc.pop("outputs", True)
     if chunk and backend == "triton":  # once for both levels, as the body does
         qb = _qblocks(segs)
-        prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, qb, **KW, chunk=chunk, dots=dots)
+        prep = forest_gdn_prep(conv, b_raw, a_raw, ssm_a, dt, segs, qb, **KW, chunk=chunk, dots=dots, **tc)
     for level in range(2):
         forest_gdn(
             conv, b_raw, a_raw, ssm_a, dt, pool.base, segs, level, LAYER * STATE, out, **KW,
-            chunk=chunk, dots=dots, prep=prep, backend=backend,
+            chunk=chunk, dots=dots, prep=prep, outputs=outputs, backend=backend,
         )  # fmt: skip
+    if not outputs:
+        forest_gdn_outputs(prep, segs, out)
     return out
 
 
@@ -594,6 +601,17 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="ieee")
     with pytest.raises(ValueError, match="bf16 dots need chunk"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=32, dots="bf16")
+    with pytest.raises(ValueError, match="walk must be one of"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk="serial")
+    with pytest.raises(ValueError, match="walk_bv a power of two"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_bv=24)
+    with pytest.raises(ValueError, match="walk_warps must be"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_warps=3)
+    with pytest.raises(ValueError, match="walk_stages 1 to 4"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_stages=0)
+    tc = forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16")
+    with pytest.raises(ValueError, match="out must be contiguous fp32"):
+        forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV + 1, device=dev))
     prep = forest_gdn_prep(*args, segs, qb, **KW, chunk=16)
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
@@ -642,6 +660,32 @@ def test_tc_chunks_equal_the_token_by_token_recurrence(
 
 
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_split_walk_equals_the_fused_one(dots: str, dev: torch.device, gen: torch.Generator) -> None:
+    """The split walk (only the state's products, storing each chunk's start state and updates)
+    followed by the outputs of every chunk in parallel - per level, or once after the last level
+    as the body does - reads the same operands and makes the same products as the fused walk:
+    bit for bit on the interpreter; on the GPU the products' tiling differs, so to fp32
+    accumulation rounding (far below the operands' unit u)."""
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
+    before = pool.base.clone()
+    runs = []
+    for tc in (dict(walk="fused"), dict(walk="split"), dict(walk="split", outputs=False)):
+        pool.base.copy_(before)
+        out = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots, **tc)
+        runs.append((out, [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]))
+    (fused, fused_states), rest = runs[0], runs[1:]
+    for out, states in rest:
+        if dev.type == "cpu":
+            assert torch.equal(out, fused)
+            assert all(torch.equal(s, f) for s, f in zip(states, fused_states, strict=True))
+        else:
+            assert (out - fused).abs().max() <= UNIT[dots] / 16 * fused.abs().max()
+            for s, f in zip(states, fused_states, strict=True):
+                assert (s - f).abs().max() <= UNIT[dots] / 16 * f.abs().max()
+    assert fused.abs().max() > 0
+
+
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
 def test_tc_segment_bits_do_not_depend_on_the_launch(
     dots: str, dev: torch.device, gen: torch.Generator
 ) -> None:
@@ -680,11 +724,12 @@ def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen
     prep = forest_gdn_prep(
         y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.segs, qb, **KW, chunk=TC_CHUNK, dots=dots
     )
-    for level in range(3):
+    for level in range(3):  # the body's order: the split walk level by level, then all outputs
         forest_gdn(
             y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.pool.base, case.segs, level, LAYER * STATE,
-            out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep,
+            out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep, outputs=False,
         )  # fmt: skip
+    forest_gdn_outputs(prep, case.segs, out)
     bound = 32 * UNIT[dots]
     for s in NODES:
         _, o_o, state_o, _ = _oracle(case, s)
