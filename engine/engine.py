@@ -128,6 +128,8 @@ class _Question:
     thought_truncated: bool = False
     second: Readout | None = None
     token_memo: dict[tuple[tuple[int, ...], bool], list[int]] = field(default_factory=dict)
+    source: DecideRequest | None = None  # its request: deadline and cancellation polled per step
+    cut: str | None = None  # why a deadline or cancellation stopped its thought
 
     @property
     def option_ids(self) -> list[str]:
@@ -365,7 +367,8 @@ class Engine:
         rejected = {
             r: reason for r, req in enumerate(requests) if (reason := self._unsupported(req)) is not None
         }
-        live = [r for r in range(len(requests)) if r not in rejected]
+        stopped = self._stopped_before_start(requests, rejected)
+        live = [r for r in range(len(requests)) if r not in rejected and r not in stopped]
         batch: list[list[_Question]] = []
         state_texts: list[str] = []
         for r in live:
@@ -373,9 +376,14 @@ class Engine:
             state_text = render_state(req.request.state)
             state_texts.append(state_text)
             event_gate = dc.gate if req.gate is None else req.gate
+            budget = dc.thought_budget if req.thought_budget is None else req.thought_budget
+            if req.max_thought_budget is not None:  # the operator's ceiling: callers lower, never raise
+                budget = min(budget, req.max_thought_budget)
             qs = []
             for qid, question in req.request.questions.items():
                 gate = event_gate if question.gate is None else question.gate
+                if req.max_gate is not None:
+                    gate = min(gate, req.max_gate)
                 qs.append(
                     _Question(
                         qid=qid,
@@ -385,7 +393,8 @@ class Engine:
                         event_id=req.request_id,
                         state_text=state_text,
                         rounds=ChoiceRounds(_n_options(question)),
-                        budget=dc.thought_budget if req.thought_budget is None else req.thought_budget,
+                        budget=budget,
+                        source=req,
                     )
                 )
             batch.append(qs)
@@ -421,9 +430,25 @@ class Engine:
         elapsed = time.perf_counter() - t0
         by_request = dict(zip(live, batch, strict=True))
         return [
-            _rejected_result(req, rejected[r]) if r in rejected else self._result(req, by_request[r], elapsed)
+            _rejected_result(req, rejected[r])
+            if r in rejected
+            else _stopped_result(req, stopped[r])
+            if r in stopped
+            else self._result(req, by_request[r], elapsed)
             for r, req in enumerate(requests)
         ]
+
+    def _stopped_before_start(
+        self, requests: list[DecideRequest], rejected: dict[int, str]
+    ) -> dict[int, str]:
+        """Requests already past their deadline or cancelled when the call starts (they waited in a
+        queue): they run nothing. Rank 0 decides under tensor parallelism, as in `_keep_going`."""
+        if not any((req.deadline, req.cancel) != (None, None) for req in requests):
+            return {}
+        reasons = [req.stop_reason() for req in requests]
+        if self.tp is not None:
+            reasons = self.tp.broadcast(reasons)
+        return {r: why for r, why in enumerate(reasons) if why is not None and r not in rejected}
 
     def _unsupported(self, req: DecideRequest) -> str | None:
         """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
@@ -572,6 +597,10 @@ class Engine:
         is a forest of one-token segments, one per active question, hanging from its own
         question's state.
         """
+        keep = self._keep_going([q for _, q in thinkers])
+        thinkers = [t for t, go in zip(thinkers, keep, strict=True) if go]
+        if not thinkers:
+            return
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
         outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
         started: list[tuple[_Question, torch.Tensor, SegmentState]] = []
@@ -599,11 +628,34 @@ class Engine:
         second.submit([self._read_letters(q, logits, len(q.option_ids))])
         q.second = self._readout(q, second)
 
+    def _keep_going(self, qs: list[_Question]) -> list[bool]:
+        """Per question: False when its request is past its deadline or cancelled (and mark it cut).
+
+        Polled before each thought step. A cut thought just leaves the step: the others' segments
+        or decoder rows are computed alone whatever their companions (the int8 contract), so their
+        bits do not change. Under tensor parallelism rank 0 decides and broadcasts, since every
+        rank must run the same steps (followers get unset cancel tokens); the broadcast only
+        happens when some request can stop at all, which every rank knows alike.
+        """
+        if not any(q.source is not None and (q.source.deadline, q.source.cancel) != (None, None) for q in qs):
+            return [True] * len(qs)
+        reasons = [q.source.stop_reason() if q.source is not None else None for q in qs]
+        if self.tp is not None:
+            reasons = self.tp.broadcast(reasons)
+        for q, reason in zip(qs, reasons, strict=True):
+            if reason is not None:
+                q.cut = reason
+        return [reason is None for reason in reasons]
+
     def _think_forest(self, active: list[tuple[_Question, torch.Tensor, SegmentState]]) -> None:
         dc = self.decision_config
         end_think = self.tokenizer.special.end_think
         closing = tuple(self.prompts.think_close_ids)
         while active:
+            keep = self._keep_going([q for q, _, _ in active])
+            active = [a for a, go in zip(active, keep, strict=True) if go]
+            if not active:
+                return
             feeds: list[tuple[_Question, tuple[int, ...], bool, SegmentState]] = []
             for q, logits, state in active:
                 if len(q.thought_ids) >= q.budget:
@@ -666,6 +718,12 @@ class Engine:
         limit = decoder.max_live(max(q.budget for q, _, _ in started) + len(closing))
         live: list[_Thinking] = []
         while live or waiting:
+            keep = self._keep_going([t.q for t in live] + [q for q, _, _ in waiting])
+            n_live = len(live)
+            live = [t for t, go in zip(live, keep[:n_live], strict=True) if go]
+            waiting = [w for w, go in zip(waiting, keep[n_live:], strict=True) if go]
+            if not live and not waiting:
+                return
             while waiting and len(live) < limit:
                 q, logits, state = waiting.pop()
                 live.append(_Thinking(q, decoder.start(state, q.budget + len(closing)), logits))
@@ -715,6 +773,7 @@ class Engine:
         traces: dict[str, QuestionTrace] = {}
         input_tokens = 0
         output_tokens = 0
+        stopped = next((q.cut for q in qs if q.cut is not None), None)
         for q in qs:
             assert q.first is not None
             final = list(q.first.probabilities)
@@ -743,6 +802,7 @@ class Engine:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             timings={"decide_s": elapsed},
+            stopped=stopped,  # type: ignore[arg-type]
         )
 
 
@@ -757,6 +817,10 @@ def _should_think(q: _Question) -> bool:
     if q.gate <= 0.0 or len(q.option_ids) > MAX_LETTERS:
         return False
     return q.gate >= 1.0 or max(q.first.probabilities) < q.gate
+
+
+def _stopped_result(req: DecideRequest, reason: str) -> DecideResult:
+    return DecideResult(req.request_id, {}, {}, 0, 0, stopped=reason)  # type: ignore[arg-type]
 
 
 def _rejected_result(req: DecideRequest, reason: str) -> DecideResult:

@@ -1,0 +1,91 @@
+"""Engine-side ceilings and stops: operator caps on gate and budget, deadlines, cancellation.
+
+The int8 engine on CPU, forest-step thought loop: a request cut mid-thought leaves the other
+requests of its batch bit-for-bit as they are alone (the decoder loop's twin of that test is in
+tests/engine/decode/test_decoder_stops.py, where the Triton interpreter is on).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from engine.engine import Engine
+from engine.testing.make_model import make_model
+from engine.types import CancelToken, DecideRequest, DecideResult
+from schemas.systemone import SystemOneRequest
+
+CRITERIA = {"dba": None, "sre": None, "net": None}
+QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": CRITERIA}
+
+
+@pytest.fixture(scope="module")
+def int8_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    root = tmp_path_factory.mktemp("stops_model")
+    path = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny")
+    (root / "decision_config.json").write_text(json.dumps({"thought_budget": 12}))
+    return Engine.load(path, precision="int8")
+
+
+class _CancelAfter(CancelToken):
+    """Set after `polls` looks: a client that leaves mid-thought, at a reproducible step."""
+
+    def __init__(self, polls: int) -> None:
+        super().__init__()
+        self.polls = polls
+
+    def is_set(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+
+def _req(event_id: str, state: str, **kw: object) -> DecideRequest:
+    body = SystemOneRequest.model_validate({"state": state, "questions": {"q": QUESTION}})
+    return DecideRequest(event_id, body, seed=1, gate=1.0, **kw)  # type: ignore[arg-type]
+
+
+def _bits(result: DecideResult) -> object:
+    return {q: t.model_dump() for q, t in result.traces.items()}, result.answers
+
+
+def test_ceilings_lower_the_gate_and_the_budget(int8_engine: Engine) -> None:
+    plain, capped, no_think = int8_engine.decide([
+        _req("a", "disk 97% on db-3", thought_budget=12),
+        _req("a", "disk 97% on db-3", thought_budget=10_000, max_thought_budget=2),
+        _req("a", "disk 97% on db-3", max_gate=0.0),
+    ])  # fmt: skip
+    assert plain.traces["q"].thought is not None
+    assert capped.traces["q"].thought_tokens <= 2
+    assert capped.traces["q"].thought_truncated or capped.traces["q"].thought_tokens < 2
+    assert no_think.traces["q"].thought is None and no_think.traces["q"].second is None
+    assert no_think.output_tokens == 0
+
+
+def test_a_cancelled_thought_stops_and_leaves_its_companions_bits(int8_engine: Engine) -> None:
+    other = _req("b", "api latency 900ms on checkout")
+    alone = int8_engine.decide([other])[0]
+    cut, together = int8_engine.decide([_req("a", "disk 97% on db-3", cancel=_CancelAfter(3)), other])
+    assert alone.traces["q"].thought_tokens > 3  # the companion thinks past the cut step
+    assert cut.stopped == "cancelled" and together.stopped is None
+    assert cut.traces["q"].second is None and cut.traces["q"].thought_tokens <= 3
+    assert _bits(together) == _bits(alone)
+
+
+def test_a_request_past_its_deadline_runs_nothing(int8_engine: Engine) -> None:
+    late, on_time = int8_engine.decide([
+        _req("a", "disk 97% on db-3", deadline=time.monotonic() - 1.0),
+        _req("b", "disk 97% on db-3", deadline=time.monotonic() + 600.0),
+    ])  # fmt: skip
+    assert late.stopped == "deadline" and late.answers == {}
+    assert on_time.stopped is None and on_time.answers
+
+
+def test_a_cancel_token_pickles_unset() -> None:
+    """Tensor-parallel followers receive requests pickled: the token must travel, and not fire there."""
+    import pickle
+
+    token = CancelToken()
+    token.cancel()
+    assert token.is_set() and not pickle.loads(pickle.dumps(token)).is_set()
