@@ -12,6 +12,10 @@ batch goes as soon as its oldest request has waited `max_wait_s`.
 
 A batch that raises is retried request by request, so one request the engine cannot handle
 fails alone and its companions still get answers.
+
+Draining (SIGTERM): `begin_drain(s)` refuses new requests at once and, `s` seconds later, sets the
+cancel token of every request still accepted, so the engine stops their thoughts at the next
+step and the engine thread is free well within a bounded time.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Protocol
 
 import structlog
 
-from engine.types import DecideRequest, DecideResult
+from engine.types import CancelToken, DecideRequest, DecideResult
 from prism_pipeline.batcher import Batch, Batcher
 
 log = structlog.get_logger(__name__)
@@ -61,6 +65,8 @@ class BatchStats:
     tokens: int
     engine_seconds: float
     queue_seconds: list[float]  # per request: arrival to the start of its engine call
+    thought_tokens: int = 0  # generated, answered or not (a cut request's thought counts too)
+    stopped: dict[str, int] = field(default_factory=dict)  # requests cut, by reason (deadline, cancelled)
 
 
 class EngineDispatcher:
@@ -86,6 +92,12 @@ class EngineDispatcher:
         self._closing = False
         self._pending = 0
         self._on_batch = on_batch
+        self._tokens: set[CancelToken] = set()  # of the accepted requests, for the drain
+        self._drain: asyncio.TimerHandle | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self._closing
 
     @property
     def pending(self) -> int:
@@ -100,6 +112,8 @@ class EngineDispatcher:
         """Answer everything already accepted, then stop the engine thread."""
         self._closing = True
         self._wake.set()
+        if self._drain is not None:
+            self._drain.cancel()
         if self._task is not None:
             await self._task
             self._task = None
@@ -112,12 +126,32 @@ class EngineDispatcher:
             raise Overloaded(f"{self._pending} requests are already waiting (limit {self.max_pending})")
         fut: asyncio.Future[DecideResult] = asyncio.get_running_loop().create_future()
         self._pending += 1
+        if request.cancel is not None:
+            self._tokens.add(request.cancel)
         try:
             self._ready.extend(self._batcher.add(_Pending(request, tokens, fut), tokens, time.monotonic()))
             self._wake.set()
             return await fut
         finally:
             self._pending -= 1
+            if request.cancel is not None:
+                self._tokens.discard(request.cancel)
+
+    def begin_drain(self, drain_s: float) -> None:
+        """Take no new requests; cut the accepted ones' thoughts if they still run after `drain_s`."""
+        if self._closing:
+            return
+        log.info("serve.draining", pending=self._pending, drain_s=drain_s)
+        self._closing = True
+        self._wake.set()
+        self._drain = asyncio.get_running_loop().call_later(drain_s, self.cancel_all)
+
+    def cancel_all(self) -> None:
+        """Set every accepted request's cancel token: the engine stops their thoughts next step."""
+        if self._tokens:
+            log.info("serve.drain_cancelling", requests=len(self._tokens))
+        for token in list(self._tokens):
+            token.cancel()
 
     # ---- the dispatch loop ---------------------------------------------------------------------
 
@@ -167,6 +201,10 @@ class EngineDispatcher:
                 p.future.set_exception(outcome)
             else:
                 p.future.set_result(outcome)
+        stopped: dict[str, int] = {}
+        for outcome in results:
+            if isinstance(outcome, DecideResult) and outcome.stopped is not None:
+                stopped[outcome.stopped] = stopped.get(outcome.stopped, 0) + 1
         if self._on_batch is not None:
             self._on_batch(
                 BatchStats(
@@ -174,6 +212,8 @@ class EngineDispatcher:
                     tokens=sum(p.tokens for p in items),
                     engine_seconds=engine_seconds,
                     queue_seconds=[started - p.enqueued for p in items],
+                    thought_tokens=sum(o.output_tokens for o in results if isinstance(o, DecideResult)),
+                    stopped=stopped,
                 )
             )
 
