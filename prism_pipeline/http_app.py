@@ -56,7 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from engine.types import CancelToken, DecideRequest, DecideResult
-from prism_pipeline.ceilings import Ceilings, too_deep
+from prism_pipeline.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
 from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
 from prism_pipeline.http_metrics import ServeMetrics
 from prism_pipeline.records import DecisionEngine
@@ -412,11 +412,23 @@ def _check_header_key(header: str | None, key: str) -> None:
         )
 
 
-def _check_cheap_bounds(req: SystemOneRequest, token_limit: int) -> None:
-    """What can be refused before tokenizing: a state nested too deep, or far too long."""
-    why = too_deep(req.state)
+def _check_depth(obj: Any) -> None:
+    """Refuse a body nested deeper than every path can take, before pydantic recurses into it.
+
+    The state may nest MAX_STATE_DEPTH levels (the body adds one); the instructions, a JSON value
+    too, no deeper than that.
+    """
+    if nesting_depth(obj, MAX_STATE_DEPTH + 2) <= MAX_STATE_DEPTH + 1:
+        return
+    state = obj.get("state") if isinstance(obj, dict) else None
+    why = too_deep(state)
     if why is not None:
         raise _error(422, "state_too_deep", why, ["body", "state"])
+    raise _error(422, "body_too_deep", f"the body nests more than {MAX_STATE_DEPTH + 1} levels deep")
+
+
+def _check_cheap_bounds(req: SystemOneRequest, token_limit: int) -> None:
+    """What can be refused before tokenizing: a state far too long for the token limit."""
     chars = len(req.state) if isinstance(req.state, str) else 0
     if not isinstance(req.state, str) and req.state is not None:
         chars = len(orjson.dumps(req.state))
@@ -635,6 +647,7 @@ def _parse_request(raw: bytes, limits: Limits) -> SystemOneRequest:
         raise _json_error(raw, e) from None
     if _LONG_DIGITS.search(raw):  # orjson turns integers beyond 64 bits into floats, silently
         json.loads(raw, parse_int=_check_int)
+    _check_depth(obj)
     if has_duplicate_keys(raw, obj):
         raise _error(
             400, "duplicate_keys", "an object in the body repeats a key (question ids must be unique)"
