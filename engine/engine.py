@@ -376,9 +376,12 @@ class Engine:
             state_text = render_state(req.request.state)
             state_texts.append(state_text)
             event_gate = dc.gate if req.gate is None else req.gate
+            # A request (an event) may lower the budget, never raise it past the operator's ceiling:
+            # the request's own, else the decision config's (so Kafka records stay a function of
+            # the config their digest names).
             budget = dc.thought_budget if req.thought_budget is None else req.thought_budget
-            if req.max_thought_budget is not None:  # the operator's ceiling: callers lower, never raise
-                budget = min(budget, req.max_thought_budget)
+            ceiling = dc.thought_budget if req.max_thought_budget is None else req.max_thought_budget
+            budget = min(budget, ceiling)
             qs = []
             for qid, question in req.request.questions.items():
                 gate = event_gate if question.gate is None else question.gate
