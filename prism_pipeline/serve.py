@@ -152,8 +152,11 @@ def guarded_protocol(lim: SocketLimits) -> type:
             self._guard_bytes = 0
             self._guard_count = 0
             self._guard_over = False
+            self._in_headers = True
+            self._header_raw = 0  # bytes fed while the headers were still incomplete
+            self._discarding = False
             if len(self.connections) > lim.max_connections:
-                log.warning("serve.connection_refused", open=len(self.connections), cap=lim.max_connections)
+                _refusals.note(len(self.connections), lim.max_connections)
                 self._refuse(503, "too many connections; retry later")
                 return
             self._arm()
@@ -177,7 +180,9 @@ def guarded_protocol(lim: SocketLimits) -> type:
                 log.info("serve.header_timeout", client=str(self.client), timeout_s=lim.header_timeout_s)
                 self._refuse(408, "request headers did not arrive in time")
 
-        def _refuse(self, status: int, message: str) -> None:
+        def _refuse(self, status: int, message: str, linger_s: float = 0.0) -> None:
+            """Answer `status` and close; with `linger_s`, read and drop what the client still sends
+            for that long first (a lingering close), so it sees the answer, not a reset."""
             body = message.encode()
             phrase = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(
                 status, b"Service Unavailable"
@@ -186,11 +191,17 @@ def guarded_protocol(lim: SocketLimits) -> type:
                 b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, phrase, len(body), body)
             )
-            self.transport.close()
+            if linger_s > 0:
+                self._discarding = True
+                self._disarm()
+                self.loop.call_later(linger_s, self.transport.close)
+            else:
+                self.transport.close()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._guard_bytes = self._guard_count = 0
+            self._in_headers = True
             self._arm()
 
         def on_url(self, url: bytes) -> None:
@@ -210,23 +221,52 @@ def guarded_protocol(lim: SocketLimits) -> type:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._in_headers = False
+            self._header_raw = 0
             super().on_headers_complete()
 
         def send_400_response(self, msg: str) -> None:
             if self._guard_over:
                 limits = f"{lim.max_header_bytes} bytes and {lim.max_headers} headers"
                 log.info("serve.headers_too_large", client=str(self.client), limit=limits)
-                self._refuse(431, f"request line and headers are limited to {limits}")
+                self._refuse(431, f"request line and headers are limited to {limits}", linger_s=1.0)
             else:
                 super().send_400_response(msg)
 
         def data_received(self, data: bytes) -> None:
-            if self.transport.is_closing():
+            if self._discarding or self.transport.is_closing():
                 return
             super().data_received(data)
+            # httptools hands a header to on_header only once it is complete, buffering it until
+            # then: count what was fed while the headers are still open, so one endless header
+            # costs at most the limit plus one read, not whatever the client sends.
+            if self._in_headers and not self.transport.is_closing():
+                self._header_raw += len(data)
+                if self._header_raw > lim.max_header_bytes:
+                    self._guard_over = True
+                    self.send_400_response("")
 
     assert issubclass(httptools.HttpParserCallbackError, httptools.HttpParserError)
     return GuardedHttpToolsProtocol
+
+
+class _Refusals:
+    """Connections refused at the cap, logged at most once a second (a flood is one line per second)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.logged = 0.0
+
+    def note(self, open_now: int, cap: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.logged >= 1.0:
+            log.warning("serve.connections_refused", refused=self.count, open=open_now, cap=cap)
+            self.logged = now
+            self.count = 0
+
+
+_refusals = _Refusals()
 
 
 def _draining_server(config: Any, drain_s: float) -> Any:

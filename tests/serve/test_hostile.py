@@ -197,6 +197,13 @@ def test_oversized_and_too_many_headers_are_431(guarded: Served) -> None:
     assert httpx.get(f"{guarded.url}/health", timeout=30).status_code == 200
 
 
+def test_an_endless_header_is_431_without_being_buffered(guarded: Served) -> None:
+    """httptools buffers a header until it ends: the raw bytes are counted, not just whole headers."""
+    sock = _connect(guarded)
+    sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 200_000)
+    assert _reply(sock).startswith(b"HTTP/1.1 431 ")
+
+
 def test_slow_headers_and_slow_bodies_are_timed_out(guarded: Served) -> None:
     sock = _connect(guarded)
     sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\n")  # and never the end of the headers
