@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -319,14 +320,28 @@ class Engine:
         return total
 
     # ------------------------------------------------------------------------------ decide
-    def decide(self, requests: list[DecideRequest], *, mode: Mode = "forest") -> list[DecideResult]:
+    def decide(
+        self,
+        requests: list[DecideRequest],
+        *,
+        mode: Mode = "forest",
+        on_ready: Callable[[int, DecideResult], None] | None = None,
+    ) -> list[DecideResult]:
+        """One result per request. `on_ready(i, result)` (rank 0 only) hands over request i's result
+        as soon as it is final - after the first read-outs for a request none of whose questions
+        think - so a short request batched with long thoughts need not wait for them; the same
+        result object is in the returned list."""
         if mode not in ("forest", "per_question"):
             raise ValueError(f"mode must be 'forest' or 'per_question', got {mode!r}")
         if self.tp is not None:
             if self.followers is None:
                 raise RuntimeError("decide() runs on rank 0 of a tensor-parallel group, which is closed")
             self.followers.send(("decide", requests, mode, self._knobs()))
-        return self._decide(requests, mode)
+        self._on_ready = on_ready
+        try:
+            return self._decide(requests, mode)
+        finally:
+            self._on_ready = None
 
     def _knobs(self) -> dict[str, Any]:
         """Settings callers may change on rank 0 that steer the computation: followers mirror them."""
@@ -419,6 +434,15 @@ class Engine:
             for i, key in enumerate(keys):
                 evidence_states[i] = self.cache.get(key)
                 self.cache.pin(key)
+        early: dict[int, DecideResult] = {}
+        on_ready = getattr(self, "_on_ready", None)
+        if on_ready is not None:
+
+            def ready(i: int, qs: list[_Question]) -> None:
+                early[live[i]] = self._result(requests[live[i]], qs, time.perf_counter() - t0)
+                on_ready(live[i], early[live[i]])
+
+            self._ready_hook: Callable[[int, list[_Question]], None] | None = ready
         try:
             self._decide_stages(batch, evidence_ids, evidence_states, mode)
             if mode == "forest":
@@ -426,6 +450,7 @@ class Engine:
                     if state is not None:
                         self.cache.put(key, state)
         finally:
+            self._ready_hook = None
             if mode == "forest":
                 for key in keys:
                     self.cache.unpin(key)
@@ -437,6 +462,8 @@ class Engine:
             if r in rejected
             else _stopped_result(req, stopped[r])
             if r in stopped
+            else early[r]
+            if r in early
             else self._result(req, by_request[r], elapsed)
             for r, req in enumerate(requests)
         ]
@@ -483,6 +510,12 @@ class Engine:
 
         # AutoThink: questions whose top first probability is below their gate.
         thinkers = [(r, q) for r, qs in enumerate(batch) for q in qs if _should_think(q)]
+        hook = getattr(self, "_ready_hook", None)
+        if hook is not None:  # requests that will not think are final now
+            thinking = {r for r, _ in thinkers}
+            for r, qs in enumerate(batch):
+                if r not in thinking:
+                    hook(r, qs)
         if thinkers:
             self._think(thinkers, evidence_ids, evidence_states, mode)
 

@@ -10,6 +10,10 @@ Dispatch rule: while the engine is busy, arrivals keep filling the open batch (u
 instead of being cut into many small batches at each deadline; when the engine is idle, the open
 batch goes as soon as its oldest request has waited `max_wait_s`.
 
+Fairness: an engine that takes `on_ready` hands each request's result over as soon as it is
+final, so a short request batched with long thoughts is answered after the first read-outs, not
+after the thoughts (the bits are the same: only when the answer leaves changes).
+
 A batch that raises is retried request by request, so one request the engine cannot handle
 fails alone and its companions still get answers.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +44,13 @@ log = structlog.get_logger(__name__)
 
 class Decider(Protocol):
     def decide(self, requests: list[DecideRequest]) -> list[DecideResult]: ...
+
+
+def _takes_on_ready(engine: Decider) -> bool:
+    try:
+        return "on_ready" in inspect.signature(engine.decide).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class Overloaded(RuntimeError):
@@ -92,6 +104,7 @@ class EngineDispatcher:
         self._closing = False
         self._pending = 0
         self._on_batch = on_batch
+        self._early = _takes_on_ready(engine)
         self._tokens: set[CancelToken] = set()  # of the accepted requests, for the drain
         self._drain: asyncio.TimerHandle | None = None
 
@@ -182,9 +195,19 @@ class EngineDispatcher:
             return
         loop = asyncio.get_running_loop()
         started = time.monotonic()
+        on_ready = None
+        if self._early:
+
+            def deliver(i: int, result: DecideResult) -> None:
+                if not items[i].future.done():
+                    items[i].future.set_result(result)
+
+            def on_ready(i: int, result: DecideResult) -> None:  # on the engine thread
+                loop.call_soon_threadsafe(deliver, i, result)
+
         try:
             results = await loop.run_in_executor(
-                self._pool, _decide_isolated, self.engine, [p.request for p in items]
+                self._pool, _decide_isolated, self.engine, [p.request for p in items], on_ready
             )
         except BaseException as e:  # the thread itself failed: every waiter learns why
             for p in items:
@@ -218,10 +241,17 @@ class EngineDispatcher:
             )
 
 
-def _decide_isolated(engine: Decider, requests: list[DecideRequest]) -> list[DecideResult | Exception]:
+def _decide_isolated(
+    engine: Decider,
+    requests: list[DecideRequest],
+    on_ready: Callable[[int, DecideResult], None] | None = None,
+) -> list[DecideResult | Exception]:
     """Runs on the engine thread: the whole batch, or, if it raises, each request on its own."""
     try:
-        results = engine.decide(requests)
+        if on_ready is not None:
+            results = engine.decide(requests, on_ready=on_ready)  # type: ignore[call-arg]
+        else:
+            results = engine.decide(requests)
         if len(results) != len(requests):
             raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
         return list(results)

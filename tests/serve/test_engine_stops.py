@@ -89,3 +89,19 @@ def test_a_cancel_token_pickles_unset() -> None:
     token = CancelToken()
     token.cancel()
     assert token.is_set() and not pickle.loads(pickle.dumps(token)).is_set()
+
+
+def test_a_request_that_does_not_think_is_handed_over_before_the_thoughts(int8_engine: Engine) -> None:
+    """`on_ready` gives a non-thinking request's final result before its companions' thoughts run;
+    the result is the one returned, with the bits of a call without `on_ready`."""
+    polls = _CancelAfter(10_000)  # never fires; counts the thinker's thought steps
+    thinker = _req("a", "disk 97% on db-3", cancel=polls)
+    short = DecideRequest("b", SystemOneRequest.model_validate({"state": "ok", "questions": {"q": QUESTION}}))
+    handed: list[tuple[int, DecideResult, int]] = []
+    results = int8_engine.decide([thinker, short], on_ready=lambda i, r: handed.append((i, r, polls.polls)))
+    # one look when the call starts, none yet from a thought step
+    assert [(i, steps) for i, _, steps in handed] == [(1, 9_999)]
+    assert handed[0][1] is results[1]
+    assert polls.polls < 10_000  # the thinker did think afterwards
+    plain = int8_engine.decide([_req("a", "disk 97% on db-3"), short])
+    assert _bits(plain[1]) == _bits(results[1]) and _bits(plain[0]) == _bits(results[0])
