@@ -7,11 +7,13 @@ forced-able (--max-gate 1) but bounded (--thought-budget, --deadline-s), then fo
 seconds runs at once:
 - short clients: one gate-0 question each, back to back (their latency is what is reported);
 - long clients: eight gate-1 questions (every one thinks to the budget), and long evidence
-  (about 20,000 tokens);
+  (about 10,000 tokens);
 - one burst of hostile clients: 16 MiB headers, slow headers, slow bodies, drops mid-body,
   1,000,000-character states, a state nested 254 deep, integers beyond 64 bits, no content type,
   invalid UTF-8, and clients that leave while their request thinks.
-The server's RSS is sampled throughout; at the end /metrics gives every status it answered, and a
+Hostile connections stay under the run's connection cap (1,024), so what the cap refuses is
+never a well-behaved client (the cap itself is tested in tests/serve/test_hostile.py). The
+server's RSS is sampled throughout; at the end /metrics gives every status it answered, and a
 SIGTERM during a long thought measures the drain. Everything stays on loopback and is bounded by
 --duration (plus the server's start and drain); nothing is retried.
 
@@ -117,7 +119,7 @@ class Run:
         async with httpx.AsyncClient(timeout=120, headers=JSON_HEADERS) as c:
             n = 0
             while time.monotonic() < self.end:
-                state = " ".join(f"log line {n} {k} status ok" for k in range(3000))
+                state = " ".join(f"log line {n} {k} status ok" for k in range(1500))
                 body = {"state": state, "questions": {"q": {"type": "noul", "gate": 0}}}
                 await self.post(c, "long_evidence", orjson.dumps(body))
                 n += 1
@@ -195,10 +197,16 @@ class Run:
             *(self.huge_header() for _ in range(20)),
             *(self.slow_header() for _ in range(150)),
             *(self.slow_body() for _ in range(150)),
-            *(self.drop_mid_body() for _ in range(500)),
             *(self.leave_mid_thought(i) for i in range(10)),
             self.bad_bodies(),
+            self.drop_waves(),
         )
+
+    async def drop_waves(self) -> None:
+        """500 drops mid-body, 100 at a time (with the slow clients, under the connection cap)."""
+        for _ in range(5):
+            await asyncio.gather(*(self.drop_mid_body() for _ in range(100)))
+            await asyncio.sleep(0.5)
 
     async def sample_rss(self) -> None:
         while time.monotonic() < self.end + 5:
@@ -206,12 +214,12 @@ class Run:
                 self.rss.append(rss)
             await asyncio.sleep(0.5)
 
-    async def run(self, short: int, long: int) -> None:
+    async def run(self, short: int, long: int, evidence: bool = True, hostile: bool = True) -> None:
         await asyncio.gather(
             *(self.short_client(i) for i in range(short)),
             *(self.long_thinker(i) for i in range(long)),
-            self.long_evidence(),
-            self.hostile_burst(),
+            *([self.long_evidence()] if evidence else []),
+            *([self.hostile_burst()] if hostile else []),
             self.sample_rss(),
         )
 
@@ -279,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--thought-budget", type=int, default=16)
     ap.add_argument("--deadline-s", type=float, default=20.0)
     ap.add_argument("--drain-s", type=float, default=5.0)
+    ap.add_argument("--no-long-evidence", action="store_true", help="no long-evidence client")
+    ap.add_argument("--no-hostile", action="store_true", help="no hostile burst (a baseline run)")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     args = ap.parse_args(argv)
 
@@ -295,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         [*PRISM, "--log-json", "serve", "--model", str(model), "--host", HOST, "--port", str(port),
          "--precision", "int8", "--gate", "0", "--max-gate", "1",
          "--thought-budget", str(args.thought_budget),
-         "--deadline-s", str(args.deadline_s), "--drain-s", str(args.drain_s), "--body-timeout-s", "5"],
+         "--deadline-s", str(args.deadline_s), "--drain-s", str(args.drain_s), "--body-timeout-s", "5",
+         "--max-connections", "1024"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PRISM_API_KEY": ""},
     )  # fmt: skip
     try:
@@ -313,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
         run = Run(url, proc.pid, args.duration)
         t0 = time.monotonic()
-        asyncio.run(run.run(args.short_clients, args.long_clients))
+        asyncio.run(
+            run.run(args.short_clients, args.long_clients, not args.no_long_evidence, not args.no_hostile)
+        )
         wall = time.monotonic() - t0
         server = _server_statuses(url)
         stopped = _metric(url, "prism_http_requests_stopped_total")
