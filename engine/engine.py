@@ -326,22 +326,31 @@ class Engine:
         *,
         mode: Mode = "forest",
         on_ready: Callable[[int, DecideResult], None] | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> list[DecideResult]:
         """One result per request. `on_ready(i, result)` (rank 0 only) hands over request i's result
         as soon as it is final - after the first read-outs for a request none of whose questions
         think - so a short request batched with long thoughts need not wait for them; the same
-        result object is in the returned list."""
+        result object is in the returned list. `between_steps()` runs before each thought step
+        (rank 0, no tensor parallelism): a caller may run another `decide` in it for requests that
+        cannot think (their first stage touches no thought state), so short work interleaves
+        with long thoughts; the int8 bits are the same either way."""
         if mode not in ("forest", "per_question"):
             raise ValueError(f"mode must be 'forest' or 'per_question', got {mode!r}")
         if self.tp is not None:
             if self.followers is None:
                 raise RuntimeError("decide() runs on rank 0 of a tensor-parallel group, which is closed")
             self.followers.send(("decide", requests, mode, self._knobs()))
+        if between_steps is not None and self.tp is not None:
+            raise ValueError("between_steps cannot interleave work under tensor parallelism")
+        outer_step = getattr(self, "_between_steps", None)
         self._on_ready = on_ready
+        self._between_steps = between_steps if between_steps is not None else outer_step
         try:
             return self._decide(requests, mode)
         finally:
             self._on_ready = None
+            self._between_steps = outer_step
 
     def _knobs(self) -> dict[str, Any]:
         """Settings callers may change on rank 0 that steer the computation: followers mirror them."""
@@ -436,13 +445,17 @@ class Engine:
                 self.cache.pin(key)
         early: dict[int, DecideResult] = {}
         on_ready = getattr(self, "_on_ready", None)
+        # This call's own hook (None without on_ready): a nested call (between thought steps) must
+        # never hand its results to the outer call's on_ready.
+        outer_hook = getattr(self, "_ready_hook", None)
+        self._ready_hook: Callable[[int, list[_Question]], None] | None = None
         if on_ready is not None:
 
             def ready(i: int, qs: list[_Question]) -> None:
                 early[live[i]] = self._result(requests[live[i]], qs, time.perf_counter() - t0)
                 on_ready(live[i], early[live[i]])
 
-            self._ready_hook: Callable[[int, list[_Question]], None] | None = ready
+            self._ready_hook = ready
         try:
             self._decide_stages(batch, evidence_ids, evidence_states, mode)
             if mode == "forest":
@@ -450,7 +463,7 @@ class Engine:
                     if state is not None:
                         self.cache.put(key, state)
         finally:
-            self._ready_hook = None
+            self._ready_hook = outer_hook
             if mode == "forest":
                 for key in keys:
                     self.cache.unpin(key)
@@ -633,6 +646,8 @@ class Engine:
         is a forest of one-token segments, one per active question, hanging from its own
         question's state.
         """
+        if getattr(self, "_in_step_hook", False):  # the outer call's thought state is live
+            raise RuntimeError("a decide run between thought steps must not think (gate 0)")
         keep = self._keep_going([q for _, q in thinkers])
         thinkers = [t for t, go in zip(thinkers, keep, strict=True) if go]
         if not thinkers:
@@ -683,11 +698,28 @@ class Engine:
                 q.cut = reason
         return [reason is None for reason in reasons]
 
+    def _step_hook(self) -> None:
+        """The caller's `between_steps`, once per thought step; a nested `decide` inside it gets no
+        hook of its own (it never thinks), and the outer call's counters are kept."""
+        hook = getattr(self, "_between_steps", None)
+        if hook is None:
+            return
+        counters = self.last_counters
+        self._between_steps = None
+        self._in_step_hook = True
+        try:
+            hook()
+        finally:
+            self._in_step_hook = False
+            self._between_steps = hook
+            self.last_counters = counters
+
     def _think_forest(self, active: list[tuple[_Question, torch.Tensor, SegmentState]]) -> None:
         dc = self.decision_config
         end_think = self.tokenizer.special.end_think
         closing = tuple(self.prompts.think_close_ids)
         while active:
+            self._step_hook()
             keep = self._keep_going([q for q, _, _ in active])
             active = [a for a, go in zip(active, keep, strict=True) if go]
             if not active:
@@ -754,6 +786,7 @@ class Engine:
         limit = decoder.max_live(max(q.budget for q, _, _ in started) + len(closing))
         live: list[_Thinking] = []
         while live or waiting:
+            self._step_hook()
             keep = self._keep_going([t.q for t in live] + [q for q, _, _ in waiting])
             n_live = len(live)
             live = [t for t, go in zip(live, keep[:n_live], strict=True) if go]

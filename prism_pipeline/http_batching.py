@@ -12,7 +12,11 @@ batch goes as soon as its oldest request has waited `max_wait_s`.
 
 Fairness: an engine that takes `on_ready` hands each request's result over as soon as it is
 final, so a short request batched with long thoughts is answered after the first read-outs, not
-after the thoughts (the bits are the same: only when the answer leaves changes).
+after the thoughts (the bits are the same: only when the answer leaves changes). An engine that
+takes `between_steps` also lets requests that cannot think (every question's gate 0 after the
+ceilings, or rounds of >26 options) run between two thought steps of a long call instead of
+waiting for it: the engine thread claims them from a side lane, so each runs exactly once,
+either there or in its batch.
 
 A batch that raises is retried request by request, so one request the engine cannot handle
 fails alone and its companions still get answers.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,9 +51,9 @@ class Decider(Protocol):
     def decide(self, requests: list[DecideRequest]) -> list[DecideResult]: ...
 
 
-def _takes_on_ready(engine: Decider) -> bool:
+def _takes(engine: Decider, name: str) -> bool:
     try:
-        return "on_ready" in inspect.signature(engine.decide).parameters
+        return name in inspect.signature(engine.decide).parameters
     except (TypeError, ValueError):
         return False
 
@@ -61,12 +66,27 @@ class DispatcherClosed(RuntimeError):
     """The server is shutting down and takes no new requests."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
     request: DecideRequest
     tokens: int
     future: asyncio.Future[DecideResult]
     enqueued: float = field(default_factory=time.monotonic)
+    claimed: bool = False  # taken by an engine call (its batch, or a side run between steps)
+
+
+def _never_thinks(request: DecideRequest, default_gate: float) -> bool:
+    """Whether no question of `request` can think (the engine's gate rule, after the ceilings)."""
+    event_gate = default_gate if request.gate is None else request.gate
+    for question in request.request.questions.values():
+        gate = event_gate if question.gate is None else question.gate
+        if request.max_gate is not None:
+            gate = min(gate, request.max_gate)
+        criteria = question.criteria
+        many = question.type == "choice" and isinstance(criteria, dict) and len(criteria) > 26
+        if gate > 0.0 and not many:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,15 @@ class EngineDispatcher:
         self._closing = False
         self._pending = 0
         self._on_batch = on_batch
-        self._early = _takes_on_ready(engine)
+        self._early = _takes(engine, "on_ready")
+        dc = getattr(engine, "decision_config", None)
+        self._side_gate: float | None = None  # the engine's default gate, when side runs are possible
+        if _takes(engine, "between_steps") and getattr(engine, "tp", None) is None and dc is not None:
+            self._side_gate = float(dc.gate)
+        self._side: deque[_Pending] = deque()  # requests that cannot think, claimable between steps
+        self._claim = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.side_runs = 0  # engine calls made between thought steps (tests, metrics)
         self._tokens: set[CancelToken] = set()  # of the accepted requests, for the drain
         self._drain: asyncio.TimerHandle | None = None
 
@@ -118,6 +146,7 @@ class EngineDispatcher:
         return self._pending
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="prism-http-dispatch")
 
@@ -142,7 +171,11 @@ class EngineDispatcher:
         if request.cancel is not None:
             self._tokens.add(request.cancel)
         try:
-            self._ready.extend(self._batcher.add(_Pending(request, tokens, fut), tokens, time.monotonic()))
+            pending = _Pending(request, tokens, fut)
+            if self._side_gate is not None and _never_thinks(request, self._side_gate):
+                with self._claim:
+                    self._side.append(pending)
+            self._ready.extend(self._batcher.add(pending, tokens, time.monotonic()))
             self._wake.set()
             return await fut
         finally:
@@ -189,8 +222,34 @@ class EngineDispatcher:
             return self._batcher.flush()
         return self._batcher.due(time.monotonic())
 
+    def _between_steps(self) -> None:
+        """On the engine thread, between two thought steps: run the waiting requests that cannot
+        think (claimed here, so their batch skips them) and hand their results to the loop."""
+        with self._claim:
+            side = [p for p in self._side if not p.claimed and not p.future.done()]
+            for p in side:
+                p.claimed = True
+            self._side.clear()
+        if not side or self._loop is None:
+            return
+        self.side_runs += 1
+        try:  # nothing here may fail the long call it runs inside
+            results = _decide_isolated(self.engine, [p.request for p in side])
+            for p, outcome in zip(side, results, strict=True):
+                self._loop.call_soon_threadsafe(_settle, p.future, outcome)
+        except Exception as e:
+            log.warning("serve.side_run_failed", requests=len(side), error=f"{type(e).__name__}: {e}")
+            for p in side:
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    self._loop.call_soon_threadsafe(_settle, p.future, e)
+
     async def _execute(self, batch: Batch[_Pending]) -> None:
-        items = [p for p in batch.items if not p.future.done()]  # a cancelled client is skipped
+        with self._claim:  # a cancelled client, or a request already run between steps, is skipped
+            items = [p for p in batch.items if not p.future.done() and not p.claimed]
+            for p in items:
+                p.claimed = True
+            if self._side:
+                self._side = deque(p for p in self._side if not p.claimed)
         if not items:
             return
         loop = asyncio.get_running_loop()
@@ -206,8 +265,9 @@ class EngineDispatcher:
                 loop.call_soon_threadsafe(deliver, i, result)
 
         try:
+            side = self._between_steps if self._side_gate is not None else None
             results = await loop.run_in_executor(
-                self._pool, _decide_isolated, self.engine, [p.request for p in items], on_ready
+                self._pool, _decide_isolated, self.engine, [p.request for p in items], on_ready, side
             )
         except BaseException as e:  # the thread itself failed: every waiter learns why
             for p in items:
@@ -241,17 +301,29 @@ class EngineDispatcher:
             )
 
 
+def _settle(future: asyncio.Future[DecideResult], outcome: DecideResult | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 def _decide_isolated(
     engine: Decider,
     requests: list[DecideRequest],
     on_ready: Callable[[int, DecideResult], None] | None = None,
+    between_steps: Callable[[], None] | None = None,
 ) -> list[DecideResult | Exception]:
     """Runs on the engine thread: the whole batch, or, if it raises, each request on its own."""
     try:
+        kw: dict[str, object] = {}
         if on_ready is not None:
-            results = engine.decide(requests, on_ready=on_ready)  # type: ignore[call-arg]
-        else:
-            results = engine.decide(requests)
+            kw["on_ready"] = on_ready
+        if between_steps is not None:
+            kw["between_steps"] = between_steps
+        results = engine.decide(requests, **kw)  # type: ignore[call-arg]
         if len(results) != len(requests):
             raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
         return list(results)

@@ -105,3 +105,40 @@ def test_a_request_that_does_not_think_is_handed_over_before_the_thoughts(int8_e
     assert polls.polls < 10_000  # the thinker did think afterwards
     plain = int8_engine.decide([_req("a", "disk 97% on db-3"), short])
     assert _bits(plain[1]) == _bits(results[1]) and _bits(plain[0]) == _bits(results[0])
+
+
+def test_work_run_between_thought_steps_changes_no_bits(int8_engine: Engine) -> None:
+    """A nested `decide` between every two thought steps (what the dispatcher's side lane does):
+    the thinker's thought and answers, and the nested request's, equal those computed alone."""
+    thinker = _req("a", "disk 97% on db-3")
+    short = DecideRequest(
+        "b", SystemOneRequest.model_validate({"state": "ok", "questions": {"q": QUESTION}}), gate=0.0
+    )
+    alone_thinker = int8_engine.decide([thinker])[0]
+    alone_short = int8_engine.decide([short])[0]
+    nested: list[DecideResult] = []
+    handed: list[int] = []  # the outer call's on_ready: a nested result must never reach it
+    mixed = int8_engine.decide(
+        [thinker],
+        on_ready=lambda i, r: handed.append(i),
+        between_steps=lambda: nested.extend(int8_engine.decide([short])),
+    )
+    assert handed == []  # the thinker is final only at the end; nested results stayed nested
+    assert len(nested) > 3 and alone_thinker.traces["q"].thought_tokens > 3
+    assert _bits(mixed[0]) == _bits(alone_thinker)
+    assert all(_bits(n) == _bits(alone_short) for n in nested)
+
+
+def test_work_between_thought_steps_may_not_think(int8_engine: Engine) -> None:
+    """Its thought would share the outer call's decoder and buffers: refused, not corrupted."""
+    thinker = _req("a", "disk 97% on db-3", thought_budget=2)
+    errors: list[str] = []
+
+    def nested() -> None:
+        try:
+            int8_engine.decide([_req("b", "ok")])
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    int8_engine.decide([thinker], between_steps=nested)
+    assert errors and "must not think" in errors[0]

@@ -1,12 +1,13 @@
-"""A short request batched with a long thought is answered after the first read-outs, not after
-the thought (the dispatcher over the real engine: both requests in one engine call for sure)."""
+"""Short requests and long thoughts (the dispatcher over the real engine): one batched with a long
+thought is answered after the first read-outs; one arriving mid-thought runs between two of its
+steps; either way with the bits it has alone."""
 
 from __future__ import annotations
 
 import asyncio
 
 from engine.engine import Engine
-from engine.types import CancelToken, DecideRequest
+from engine.types import CancelToken, DecideRequest, DecideResult
 from prism_pipeline.http_batching import EngineDispatcher
 from schemas.systemone import SystemOneRequest
 
@@ -39,3 +40,39 @@ def test_a_short_request_does_not_wait_for_its_batchs_thoughts(engine: Engine) -
         assert batches[0].stopped == {"cancelled": 1}
 
     asyncio.run(run())
+
+
+class _Steps(CancelToken):
+    """Never fires; counts how often the engine looked (once per thought step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return super().is_set()
+
+
+def test_a_short_request_arriving_mid_thought_runs_between_its_steps(engine: Engine) -> None:
+    async def run() -> DecideResult:
+        dispatcher = EngineDispatcher(engine, max_tokens=8192, max_wait_s=0.0)
+        await dispatcher.start()
+        token = _Steps()
+        try:
+            long = asyncio.ensure_future(dispatcher.decide(_req("long2", 1.0, cancel=token), 64))
+            while token.looks < 3:  # the long call is thinking
+                await asyncio.sleep(0.01)
+            result = await asyncio.wait_for(dispatcher.decide(_req("short2", 0.0), 64), 120)
+            assert result.answers and not long.done()
+            assert dispatcher.side_runs == 1
+            token.cancel()
+            assert (await asyncio.wait_for(long, 120)).stopped == "cancelled"
+        finally:
+            token.cancel()
+            await dispatcher.stop()
+        return result
+
+    result = asyncio.run(run())
+    oracle = engine.decide([_req("short2", 0.0)])[0]
+    assert result.answers == oracle.answers and result.traces == oracle.traces

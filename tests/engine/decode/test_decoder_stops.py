@@ -39,3 +39,22 @@ def test_a_cancelled_thought_leaves_the_decoder_and_its_companions_bits(engine: 
     assert cut.stopped == "cancelled" and together.stopped is None
     assert cut.traces["q"].second is None and cut.traces["q"].thought_tokens <= 2
     assert together.traces == alone.traces and together.answers == alone.answers
+
+
+def test_work_between_decoder_steps_changes_no_bits(engine: Engine) -> None:
+    """A nested decide (no thought) between decoder steps: on CUDA a body/executor pass between
+    graph replays; neither the thought nor the nested answer changes a bit."""
+    thinker = _req("a", "disk 97% on db-3")
+    body = SystemOneRequest.model_validate({"state": "ok", "questions": {"q": QUESTION}})
+    short = DecideRequest("b", body, gate=0.0)  # work between steps must not think
+    engine.use_decoder = True
+    try:
+        alone = engine.decide([thinker])[0]
+        alone_short = engine.decide([short])[0]
+        nested: list = []
+        mixed = engine.decide([thinker], between_steps=lambda: nested.extend(engine.decide([short])))[0]
+    finally:
+        engine.use_decoder = None
+    assert len(nested) > 2
+    assert mixed.traces == alone.traces and mixed.answers == alone.answers
+    assert all(n.traces == alone_short.traces and n.answers == alone_short.answers for n in nested)
