@@ -13,8 +13,9 @@ batch goes as soon as its oldest request has waited `max_wait_s`.
 Fairness: an engine that takes `on_ready` hands each request's result over as soon as it is
 final, so a short request batched with long thoughts is answered after the first read-outs, not
 after the thoughts (the bits are the same: only when the answer leaves changes). An engine that
-takes `between_steps` also lets requests that cannot think (every question's gate 0 after the
-ceilings, or rounds of >26 options) run between two thought steps of a long call instead of
+takes `between_steps` also lets short requests (`side_max_tokens`) that cannot think (every
+question's gate 0 after the ceilings, or rounds of >26 options) run between two thought steps
+of a long call instead of
 waiting for it: the engine thread claims them from a side lane, so each runs exactly once,
 either there or in its batch.
 
@@ -111,6 +112,7 @@ class EngineDispatcher:
         max_requests: int | None = None,
         max_pending: int = 1024,
         on_batch: Callable[[BatchStats], None] | None = None,
+        side_max_tokens: int = 1024,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
@@ -133,6 +135,9 @@ class EngineDispatcher:
         self._claim = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.side_runs = 0  # engine calls made between thought steps (tests, metrics)
+        # Only short work goes between steps: a long prefill there would stall the thoughts as
+        # long as it stalls a short request in a batch.
+        self._side_max_tokens = side_max_tokens
         self._tokens: set[CancelToken] = set()  # of the accepted requests, for the drain
         self._drain: asyncio.TimerHandle | None = None
 
@@ -172,7 +177,8 @@ class EngineDispatcher:
             self._tokens.add(request.cancel)
         try:
             pending = _Pending(request, tokens, fut)
-            if self._side_gate is not None and _never_thinks(request, self._side_gate):
+            side = self._side_gate is not None and tokens <= self._side_max_tokens
+            if side and _never_thinks(request, self._side_gate):  # type: ignore[arg-type]
                 with self._claim:
                     self._side.append(pending)
             self._ready.extend(self._batcher.add(pending, tokens, time.monotonic()))
