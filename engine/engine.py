@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -147,6 +148,8 @@ class _Question:
     thought_key: bytes | None = None  # memo of Engine._thought_key
     second: Readout | None = None
     token_memo: dict[tuple[tuple[int, ...], bool], list[int]] = field(default_factory=dict)
+    source: DecideRequest | None = None  # its request: deadline and cancellation polled per step
+    cut: str | None = None  # why a deadline or cancellation stopped its thought
 
     @property
     def option_ids(self) -> list[str]:
@@ -333,14 +336,37 @@ class Engine:
         return total
 
     # ------------------------------------------------------------------------------ decide
-    def decide(self, requests: list[DecideRequest], *, mode: Mode = "forest") -> list[DecideResult]:
+    def decide(
+        self,
+        requests: list[DecideRequest],
+        *,
+        mode: Mode = "forest",
+        on_ready: Callable[[int, DecideResult], None] | None = None,
+        between_steps: Callable[[], None] | None = None,
+    ) -> list[DecideResult]:
+        """One result per request. `on_ready(i, result)` (rank 0 only) hands over request i's result
+        as soon as it is final - after the first read-outs for a request none of whose questions
+        think - so a short request batched with long thoughts need not wait for them; the same
+        result object is in the returned list. `between_steps()` runs before each thought step
+        (rank 0, no tensor parallelism): a caller may run another `decide` in it for requests that
+        cannot think (their first stage touches no thought state), so short work interleaves
+        with long thoughts; the int8 bits are the same either way."""
         if mode not in ("forest", "per_question"):
             raise ValueError(f"mode must be 'forest' or 'per_question', got {mode!r}")
         if self.tp is not None:
             if self.followers is None:
                 raise RuntimeError("decide() runs on rank 0 of a tensor-parallel group, which is closed")
             self.followers.send(("decide", requests, mode, self._knobs()))
-        return self._decide(requests, mode)
+        if between_steps is not None and self.tp is not None:
+            raise ValueError("between_steps cannot interleave work under tensor parallelism")
+        outer_step = getattr(self, "_between_steps", None)
+        self._on_ready = on_ready
+        self._between_steps = between_steps if between_steps is not None else outer_step
+        try:
+            return self._decide(requests, mode)
+        finally:
+            self._on_ready = None
+            self._between_steps = outer_step
 
     def _knobs(self) -> dict[str, Any]:
         """Settings callers may change on rank 0 that steer the computation: followers mirror them."""
@@ -381,7 +407,8 @@ class Engine:
         rejected = {
             r: reason for r, req in enumerate(requests) if (reason := self._unsupported(req)) is not None
         }
-        live = [r for r in range(len(requests)) if r not in rejected]
+        stopped = self._stopped_before_start(requests, rejected)
+        live = [r for r in range(len(requests)) if r not in rejected and r not in stopped]
         batch: list[list[_Question]] = []
         state_texts: list[str] = []
         for r in live:
@@ -389,9 +416,17 @@ class Engine:
             state_text = render_state(req.request.state)
             state_texts.append(state_text)
             event_gate = dc.gate if req.gate is None else req.gate
+            # A request (an event) may lower the budget, never raise it past the operator's ceiling:
+            # the request's own, else the decision config's (so Kafka records stay a function of
+            # the config their digest names).
+            budget = dc.thought_budget if req.thought_budget is None else req.thought_budget
+            ceiling = dc.thought_budget if req.max_thought_budget is None else req.max_thought_budget
+            budget = min(budget, ceiling)
             qs = []
             for qid, question in req.request.questions.items():
                 gate = event_gate if question.gate is None else question.gate
+                if req.max_gate is not None:
+                    gate = min(gate, req.max_gate)
                 qs.append(
                     _Question(
                         qid=qid,
@@ -401,7 +436,8 @@ class Engine:
                         event_id=req.request_id,
                         state_text=state_text,
                         rounds=ChoiceRounds(_n_options(question)),
-                        budget=dc.thought_budget if req.thought_budget is None else req.thought_budget,
+                        budget=budget,
+                        source=req,
                     )
                 )
             batch.append(qs)
@@ -426,6 +462,19 @@ class Engine:
             for i, key in enumerate(keys):
                 evidence_states[i] = self.cache.get(key)
                 self.cache.pin(key)
+        early: dict[int, DecideResult] = {}
+        on_ready = getattr(self, "_on_ready", None)
+        # This call's own hook (None without on_ready): a nested call (between thought steps) must
+        # never hand its results to the outer call's on_ready.
+        outer_hook = getattr(self, "_ready_hook", None)
+        self._ready_hook: Callable[[int, list[_Question]], None] | None = None
+        if on_ready is not None:
+
+            def ready(i: int, qs: list[_Question]) -> None:
+                early[live[i]] = self._result(requests[live[i]], qs, time.perf_counter() - t0)
+                on_ready(live[i], early[live[i]])
+
+            self._ready_hook = ready
         try:
             self._decide_stages(batch, evidence_ids, evidence_states, mode)
             if mode == "forest":
@@ -433,6 +482,7 @@ class Engine:
                     if state is not None:
                         self.cache.put(key, state)
         finally:
+            self._ready_hook = outer_hook
             if mode == "forest":
                 for key in keys:
                     self.cache.unpin(key)
@@ -440,9 +490,27 @@ class Engine:
         elapsed = time.perf_counter() - t0
         by_request = dict(zip(live, batch, strict=True))
         return [
-            _rejected_result(req, rejected[r]) if r in rejected else self._result(req, by_request[r], elapsed)
+            _rejected_result(req, rejected[r])
+            if r in rejected
+            else _stopped_result(req, stopped[r])
+            if r in stopped
+            else early[r]
+            if r in early
+            else self._result(req, by_request[r], elapsed)
             for r, req in enumerate(requests)
         ]
+
+    def _stopped_before_start(
+        self, requests: list[DecideRequest], rejected: dict[int, str]
+    ) -> dict[int, str]:
+        """Requests already past their deadline or cancelled when the call starts (they waited in a
+        queue): they run nothing. Rank 0 decides under tensor parallelism, as in `_keep_going`."""
+        if not any((req.deadline, req.cancel) != (None, None) for req in requests):
+            return {}
+        reasons = [req.stop_reason() for req in requests]
+        if self.tp is not None:
+            reasons = self.tp.broadcast(reasons)
+        return {r: why for r, why in enumerate(reasons) if why is not None and r not in rejected}
 
     def _unsupported(self, req: DecideRequest) -> str | None:
         """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
@@ -474,6 +542,12 @@ class Engine:
 
         # AutoThink: questions whose top first probability is below their gate.
         thinkers = [(r, q) for r, qs in enumerate(batch) for q in qs if _should_think(q)]
+        hook = getattr(self, "_ready_hook", None)
+        if hook is not None:  # requests that will not think are final now
+            thinking = {r for r, _ in thinkers}
+            for r, qs in enumerate(batch):
+                if r not in thinking:
+                    hook(r, qs)
         if thinkers:
             self._think(thinkers, evidence_ids, evidence_states, mode)
 
@@ -602,6 +676,12 @@ class Engine:
         parallelism); elsewhere each step is a forest of one-token segments, one per active
         question, hanging from its own question's state.
         """
+        if getattr(self, "_in_step_hook", False):  # the outer call's thought state is live
+            raise RuntimeError("a decide run between thought steps must not think (gate 0)")
+        keep = self._keep_going([q for _, q in thinkers])
+        thinkers = [t for t, go in zip(thinkers, keep, strict=True) if go]
+        if not thinkers:
+            return
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
         outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
         started: list[tuple[_Question, torch.Tensor, SegmentState]] = []
@@ -629,11 +709,51 @@ class Engine:
         second.submit([self._read_letters(q, logits, len(q.option_ids))])
         q.second = self._readout(q, second)
 
+    def _keep_going(self, qs: list[_Question]) -> list[bool]:
+        """Per question: False when its request is past its deadline or cancelled (and mark it cut).
+
+        Polled before each thought step. A cut thought just leaves the step: the others' segments
+        or decoder rows are computed alone whatever their companions (the int8 contract), so their
+        bits do not change. Under tensor parallelism rank 0 decides and broadcasts, since every
+        rank must run the same steps (followers get unset cancel tokens); the broadcast only
+        happens when some request can stop at all, which every rank knows alike.
+        """
+        if not any(q.source is not None and (q.source.deadline, q.source.cancel) != (None, None) for q in qs):
+            return [True] * len(qs)
+        reasons = [q.source.stop_reason() if q.source is not None else None for q in qs]
+        if self.tp is not None:
+            reasons = self.tp.broadcast(reasons)
+        for q, reason in zip(qs, reasons, strict=True):
+            if reason is not None:
+                q.cut = reason
+        return [reason is None for reason in reasons]
+
+    def _step_hook(self) -> None:
+        """The caller's `between_steps`, once per thought step; a nested `decide` inside it gets no
+        hook of its own (it never thinks), and the outer call's counters are kept."""
+        hook = getattr(self, "_between_steps", None)
+        if hook is None:
+            return
+        counters = self.last_counters
+        self._between_steps = None
+        self._in_step_hook = True
+        try:
+            hook()
+        finally:
+            self._in_step_hook = False
+            self._between_steps = hook
+            self.last_counters = counters
+
     def _think_forest(self, active: list[tuple[_Question, torch.Tensor, SegmentState]]) -> None:
         dc = self.decision_config
         end_think = self.tokenizer.special.end_think
         closing = tuple(self.prompts.think_close_ids)
         while active:
+            self._step_hook()
+            keep = self._keep_going([q for q, _, _ in active])
+            active = [a for a, go in zip(active, keep, strict=True) if go]
+            if not active:
+                return
             feeds: list[tuple[_Question, tuple[int, ...], bool, SegmentState]] = []
             for q, logits, state in active:
                 if len(q.thought_ids) >= q.budget:
@@ -697,6 +817,13 @@ class Engine:
         limit = decoder.max_live(max(q.budget for q, _, _ in started) + len(closing))
         live: list[_Thinking] = []
         while live or waiting:
+            self._step_hook()
+            keep = self._keep_going([t.q for t in live] + [q for q, _, _ in waiting])
+            n_live = len(live)
+            live = [t for t, go in zip(live, keep[:n_live], strict=True) if go]
+            waiting = [w for w, go in zip(waiting, keep[n_live:], strict=True) if go]
+            if not live and not waiting:
+                return
             while waiting and len(live) < limit:
                 q, logits, state = waiting.pop()
                 live.append(_Thinking(q, decoder.start(state, q.budget + len(closing)), logits))
@@ -746,6 +873,7 @@ class Engine:
         traces: dict[str, QuestionTrace] = {}
         input_tokens = 0
         output_tokens = 0
+        stopped = next((q.cut for q in qs if q.cut is not None), None)
         for q in qs:
             assert q.first is not None
             final = list(q.first.probabilities)
@@ -774,6 +902,7 @@ class Engine:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             timings={"decide_s": elapsed},
+            stopped=stopped,  # type: ignore[arg-type]
         )
 
 
@@ -788,6 +917,10 @@ def _should_think(q: _Question) -> bool:
     if q.gate <= 0.0 or len(q.option_ids) > MAX_LETTERS:
         return False
     return q.gate >= 1.0 or max(q.first.probabilities) < q.gate
+
+
+def _stopped_result(req: DecideRequest, reason: str) -> DecideResult:
+    return DecideResult(req.request_id, {}, {}, 0, 0, stopped=reason)  # type: ignore[arg-type]
 
 
 def _rejected_result(req: DecideRequest, reason: str) -> DecideResult:

@@ -53,6 +53,7 @@ import orjson
 import structlog
 
 from engine.types import DecideRequest, DecideResult
+from prism_pipeline.ceilings import Ceilings, too_deep
 from prism_pipeline.records import (
     DecisionEngine,
     build_record,
@@ -63,7 +64,7 @@ from prism_pipeline.records import (
 )
 from prism_pipeline.seeds import SeedPolicy
 from schemas.codec import dumps
-from schemas.deadletter import InvalidEvent, parse_event
+from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
 from schemas.event import EvidenceEvent
 from schemas.record import InputRef, record_key
 from schemas.systemone import Limits
@@ -430,6 +431,7 @@ class BackfillOptions:
     fixed_seed: int = 0
     limits: Limits | None = None
     overwrite: bool = False
+    max_gate: float | None = None  # highest gate an event may ask for (None: any)
 
 
 @dataclass
@@ -539,7 +541,18 @@ def decide_chunk(engine: DecisionEngine, items: list[Item], options: BackfillOpt
             outcome[i] = dumps(letter)
             reasons[str(e.reason)] += 1
             continue
+        deep = too_deep(ev.request.state)
+        if deep is not None:  # as the worker and the HTTP server refuse it
+            e = InvalidEvent(ReasonCode.schema_violation, deep)
+            letter = e.to_dead_letter(
+                it.raw, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
+            )
+            outcome[i] = dumps(letter)
+            reasons[str(e.reason)] += 1
+            continue
         req = decide_request(ev, options.seed_policy, options.fixed_seed)
+        if options.max_gate is not None:
+            req = Ceilings(max_gate=options.max_gate).apply(req)
         live.append(((i, ev, req), engine.count_tokens(ev.request)))
     questions = thought = 0
     for b, group in enumerate(batches(live, options.batch_tokens, options.max_batch_events)):
@@ -585,6 +598,7 @@ def job_description(
         "batch_tokens": options.batch_tokens,
         "max_batch_events": options.max_batch_events,
         "limits": None if options.limits is None else dataclasses.asdict(options.limits),
+        **({} if options.max_gate is None else {"max_gate": options.max_gate}),
     }
 
 
@@ -806,6 +820,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
         fixed_seed=args.fixed_seed,
         limits=Limits(max_questions=args.max_questions, max_state_chars=args.max_state_chars),
         overwrite=args.overwrite,
+        max_gate=args.max_gate,
     )
     tty = sys.stderr.isatty() and not args.no_progress
     try:
@@ -861,7 +876,10 @@ def add_backfill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default="auto", choices=["auto", "int8", "bf16", "fp32"])
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
     p.add_argument("--gate", type=float, help="AutoThink gate (default: the model's config)")
-    p.add_argument("--thought-budget", type=int, help="AutoThink thought token budget")
+    p.add_argument("--thought-budget", type=int, help="AutoThink thought token budget (and events' most)")
+    p.add_argument(
+        "--max-gate", type=float, default=None, help="highest gate an event may ask for (default any)"
+    )
     p.add_argument("--seed-policy", default="event", choices=["event", "id", "fixed"])
     p.add_argument("--fixed-seed", type=int, default=0)
     p.add_argument("--chunk-events", type=int, default=256, help="events per checkpoint (default 256)")

@@ -5,13 +5,25 @@ Routes: `POST /v1/systemone` (the TypeSafe wire shape, `schemas.systemone`), `GE
 
 Every response carries an `x-typesafe-request-id` header. Every error body is
 `{"error": message, "detail": [{"loc", "msg", "type"}]}`:
-- 400: the body is not JSON, repeats a key, or breaks the schema (`detail` points at the fields);
-- 401: an API key is configured and the bearer token is missing or wrong;
+- 400: the body is not JSON (invalid UTF-8 names the byte offset), repeats a key, holds an integer
+  outside 64 bits, or breaks the schema (`detail` points at the fields);
+- 401: an API key is configured and the bearer token is missing or wrong (the key also guards
+  `/metrics`, `/docs`, `/redoc` and `/openapi.json`; `/health` stays open for probes);
 - 404: the request names a model this server does not serve (or an unknown path);
+- 408: the body did not arrive within the body timeout;
 - 413: the body is larger than the configured limit;
-- 415: a content type or content encoding other than (uncompressed) JSON;
-- 422: a valid request the model cannot answer (the engine rejected it);
-- 503: too many requests waiting, or shutting down (with `retry-after`).
+- 415: no content type, or one other than (uncompressed) JSON;
+- 422: a valid request the model cannot answer: too many tokens (a cheap character bound first,
+  the exact count after), a state nested too deep, or the engine rejected it;
+- 503: too many requests waiting, or shutting down (with `retry-after`);
+- 504: the request passed the server's deadline; its thoughts were stopped in the engine.
+
+Operator ceilings (`AppConfig`): a question's `gate` is capped at `max_gate` (by default the
+server's gate, so clients may lower it and never force a thought), thoughts at the server's
+budget, requests at `deadline_s`. A response whose thoughts hit the budget says so in the
+`x-prism-thoughts-cut` header (a JSON map question id -> "budget"). A client that disconnects
+while its request is decided has its thoughts stopped; that is logged as one line
+(`serve.client_gone`) and counted under status 499, never as a server error.
 
 The body is parsed and validated here rather than by FastAPI, so it is checked exactly like a
 Kafka event (strict pydantic under the server's `Limits`, orjson, duplicate keys refused); the
@@ -23,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,8 +53,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from engine.types import DecideRequest, DecideResult
+from engine.types import CancelToken, DecideRequest, DecideResult
+from prism_pipeline.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
 from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
 from prism_pipeline.http_metrics import ServeMetrics
 from prism_pipeline.records import DecisionEngine
@@ -50,6 +66,16 @@ from schemas.systemone import Limits, SystemOneRequest, SystemOneResponse, Usage
 log = structlog.get_logger(__name__)
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+THOUGHTS_CUT_HEADER = "x-prism-thoughts-cut"
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request": logged and counted, never a 5xx
+# Answering a request waits this much past its deadline for the engine's own stop (one thought
+# step) before the handler gives up on it (the engine still stops it at its next step).
+DEADLINE_GRACE_S = 0.5
+# Characters per token above which a state is refused before it is tokenized: byte-level BPE on
+# text and JSON runs 2-5 characters per token, so a state longer than 8 per token of the limit is
+# over the limit in practice; the exact count still decides everything under this bound.
+CHARS_PER_TOKEN_BOUND = 8
+_PROTECTED = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 JSON_TYPE = "application/json"
 API_VERSION = "1.0.0"
 # Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
@@ -85,6 +111,10 @@ class Health(BaseModel):
     model: str
     precision: str
     pending: int
+
+
+class ClientGone(Exception):
+    """The client disconnected (mid-body, or while its request was decided): nobody reads a reply."""
 
 
 class APIError(Exception):
@@ -138,6 +168,11 @@ class AppConfig:
     max_pending: int = 1024
     release_date: str = "1970-01-01"
     description: str = ""
+    # Ceilings (see the module docstring). max_gate None: the server's gate (clients lower only).
+    max_gate: float | None = None
+    deadline_s: float | None = 60.0
+    max_request_tokens: int | None = None  # None: the engine's own limit
+    body_timeout_s: float = 30.0  # the whole body must arrive within this, or 408
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -149,8 +184,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "The requested model is not served here"},
     413: {"model": ErrorBody, "description": "Body larger than the server's limit"},
     415: {"model": ErrorBody, "description": "Not an uncompressed JSON body"},
-    422: {"model": ErrorBody, "description": "A valid request the model cannot answer"},
+    408: {"model": ErrorBody, "description": "The body did not arrive within the body timeout"},
+    422: {"model": ErrorBody, "description": "A valid request the model cannot answer (tokens, depth)"},
     503: {"model": ErrorBody, "description": "Too many requests waiting, or shutting down; retry later"},
+    504: {"model": ErrorBody, "description": "Past the server's deadline; the request's thoughts stopped"},
 }
 
 
@@ -172,6 +209,14 @@ def create_app(
         max_pending=cfg.max_pending,
         on_batch=metrics.observe_batch,
     )
+    dc = engine.decision_config
+    ceilings = Ceilings(
+        max_gate=(cfg.gate if cfg.gate is not None else dc.gate) if cfg.max_gate is None else cfg.max_gate,
+        max_thought_budget=cfg.thought_budget if cfg.thought_budget is not None else dc.thought_budget,
+        deadline_s=cfg.deadline_s,
+    )
+    engine_limit = getattr(engine, "max_request_tokens", None)
+    token_limit = min(x for x in (cfg.max_request_tokens, engine_limit, 1 << 62) if x is not None)
     # Tokenizing a large state takes a while: off the event loop, and off the engine thread so
     # counting the next request overlaps the current batch (the HF tokenizer is thread-safe).
     token_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-tokens")
@@ -196,6 +241,7 @@ def create_app(
     app.state.dispatcher = dispatcher
     app.state.metrics = metrics
     app.state.engine = engine
+    app.state.ceilings = ceilings
 
     async def check_key(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         given = creds.credentials if creds is not None else ""
@@ -220,7 +266,11 @@ def create_app(
         route = request.url.path if request.url.path in _ROUTES else "other"
         t0 = time.perf_counter()
         try:
+            if cfg.api_key is not None and request.url.path in _PROTECTED:
+                _check_header_key(request.headers.get("authorization"), cfg.api_key)
             response: Response = await call_next(request)
+        except APIError as e:
+            response = _error_response(e, request_id)
         except Exception as e:  # a bug: answer with the error shape, never a bare traceback
             log.exception("serve.unhandled", request_id=request_id, error=f"{type(e).__name__}: {e}")
             response = _error_response(_error(500, "internal_error", "internal server error"), request_id)
@@ -232,6 +282,11 @@ def create_app(
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, e: APIError) -> Response:
         return _error_response(e, _request_id(request))
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, e: ClientGone) -> Response:
+        log.info("serve.client_gone", request_id=_request_id(request), path=request.url.path, when=str(e))
+        return Response(status_code=CLIENT_GONE_STATUS)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
@@ -259,7 +314,8 @@ def create_app(
         },
     )
     async def systemone(request: Request) -> Response:
-        raw = await _read_body(request, cfg.max_body_bytes)
+        arrived = time.monotonic()
+        raw = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
         req = _parse_request(raw, cfg.limits)
         if req.model is not None and req.model not in names:
             raise _error(
@@ -268,21 +324,30 @@ def create_app(
                 f"model {req.model!r} is not served here (serving: {', '.join(names)})",
                 ["body", "model"],
             )
+        _check_cheap_bounds(req, token_limit)
         loop = asyncio.get_running_loop()
         try:
             tokens = await loop.run_in_executor(token_pool, engine.count_tokens, req)
         except ValueError as e:
             raise _error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
+        if tokens > token_limit:
+            raise _error(
+                422,
+                "too_many_tokens",
+                f"request needs {tokens} tokens, more than this server's {token_limit}",
+            )
         decide_req = DecideRequest(
             request_id=_event_id(req),
             request=req,
             seed=cfg.seed,
             gate=cfg.gate,
             thought_budget=cfg.thought_budget,
+            cancel=CancelToken(),
         )
+        decide_req = ceilings.apply(decide_req, arrived)
         metrics.in_flight.inc()
         try:
-            result = await dispatcher.decide(decide_req, tokens)
+            result = await _decide_unless_stopped(request, dispatcher, decide_req, tokens)
         except Overloaded as e:
             raise _error(503, "overloaded", f"server busy: {e}", **{"retry-after": "1"}) from None
         except DispatcherClosed as e:
@@ -291,6 +356,12 @@ def create_app(
             raise _error(422, "engine_rejected", f"the model cannot answer this request: {e}") from None
         finally:
             metrics.in_flight.dec()
+        if result.stopped == "deadline":
+            raise _deadline_error(cfg.deadline_s)
+        if result.stopped == "cancelled":
+            if dispatcher.draining:
+                raise _error(503, "shutting_down", "the server stopped this request to shut down")
+            raise ClientGone("while its request was decided")
         return _answer(result, served, metrics)
 
     @app.get(
@@ -321,11 +392,98 @@ def create_app(
         },
         summary="Prometheus metrics: request latency, batch sizes, engine time",
     )
-    async def prometheus() -> Response:
+    async def prometheus() -> Response:  # with an API key, the middleware asks for it first
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.openapi = lambda: _openapi(app, cfg.limits, names)  # type: ignore[method-assign]
     return app
+
+
+def _check_header_key(header: str | None, key: str) -> None:
+    """The bearer check for routes outside FastAPI's dependencies (docs, schema, metrics)."""
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise _error(
+            401,
+            "unauthorized",
+            "missing or invalid API key: send it as 'Authorization: Bearer <key>'",
+            ["header", "authorization"],
+            **{"www-authenticate": "Bearer"},
+        )
+
+
+def _check_depth(obj: Any) -> None:
+    """Refuse a body nested deeper than every path can take, before pydantic recurses into it.
+
+    The state may nest MAX_STATE_DEPTH levels (the body adds one); the instructions, a JSON value
+    too, no deeper than that.
+    """
+    if nesting_depth(obj, MAX_STATE_DEPTH + 2) <= MAX_STATE_DEPTH + 1:
+        return
+    state = obj.get("state") if isinstance(obj, dict) else None
+    why = too_deep(state)
+    if why is not None:
+        raise _error(422, "state_too_deep", why, ["body", "state"])
+    raise _error(422, "body_too_deep", f"the body nests more than {MAX_STATE_DEPTH + 1} levels deep")
+
+
+def _check_cheap_bounds(req: SystemOneRequest, token_limit: int) -> None:
+    """What can be refused before tokenizing: a state far too long for the token limit."""
+    chars = len(req.state) if isinstance(req.state, str) else 0
+    if not isinstance(req.state, str) and req.state is not None:
+        chars = len(orjson.dumps(req.state))
+    bound = token_limit * CHARS_PER_TOKEN_BOUND
+    if chars > bound:
+        raise _error(
+            422,
+            "too_many_tokens",
+            f"state has {chars} characters: more than {CHARS_PER_TOKEN_BOUND} per token of this "
+            f"server's {token_limit}-token limit, so it is refused before tokenizing",
+            ["body", "state"],
+        )
+
+
+def _deadline_error(deadline_s: float | None) -> APIError:
+    return _error(
+        504,
+        "deadline_exceeded",
+        f"the request was not decided within the server's deadline of {deadline_s} s; its thoughts "
+        "were stopped",
+    )
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (its body was read already: only disconnects remain)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _decide_unless_stopped(
+    request: Request, dispatcher: EngineDispatcher, decide_req: DecideRequest, tokens: int
+) -> DecideResult:
+    """The dispatcher's answer, unless the client leaves or the deadline passes first.
+
+    Either way (and when the server cancels this handler at shutdown) the request's cancel token
+    is set, so the engine stops its thoughts at the next step instead of working for nobody.
+    """
+    assert decide_req.cancel is not None
+    job = asyncio.ensure_future(dispatcher.decide(decide_req, tokens))
+    gone = asyncio.ensure_future(_client_gone(request))
+    timeout = None
+    if decide_req.deadline is not None:
+        timeout = max(0.0, decide_req.deadline - time.monotonic()) + DEADLINE_GRACE_S
+    try:
+        done, _ = await asyncio.wait({job, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not job.done():
+            decide_req.cancel.cancel()
+            job.cancel()
+    if job in done:
+        return job.result()
+    if gone in done:
+        raise ClientGone("while its request was decided")
+    raise _deadline_error(None if decide_req.deadline is None else round(timeout or 0.0, 3))
 
 
 _ROUTES = frozenset({"/v1/systemone", "/v1/models", "/health", "/metrics", "/openapi.json", "/docs"})
@@ -403,7 +561,7 @@ def _typed_question(question: dict[str, Any]) -> dict[str, Any]:
 # ---- request handling ------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise _error(
@@ -413,6 +571,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
             ["header", "content-encoding"],
         )
     ctype = request.headers.get("content-type")
+    if ctype is None:
+        raise _error(
+            415,
+            "missing_media_type",
+            f"a content-type header is required; send {JSON_TYPE}",
+            ["header", "content-type"],
+        )
     if ctype is not None:
         mime = ctype.split(";", 1)[0].strip().lower()
         if mime != JSON_TYPE and not mime.endswith("+json"):
@@ -427,7 +592,19 @@ async def _read_body(request: Request, limit: int) -> bytes:
         raise _error(413, "body_too_large", f"body of {int(declared)} bytes is larger than the limit {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    deadline = time.monotonic() + timeout_s
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise _error(
+                408, "body_timeout", f"the body did not arrive within {timeout_s} s", connection="close"
+            ) from None
+        except ClientDisconnect:
+            raise ClientGone(f"mid-body, after {size} bytes") from None
         size += len(chunk)
         if size > limit:
             raise _error(413, "body_too_large", f"body is larger than the limit {limit} bytes")
@@ -435,11 +612,42 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_LONG_DIGITS = re.compile(rb"\d{19}")  # only bodies with such a run can hold an int beyond 64 bits
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_int(text: str) -> int:
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise _error(
+            400,
+            "integer_out_of_range",
+            f"integer {shown} does not fit in 64 bits (signed); send it as a string",
+        )
+    return value
+
+
+def _json_error(raw: bytes, e: orjson.JSONDecodeError) -> APIError:
+    """orjson's message, or for bad UTF-8 (which it reports at 'column 1') the real byte offset."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as u:
+        bad = raw[u.start : u.end].hex()
+        return _error(
+            400, "invalid_utf8", f"body is not valid UTF-8: byte(s) 0x{bad} at byte offset {u.start}"
+        )
+    return _error(400, "json_invalid", f"body is not valid JSON: {e}")
+
+
 def _parse_request(raw: bytes, limits: Limits) -> SystemOneRequest:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise _error(400, "json_invalid", f"body is not valid JSON: {e}") from None
+        raise _json_error(raw, e) from None
+    if _LONG_DIGITS.search(raw):  # orjson turns integers beyond 64 bits into floats, silently
+        json.loads(raw, parse_int=_check_int)
+    _check_depth(obj)
     if has_duplicate_keys(raw, obj):
         raise _error(
             400, "duplicate_keys", "an object in the body repeats a key (question ids must be unique)"
@@ -483,4 +691,6 @@ def _answer(result: DecideResult, served: str, metrics: ServeMetrics) -> Respons
     )
     for answer in result.answers.values():
         metrics.questions.labels(answer.type).inc()
-    return Response(orjson.dumps(body.model_dump(mode="json")), media_type=JSON_TYPE)
+    cut = {qid: "budget" for qid, t in result.traces.items() if t.thought_truncated}
+    headers = {THOUGHTS_CUT_HEADER: json.dumps(cut, separators=(",", ":"))} if cut else None
+    return Response(orjson.dumps(body.model_dump(mode="json")), media_type=JSON_TYPE, headers=headers)

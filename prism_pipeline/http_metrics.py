@@ -48,6 +48,16 @@ class ServeMetrics:
             registry=r,
         )
         self.questions = Counter("prism_http_questions", "Questions answered", ["type"], registry=r)
+        self.thought_tokens = Counter(
+            "prism_http_thought_tokens", "Thought tokens generated (answered or cut)", registry=r
+        )
+        self.thoughts_stopped = Counter(
+            "prism_http_requests_stopped",
+            "Requests whose thoughts the engine stopped: past their deadline, or cancelled "
+            "(client gone, drain)",
+            ["reason"],
+            registry=r,
+        )
         self.in_flight = Gauge("prism_http_in_flight", "/v1/systemone requests being handled", registry=r)
 
     def observe_batch(self, stats: BatchStats) -> None:
@@ -56,6 +66,9 @@ class ServeMetrics:
         self.engine_seconds.observe(stats.engine_seconds)
         for s in stats.queue_seconds:
             self.queue_seconds.observe(s)
+        self.thought_tokens.inc(stats.thought_tokens)
+        for reason, n in stats.stopped.items():
+            self.thoughts_stopped.labels(reason).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,6 +6,14 @@
 uvicorn runs the FastAPI app (`http_app.create_app`) on uvloop; concurrent requests are batched
 into engine forests by `http_batching.EngineDispatcher` on one engine thread. `ServerThread` runs
 the same server on a background thread (tests, notebooks).
+
+Sockets are bounded before the app sees a byte (`SocketLimits`, enforced by a subclass of
+uvicorn's httptools protocol): request line plus headers at most `max_header_bytes` and
+`max_headers` (else 431), all of them within `header_timeout_s` of the connection or of the
+request's first byte (else 408), at most `max_connections` open (else 503 and close). The app
+bounds the body's arrival (`AppConfig.body_timeout_s`). On SIGTERM the server stops accepting,
+refuses new requests, lets in-flight ones finish for `drain_s`, then cuts their thoughts in the
+engine (they get 503) and exits; uvicorn's own graceful timeout is only a backstop behind that.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +45,7 @@ def build_app(args: argparse.Namespace) -> Any:
     """Load the engine named by the parsed flags and build the app (errors: `ServeError`)."""
     from engine.decision_config import DecisionConfigError
     from engine.engine import Engine
-    from prism_pipeline.http_app import AppConfig, create_app
+    from prism_pipeline.http_app import CHARS_PER_TOKEN_BOUND, AppConfig, create_app
     from schemas.systemone import Limits
 
     path = Path(args.model)
@@ -53,10 +62,16 @@ def build_app(args: argparse.Namespace) -> Any:
         )
     except (DecisionConfigError, ValueError, OSError) as e:
         raise ServeError(f"cannot load {path}: {e}") from None
+    token_limit = engine.max_request_tokens
+    if args.max_request_tokens is not None:
+        token_limit = min(token_limit, args.max_request_tokens)
     names = tuple(dict.fromkeys([args.name or engine.model_name, *args.alias]))
     api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     try:
-        limits = Limits(max_questions=args.max_questions, max_state_chars=args.max_state_chars)
+        # The state-size ceiling by default follows the token ceiling (the cheap bound before
+        # tokenizing, see http_app.CHARS_PER_TOKEN_BOUND), so it is not 25x the tokens it can hold.
+        state_chars = args.max_state_chars or token_limit * CHARS_PER_TOKEN_BOUND
+        limits = Limits(max_questions=args.max_questions, max_state_chars=state_chars)
     except ValueError as e:
         raise ServeError(str(e)) from None
     config = AppConfig(
@@ -72,6 +87,10 @@ def build_app(args: argparse.Namespace) -> Any:
         max_batch_requests=args.max_batch_requests,
         max_pending=args.max_pending,
         release_date=_release_date(path),
+        max_gate=args.max_gate,
+        deadline_s=args.deadline_s or None,
+        max_request_tokens=token_limit,
+        body_timeout_s=args.body_timeout_s,
     )
     return create_app(engine, config)
 
@@ -80,21 +99,189 @@ class ServeError(RuntimeError):
     """A configuration problem `prism serve` reports in one line and exits 2 on."""
 
 
-def uvicorn_config(app: Any, host: str, port: int, **kw: Any) -> Any:
+@dataclass(frozen=True)
+class SocketLimits:
+    """What one connection may hold before the app runs (see the module docstring)."""
+
+    max_header_bytes: int = 16 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    max_connections: int = 512
+    drain_s: float = 10.0  # SIGTERM: how long in-flight requests may still finish
+    keep_alive_s: float = 5.0
+
+
+def uvicorn_config(app: Any, host: str, port: int, limits: SocketLimits | None = None, **kw: Any) -> Any:
     import uvicorn
 
+    lim = limits or SocketLimits()
     loop = "uvloop" if _has_uvloop() else "asyncio"
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop=loop,
+        http=guarded_protocol(lim),
         lifespan="on",
         log_config=None,
         access_log=False,
         server_header=False,
+        timeout_keep_alive=lim.keep_alive_s,
+        # A backstop only: the app's drain cuts thoughts at drain_s, so tasks end well before.
+        timeout_graceful_shutdown=lim.drain_s + 5.0,
         **kw,
     )
+
+
+def guarded_protocol(lim: SocketLimits) -> type:
+    """uvicorn's httptools protocol with header size/count limits, a header timeout and a cap.
+
+    httptools itself puts no bound on header size and uvicorn none on how long headers may take,
+    so without this 20 connections holding 16 MiB of unfinished headers each held 328 MiB.
+    """
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class _TooLarge(Exception):
+        pass
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._guard_timer: Any = None
+            self._guard_bytes = 0
+            self._guard_count = 0
+            self._guard_over = False
+            self._in_headers = True
+            self._header_raw = 0  # bytes fed while the headers were still incomplete
+            self._discarding = False
+            if len(self.connections) > lim.max_connections:
+                _refusals.note(len(self.connections), lim.max_connections)
+                self._refuse(503, "too many connections; retry later")
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._guard_timer is None:
+                self._guard_timer = self.loop.call_later(lim.header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if getattr(self, "_guard_timer", None) is not None:
+                self._guard_timer.cancel()
+                self._guard_timer = None
+
+        def _headers_late(self) -> None:
+            self._guard_timer = None
+            if not self.transport.is_closing():
+                log.info("serve.header_timeout", client=str(self.client), timeout_s=lim.header_timeout_s)
+                self._refuse(408, "request headers did not arrive in time")
+
+        def _refuse(self, status: int, message: str, linger_s: float = 0.0) -> None:
+            """Answer `status` and close; with `linger_s`, read and drop what the client still sends
+            for that long first (a lingering close), so it sees the answer, not a reset."""
+            body = message.encode()
+            phrase = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(
+                status, b"Service Unavailable"
+            )
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, phrase, len(body), body)
+            )
+            if linger_s > 0:
+                self._discarding = True
+                self._disarm()
+                self.loop.call_later(linger_s, self.transport.close)
+            else:
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._guard_bytes = self._guard_count = 0
+            self._in_headers = True
+            self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url), 0)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value), 1)
+            super().on_header(name, value)
+
+        def _count(self, size: int, headers: int) -> None:
+            self._guard_bytes += size
+            self._guard_count += headers
+            if self._guard_bytes > lim.max_header_bytes or self._guard_count > lim.max_headers:
+                self._guard_over = True
+                raise _TooLarge  # httptools turns it into HttpParserCallbackError: see send_400_response
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._in_headers = False
+            self._header_raw = 0
+            super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            if self._guard_over:
+                limits = f"{lim.max_header_bytes} bytes and {lim.max_headers} headers"
+                log.info("serve.headers_too_large", client=str(self.client), limit=limits)
+                self._refuse(431, f"request line and headers are limited to {limits}", linger_s=1.0)
+            else:
+                super().send_400_response(msg)
+
+        def data_received(self, data: bytes) -> None:
+            if self._discarding or self.transport.is_closing():
+                return
+            super().data_received(data)
+            # httptools hands a header to on_header only once it is complete, buffering it until
+            # then: count what was fed while the headers are still open, so one endless header
+            # costs at most the limit plus one read, not whatever the client sends.
+            if self._in_headers and not self.transport.is_closing():
+                self._header_raw += len(data)
+                if self._header_raw > lim.max_header_bytes:
+                    self._guard_over = True
+                    self.send_400_response("")
+
+    assert issubclass(httptools.HttpParserCallbackError, httptools.HttpParserError)
+    return GuardedHttpToolsProtocol
+
+
+class _Refusals:
+    """Connections refused at the cap, logged at most once a second (a flood is one line per second)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.logged = 0.0
+
+    def note(self, open_now: int, cap: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.logged >= 1.0:
+            log.warning("serve.connections_refused", refused=self.count, open=open_now, cap=cap)
+            self.logged = now
+            self.count = 0
+
+
+_refusals = _Refusals()
+
+
+def _draining_server(config: Any, drain_s: float) -> Any:
+    """A uvicorn.Server whose shutdown first starts the app's drain (see the module docstring)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            app = self.config.app
+            dispatcher = getattr(getattr(app, "state", None), "dispatcher", None)
+            if dispatcher is not None:
+                dispatcher.begin_drain(drain_s)
+            await super().shutdown(sockets)
+
+    return DrainingServer(config)
 
 
 def _has_uvloop() -> bool:
@@ -111,17 +298,18 @@ class ServerThread:
     `port=0` binds a free loopback port; `url` is `http://host:port`.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, limits: SocketLimits | None = None
+    ) -> None:
         import socket
-
-        import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port))
+        lim = limits or SocketLimits()
+        self.server = _draining_server(uvicorn_config(app, self.host, self.port, lim), lim.drain_s)
         self._thread = threading.Thread(target=self._run, name="prism-serve", daemon=True)
         self._error: BaseException | None = None
 
@@ -163,9 +351,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ServeError as e:
         sys.stderr.write(f"prism serve: {e}\n")
         return 2
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn_config(app, args.host, args.port))
+    limits = SocketLimits(
+        max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
+        header_timeout_s=args.header_timeout_s,
+        max_connections=args.max_connections,
+        drain_s=args.drain_s,
+    )
+    server = _draining_server(uvicorn_config(app, args.host, args.port, limits), args.drain_s)
     # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal under the handlers it found: make
     # those no-ops so a graceful stop exits 0 (like `prism run`), not -15 or a KeyboardInterrupt.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -254,7 +447,43 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-state-chars",
         type=_positive_int,
-        default=1_000_000,
-        help="characters of state per request (default 1,000,000)",
+        default=None,
+        help="characters of state per request (default: 8 per token of --max-request-tokens)",
+    )
+    g = p.add_argument_group(
+        "ceilings", "what one request may cost at most: a client may lower these, never raise them"
+    )
+    g.add_argument(
+        "--max-gate",
+        type=_unit_float,
+        default=None,
+        help="highest AutoThink gate a question may ask for (default: the server's gate, so clients "
+        "can only lower it; 1 lets them force thoughts, each bounded by --thought-budget)",
+    )
+    g.add_argument(
+        "--deadline-s",
+        type=float,
+        default=60.0,
+        help="per-request deadline: past it, its thoughts stop and it gets 504 (0: none; default 60)",
+    )
+    g.add_argument(
+        "--max-request-tokens",
+        type=_positive_int,
+        default=None,
+        help="prompt tokens per request (default and most: the engine's limit)",
+    )
+    g = p.add_argument_group("sockets", "bounds on a connection before and while the app reads it")
+    g.add_argument(
+        "--max-header-bytes", type=_positive_int, default=16 * 1024, help="request line + headers (16 KiB)"
+    )
+    g.add_argument("--max-headers", type=_positive_int, default=100, help="header fields per request (100)")
+    g.add_argument("--header-timeout-s", type=float, default=10.0, help="headers must arrive within (10 s)")
+    g.add_argument("--body-timeout-s", type=float, default=30.0, help="the body must arrive within (30 s)")
+    g.add_argument("--max-connections", type=_positive_int, default=512, help="open connections (512)")
+    g.add_argument(
+        "--drain-s",
+        type=float,
+        default=10.0,
+        help="SIGTERM: in-flight requests may finish for this long (10 s)",
     )
     p.set_defaults(func=_cmd_serve)

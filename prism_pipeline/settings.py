@@ -38,7 +38,16 @@ class WorkerSettings(BaseSettings):
     max_queued_batches: int = Field(4, ge=1, description="batches waiting for the engine before pausing")
 
     gate: float | None = Field(None, ge=0, le=1, description="AutoThink gate (default: the model's config)")
-    thought_budget: int | None = Field(None, ge=0, description="AutoThink thought token budget")
+    thought_budget: int | None = Field(
+        None, ge=0, description="AutoThink thought token budget, also the most an event may ask for"
+    )
+    max_gate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="highest AutoThink gate an event or question may ask for (unset: any; replay "
+        "and backfill of the same records need the same value)",
+    )
     seed_policy: SeedPolicy = "event"
     fixed_seed: int = Field(0, ge=0)
 

@@ -31,6 +31,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from engine.types import DecideRequest, DecideResult
 from prism_pipeline.batcher import Batch, Batcher
+from prism_pipeline.ceilings import Ceilings, too_deep
 from prism_pipeline.metrics import WorkerMetrics
 from prism_pipeline.offsets import OffsetTracker
 from prism_pipeline.records import (
@@ -360,7 +361,13 @@ class Worker:
             except InvalidEvent as e:
                 out.append(e)
                 continue
+            deep = too_deep(event.request.state)
+            if deep is not None:  # every path must refuse it alike (the HTTP server answers 422)
+                out.append(InvalidEvent(ReasonCode.schema_violation, deep))
+                continue
             request = decide_request(event, self.s.seed_policy, self.s.fixed_seed)
+            if self.s.max_gate is not None:
+                request = Ceilings(max_gate=self.s.max_gate).apply(request)
             try:
                 tokens = self.engine.count_tokens(event.request)
             except Exception as e:  # valid by the contract, yet the engine cannot render it

@@ -28,7 +28,8 @@ CHECKS = ",".join([
 
 
 def test_openapi_document_declares_the_contract(auth_server: Served) -> None:
-    doc = httpx.get(f"{auth_server.url}/openapi.json").json()
+    # With an API key the document is guarded too (issue #21): the key opens it.
+    doc = httpx.get(f"{auth_server.url}/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     op = doc["paths"]["/v1/systemone"]["post"]
     assert op["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/SystemOneRequest"
