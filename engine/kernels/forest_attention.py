@@ -28,8 +28,11 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   the fastest grid dimension, so the G heads of one KV head read its tiles together (from L2),
   and query blocks run last first (the longest causal walks start first). An 8,192-token
   segment at 64 rows streams a quarter of the 16-row kernel's K/V traffic. K/V stay fp32 in
-  storage (the prefix cache and the decoder read them); the kernel rounds tiles to bf16 as it
-  loads them.
+  storage (the prefix cache and the decoder read them). Under bf16 dots `_shadow_kernel` first
+  rounds the long segments' own K/V into a transient bf16 copy [NKV, T, HD] (per call, indexed
+  by packed row), which the kernel loads straight into shared memory; ancestors are rounded in
+  registers as they are loaded, in tiles of `ancestor_block_l` keys. Either way a value is
+  rounded to nearest even once, so the bits do not depend on which path read it.
 
 Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
 token's bits depend on its own segment's data alone: never on its segment's slot, its packed
@@ -44,7 +47,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, helper, kernel, use_triton
+from engine.kernels._triton import Backend, helper, interpreting, kernel, use_triton
 from engine.kernels.decode_attention import _bf16_operand, _norm_rope, _reduce_piece, _view
 from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
 from engine.kernels.forest_tables import (
@@ -89,6 +92,19 @@ class LongConfig:
     num_warps: int
     min_length: int
     num_stages: int = 2
+    # bf16 dots: the long segments' own K/V are rounded once into a transient bf16 shadow
+    # (`_shadow_kernel`) that the kernel loads straight into shared memory; False rounds the fp32
+    # tiles in registers as they are loaded (same bits; costs registers and spills at head_dim 256)
+    bf16_kv: bool = True
+    # keys per ancestor tile: ancestors stay fp32 where they lie (the prefix cache) and are
+    # rounded in registers, so a smaller tile keeps that path from setting the register count;
+    # 0: block_l
+    ancestor_block_l: int = 0
+
+    @property
+    def ancestor_l(self) -> int:
+        """Keys per ancestor tile."""
+        return self.ancestor_block_l or self.block_l
 
     def __post_init__(self) -> None:
         if self.block_m % BLOCK_M or self.block_m % self.block_l or self.block_l < 16:
@@ -96,18 +112,27 @@ class LongConfig:
                 f"block_m must be a multiple of {BLOCK_M} and of block_l >= 16: "
                 f"{self.block_m}, {self.block_l}"
             )
+        bla = self.ancestor_block_l
+        if bla and (bla < 16 or bla & (bla - 1)):
+            raise ValueError(f"ancestor_block_l must be 0 or a power of two >= 16: {self.ancestor_block_l}")
         if self.min_length < 1:
             raise ValueError(f"min_length must be >= 1, got {self.min_length}")
 
 
 def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
     """The shipped large-block config for a head size and dot format. At head_dim 256 a
-    [BM, 256] fp32 accumulator costs BM / 2 registers per thread over 8 warps; the sm_90
-    compile (triton 3.6, ops/bench/NOTES-kernels.md) spills least at 64 query rows, 8 warps,
-    with 64-key tiles for bf16 and 32-key tiles for tf32 (whose fp32 operand tiles at 64 keys
-    need 320 KiB of shared memory, over the 227 KiB a block may have)."""
+    [BM, 256] fp32 accumulator costs BM / 2 registers per thread over 8 warps. bf16: 64 query
+    rows, 8 warps, 64-key tiles from the bf16 shadow, two stages (cp.async into 160 KiB of
+    shared memory), ancestors in 32-key tiles: 254 registers, no spills on sm_90 (triton 3.6,
+    ops/bench/NOTES-kernels.md; the fp32-tile variant measured 111 TFLOP/s at 8k with one
+    stage, and spilled). tf32 keeps fp32 tiles of 32 keys (at 64, 320 KiB of shared memory,
+    over the 227 KiB a block may have)."""
     if head_dim >= 256:
-        return LongConfig(block_m=64, block_l=64 if dots == "bf16" else 32, num_warps=8, min_length=128)
+        if dots == "bf16":
+            return LongConfig(
+                block_m=64, block_l=64, num_warps=8, min_length=128, num_stages=2, ancestor_block_l=32
+            )
+        return LongConfig(block_m=64, block_l=32, num_warps=8, min_length=128)
     return LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64)
 
 
@@ -224,7 +249,7 @@ def _operand(x, DOTS: tl.constexpr, ON_GPU: tl.constexpr):
 def _long_tile(
     q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
     HD: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    KV16: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """One tile of BL keys from `start` folded into the running (max, sum, output) of the block's
     rows, in base-2 exponentials (qk_scale includes log2 e). The head dimension is handled in two
@@ -232,7 +257,9 @@ def _long_tile(
     K or V tile is live in registers at a time. MASKED: keys past n (and, CAUSAL, past each
     row's own index) score -inf; an unmasked tile lies wholly inside every row's view. A row's
     first tile always holds a key it sees (every row sees key 0 of every piece), so its max is
-    finite from then on and a fully masked later tile leaves it bitwise unchanged."""
+    finite from then on and a fully masked later tile leaves it bitwise unchanged. KV16: k_base
+    and v_base point into the bf16 shadow (`_shadow_kernel`: the same rounding, done once per
+    pass), so the tiles go to the tensor cores as loaded, with no conversion in registers."""
     HH: tl.constexpr = HD // 2
     offs_d = tl.arange(0, HH)
     offs_l = start + tl.arange(0, BL)
@@ -244,7 +271,10 @@ def _long_tile(
     else:
         k_lo = tl.load(k_base + at)
         k_hi = tl.load(k_base + HH + at)
-    if DOTS == "bf16":
+    if KV16:
+        s = tl.dot(q_lo, tl.trans(k_lo))
+        s = tl.dot(q_hi, tl.trans(k_hi), acc=s)
+    elif DOTS == "bf16":
         s = tl.dot(q_lo, tl.trans(_operand(k_lo, DOTS, ON_GPU)))
         s = tl.dot(q_hi, tl.trans(_operand(k_hi, DOTS, ON_GPU)), acc=s)
     else:
@@ -262,12 +292,16 @@ def _long_tile(
     total = total * alpha + tl.sum(e, axis=1)
     ed = _operand(e, DOTS, ON_GPU)
     v_lo = tl.load(v_base + at, mask=lmask[:, None], other=0.0) if MASKED else tl.load(v_base + at)
-    if DOTS == "bf16":
+    if KV16:
+        acc_lo = tl.dot(ed, v_lo, acc=acc_lo * alpha[:, None])
+    elif DOTS == "bf16":
         acc_lo = tl.dot(ed, _operand(v_lo, DOTS, ON_GPU), acc=acc_lo * alpha[:, None])
     else:
         acc_lo = tl.dot(ed, v_lo, acc=acc_lo * alpha[:, None], input_precision=DOTS)
     v_hi = tl.load(v_base + HH + at, mask=lmask[:, None], other=0.0) if MASKED else tl.load(v_base + HH + at)
-    if DOTS == "bf16":
+    if KV16:
+        acc_hi = tl.dot(ed, v_hi, acc=acc_hi * alpha[:, None])
+    elif DOTS == "bf16":
         acc_hi = tl.dot(ed, _operand(v_hi, DOTS, ON_GPU), acc=acc_hi * alpha[:, None])
     else:
         acc_hi = tl.dot(ed, v_hi, acc=acc_hi * alpha[:, None], input_precision=DOTS)
@@ -275,9 +309,11 @@ def _long_tile(
 
 
 def _long_attention_kernel(
-    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, qk_scale,
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, t_rows,
+    stride_qg, qk_scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
-    BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
+    BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr,
+    KV16: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
     # query blocks last first, so the longest causal walks start first
@@ -308,27 +344,45 @@ def _long_attention_kernel(
     total = tl.zeros((BM,), dtype=tl.float32)
     acc_lo = tl.zeros((BM, HH), dtype=tl.float32)
     acc_hi = tl.zeros((BM, HH), dtype=tl.float32)
-    for p in tl.static_range(P):  # chain order: ancestors oldest first, then the own block
+    # chain order: the ancestors oldest first (fp32 K/V where they lie, in tiles of BLA keys),
+    # then the own block (in tiles of BL keys, from the bf16 shadow under KV16)
+    for p in tl.static_range(P - 1):
         rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
         head_rows = tl.load(rec + 3)
         k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
         v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
-        if p == P - 1:
-            n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
-            full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
-        else:
-            n = tl.load(rec + 2)
-            full = (n // BL) * BL
-        for start in range(0, full, BL):
+        n = tl.load(rec + 2)
+        full = (n // BLA) * BLA
+        for start in range(0, full, BLA):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BL, DOTS, False, False, ON_GPU,
+                HD, BLA, DOTS, False, False, False, ON_GPU,
             )  # fmt: skip
-        for start in range(full, n, BL):
+        for start in range(full, n, BLA):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BL, DOTS, True, p == P - 1, ON_GPU,
+                HD, BLA, DOTS, True, False, False, ON_GPU,
             )  # fmt: skip
+    n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
+    full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
+    if KV16:  # the own keys' bf16 shadow: [NKV, T, HD], row = packed token
+        k_base = k16_ptr + (kvh * t_rows + tok_lo) * HD
+        v_base = v16_ptr + (kvh * t_rows + tok_lo) * HD
+    else:
+        rec = pieces_ptr + (seg * P + P - 1) * 4
+        head_rows = tl.load(rec + 3)
+        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
+        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+    for start in range(0, full, BL):
+        m, total, acc_lo, acc_hi = _long_tile(
+            q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+            HD, BL, DOTS, False, False, KV16, ON_GPU,
+        )  # fmt: skip
+    for start in range(full, n, BL):
+        m, total, acc_lo, acc_hi = _long_tile(
+            q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+            HD, BL, DOTS, True, True, KV16, ON_GPU,
+        )  # fmt: skip
 
     inv = 1.0 / tl.where(total > 0, total, 1.0)
     g_at = rows[:, None] * stride_qg + h * 2 * HD + HD + offs_d[None, :]
@@ -341,11 +395,38 @@ def _long_attention_kernel(
     tl.store(out_ptr + HH + o_at, o, mask=valid[:, None])
 
 
+def _shadow_kernel(
+    base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, t_rows,
+    HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (packed row, KV head): a live row of a long segment copies its key and value from
+    its segment's own fp32 block into the bf16 shadow [NKV, T, HD] at its packed row, rounded to
+    nearest even exactly as `_bf16_operand` rounds them in registers (so the large-block kernel
+    gives the same bits either way). Loaded as bf16, the tiles go to shared memory (cp.async
+    when pipelined) and from there to the tensor cores, with no conversion in registers. Under
+    the interpreter the rounded values stay fp32."""
+    row = tl.program_id(0)
+    kv = tl.program_id(1)
+    live = tl.load(rows_ptr + row * 4 + 2)
+    if live == 0:
+        return
+    seg = tl.load(rows_ptr + row * 4)
+    if tl.load(segs_ptr + seg * 8 + 1) < LONG_MIN:  # short segments keep the 16-row kernel
+        return
+    local = tl.load(rows_ptr + row * 4 + 1)
+    own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
+    at = (kv * tl.load(own + 3) + local) * HD + tl.arange(0, HD)
+    to = (kv * t_rows + row) * HD + tl.arange(0, HD)
+    tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + tl.load(own) + at), ON_GPU))
+    tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + tl.load(own + 1) + at), ON_GPU))
+
+
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 _long_attn = kernel(_long_attention_kernel)
+_shadow = kernel(_shadow_kernel)
 
 
 def _check_table(name: str, t: torch.Tensor, shape: tuple[int | None, ...], like: torch.Tensor) -> None:
@@ -502,9 +583,22 @@ def forest_attention(
         num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
     if cfg is not None:
+        kv16 = dots == "bf16" and cfg.bf16_kv
+        if kv16:  # transient bf16 copies of the long segments' own K/V (storage stays fp32)
+            # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding
+            # the rounded values
+            dt = torch.float32 if interpreting() else torch.bfloat16
+            k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
+            v16 = torch.empty_like(k16)
+            _shadow[(t, num_kv_heads)](
+                base, rows, segs, pieces, k16, v16, t,
+                HD=hd, P=pieces.shape[1], LONG_MIN=cfg.min_length, num_warps=1,
+            )  # fmt: skip
+        else:
+            k16 = v16 = base  # not read
         _long_attn[(nh, qblocks.shape[0])](
-            q, qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5 * _LOG2E,
-            BM=cfg.block_m, BL=cfg.block_l, LONG_MIN=cfg.min_length,
+            q, qg, base, segs, pieces, qblocks, out, k16, v16, t, qg.stride(0), hd**-0.5 * _LOG2E,
+            BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length, KV16=kv16,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
         )  # fmt: skip
     return out

@@ -15,7 +15,10 @@ For each kernel setting: ms per layer (CUDA events around each launch after warm
 visible key): the causal work, not the padded tiles) and the largest |difference| from the
 exact "ieee" 16-row kernel on the same inputs. Settings: "old" is the 16-row kernel for every
 segment (`long=False`), "new" the shipped large-block config (`long_config`), and --sweep
-(default on) adds the other large-block configs, so one GPU run picks the config.
+(default on) adds the other large-block configs (SWEEP), so one GPU run picks the config. A
+config's name reads "BM<query rows> BL<own keys per tile> w<warps> s<stages> kv16|kv32
+a<ancestor keys per tile>": kv16 loads the bf16 shadow of the own K/V (its build is timed as
+part of the call), kv32 rounds the fp32 tiles in registers (the run-2 kernel).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -33,11 +37,13 @@ from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG
 NH, NKV, HD = 24, 4, 256
 LAYERS = 16  # attention layers of the 27B model
 PIECES = 4  # the body's smallest piece bucket
-SWEEP = [  # (block_m, block_l, warps, stages): sm_90 resources in ops/bench/NOTES-kernels.md
-    (64, 64, 8, 1),
-    (64, 32, 8, 2),
-    (128, 32, 8, 2),
-    (128, 64, 8, 2),
+# bf16 configs besides the shipped one: sm_90 resources in ops/bench/NOTES-kernels.md (Session 5b)
+SWEEP = [
+    LongConfig(64, 64, 8, 128, num_stages=1, bf16_kv=False),  # the fp32-tile kernel, best at run 2
+    LongConfig(64, 64, 8, 128, num_stages=1, ancestor_block_l=32),
+    LongConfig(64, 64, 8, 128, num_stages=3, ancestor_block_l=32),
+    LongConfig(64, 64, 8, 128, num_stages=2, ancestor_block_l=16),
+    LongConfig(128, 32, 8, 128, num_stages=2, ancestor_block_l=32),
 ]
 WORKLOADS = {"a": [(256, -1)], "b": [(256, -1), (40, 0), (40, 0), (40, 0)], "c": [(8192, -1)]}
 BUCKETS = {"a": (256, 4), "b": (384, 4), "c": (8192, 4)}  # (token bucket, segment slots)
@@ -113,13 +119,13 @@ def main() -> int:
         ("old bf16", "bf16", False),
         ("old tf32", "tf32", False),
         (f"new bf16 {_name(shipped)}", "bf16", True),
-        (f"new tf32 {_name(long_config(HD, 'tf32'))}", "tf32", True),
+        (f"new tf32 {_name(long_config(HD, 'tf32'), 'tf32')}", "tf32", True),
     ]
     if not args.no_sweep:
-        for bm, bl, warps, stages in SWEEP:
-            cfg = LongConfig(bm, bl, warps, shipped.min_length, stages)
+        for cfg in SWEEP:
             if cfg != shipped:
                 settings.append((f"new bf16 {_name(cfg)}", "bf16", cfg))
+    t0 = time.perf_counter()
     out_rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     head = ("workload", "setting", "ms/layer", "x16 ms", "TFLOP/s", "max|d| vs ieee")
@@ -153,14 +159,18 @@ def main() -> int:
                 dict(workload=w, setting=name, ms_per_layer=ms, ms_16_layers=ms * LAYERS, tflops=tflops,
                      max_abs_diff_vs_ieee=diff, tokens=d["tokens"])
             )  # fmt: skip
+    print(f"bench_attention: {time.perf_counter() - t0:.0f} s", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out_rows, f, indent=1)
     return 0
 
 
-def _name(cfg: LongConfig) -> str:
-    return f"BM{cfg.block_m} BL{cfg.block_l} w{cfg.num_warps} s{cfg.num_stages}"
+def _name(cfg: LongConfig, dots: str = "bf16") -> str:
+    """e.g. "BM64 BL64 w8 s2 kv16 a32": kv16 reads the bf16 shadow (kv32: rounds fp32 tiles in
+    registers), aN: ancestor tiles of N keys."""
+    kv = "kv16" if cfg.bf16_kv and dots == "bf16" else "kv32"
+    return f"BM{cfg.block_m} BL{cfg.block_l} w{cfg.num_warps} s{cfg.num_stages} {kv} a{cfg.ancestor_l}"
 
 
 if __name__ == "__main__":

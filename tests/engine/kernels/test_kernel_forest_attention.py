@@ -31,8 +31,15 @@ P = 3
 # The large-block kernel's configs under test (tensor-core dots): the shipped one at this head
 # size (64-row blocks from 64 tokens: the 70-token segment, one full and one partial block) and
 # a small one that takes the segments of 17, 33 and 70 tokens (ancestors of 77 and 12 keys: full
-# and partial key tiles, several blocks, a block of one row) while 1 and 5 keep the 16-row kernel.
-LONG = {"shipped": True, "small": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17)}
+# and partial key tiles, several blocks, a block of one row) while 1 and 5 keep the 16-row kernel;
+# "fp32kv" is "small" rounding the fp32 own tiles in registers instead of reading the bf16 shadow,
+# "anc" has own tiles of 32 keys and ancestor tiles of 16 (like the shipped 64 / 32 at head_dim 256).
+LONG = {
+    "shipped": True,
+    "small": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17),
+    "fp32kv": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17, bf16_kv=False),
+    "anc": LongConfig(block_m=32, block_l=32, num_warps=4, min_length=17, ancestor_block_l=16),
+}
 
 
 @dataclass
@@ -321,11 +328,25 @@ def test_long_segments_take_the_large_block_kernel_and_short_ones_keep_theirs(
     assert torch.equal(_attend(case, lay, q, "triton", "ieee", cfg), _attend(case, lay, q, "triton", "ieee"))
 
 
+def test_bf16_shadow_gives_the_in_register_rounding_bits(dev: torch.device, gen: torch.Generator) -> None:
+    """The bf16 shadow of the own K/V rounds as the kernel rounds fp32 tiles in registers, so the
+    two paths agree bit for bit (interpreter; compiled, the same wgmma sequence is expected)."""
+    if dev.type == "cuda":
+        pytest.skip("bit equality of the two load paths is checked through the interpreter")
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    assert torch.equal(_attend(case, lay, q, "triton", "bf16", LONG["small"]),
+                       _attend(case, lay, q, "triton", "bf16", LONG["fp32kv"]))  # fmt: skip
+
+
 def test_long_config_is_checked() -> None:
     with pytest.raises(ValueError, match="block_m must be a multiple"):
         LongConfig(block_m=48, block_l=32, num_warps=4, min_length=64)
     with pytest.raises(ValueError, match="min_length"):
         LongConfig(block_m=64, block_l=32, num_warps=4, min_length=0)
+    with pytest.raises(ValueError, match="ancestor_block_l"):
+        LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64, ancestor_block_l=24)
     for hd in (32, 256):
         for dots in ("bf16", "tf32"):
             cfg = long_config(hd, dots)
@@ -342,7 +363,7 @@ def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
 
 @pytest.mark.parametrize(
     ("dots", "long"), [("ieee", "shipped"), ("tf32", "shipped"), ("bf16", "shipped"), ("tf32", "small"),
-                       ("bf16", "small")]
+                       ("bf16", "small"), ("bf16", "anc")]
 )  # fmt: skip
 def test_segment_bits_do_not_depend_on_the_launch(
     dots: str, long: str, dev: torch.device, gen: torch.Generator
