@@ -121,16 +121,17 @@ class LongConfig:
 
 def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
     """The shipped large-block config for a head size and dot format. At head_dim 256 a
-    [BM, 256] fp32 accumulator costs BM / 2 registers per thread over 8 warps. bf16: 64 query
-    rows, 8 warps, 64-key tiles from the bf16 shadow, two stages (cp.async into 160 KiB of
-    shared memory), ancestors in 32-key tiles: 254 registers, no spills on sm_90 (triton 3.6,
-    ops/bench/NOTES-kernels.md; the fp32-tile variant measured 111 TFLOP/s at 8k with one
-    stage, and spilled). tf32 keeps fp32 tiles of 32 keys (at 64, 320 KiB of shared memory,
+    [BM, 256] fp32 accumulator costs BM / 2 registers per thread over 8 warps. bf16: 128 query
+    rows, 8 warps, 32-key tiles from the bf16 shadow, two stages, ancestors in 32-key tiles:
+    the fastest of the H200 sweep (2026-12-01, ops/bench/RESULTS.md) at (b) and (c) - 3.27 ms a
+    27B layer at 8k (252 TFLOP/s) against 5.40 for 64-row blocks over 64-key tiles and 7.76 for
+    fp32 tiles rounded in registers - though it spills 208 B per thread on sm_90 (triton 3.6).
+    tf32 keeps fp32 tiles of 32 keys (at 64, 320 KiB of shared memory,
     over the 227 KiB a block may have)."""
     if head_dim >= 256:
         if dots == "bf16":
             return LongConfig(
-                block_m=64, block_l=64, num_warps=8, min_length=128, num_stages=2, ancestor_block_l=32
+                block_m=128, block_l=32, num_warps=8, min_length=128, num_stages=2, ancestor_block_l=32
             )
         return LongConfig(block_m=64, block_l=32, num_warps=8, min_length=128)
     return LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64)
