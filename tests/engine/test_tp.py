@@ -115,7 +115,12 @@ def test_tensor_parallel_refuses_the_float_paths(q8_model: Path) -> None:
 
 @pytest.mark.slow
 def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """4-way tensor parallelism on CPU (a tiny model with heads that split 4 ways): 1 = 2 = 4 ranks."""
+    """4-way tensor parallelism on CPU (a tiny model with heads that split 4 ways): 1 = 4 ranks.
+
+    1 = 2 ranks is test_two_ranks_decide_the_bits_of_one_process (with thoughts and the cache);
+    integer partial sums are exact however the features are split, so a third engine here (2
+    more processes) would check nothing that test and the 4-way split do not.
+    """
     from engine.testing.make_model import make_model
 
     dims = dims_config(
@@ -124,14 +129,13 @@ def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFact
     path = make_model(tmp_path_factory.mktemp("tp4") / "tiny4-q8.gguf", "Q8_0", dims, 3, False, 4)
     requests = _requests(seed=5)[:12]
     bits = {}
-    for tp in (1, 2, 4):
+    for tp in (1, 4):
         engine = Engine.load(path, precision="int8", tp=tp)
         try:
             bits[tp] = [_bits(r) for r in engine.decide(requests)]
         finally:
             engine.close()
     assert bits[4] == bits[1]
-    assert bits[2] == bits[1]
 
 
 def test_missing_gpus_are_refused_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
