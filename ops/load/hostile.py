@@ -12,7 +12,7 @@ seconds runs at once:
   1,000,000-character states, a state nested 254 deep, integers beyond 64 bits, no content type,
   invalid UTF-8, and clients that leave while their request thinks.
 Hostile connections stay under the run's connection cap (1,024), so what the cap refuses is
-never a well-behaved client (the cap itself is tested in tests/serve/test_hostile.py). The
+never a well-behaved client (the cap itself is tested in tests/serve/test_serve_hostile.py). The
 server's RSS is sampled throughout; at the end /metrics gives every status it answered, and a
 SIGTERM during a long thought measures the drain. Everything stays on loopback and is bounded by
 --duration (plus the server's start and drain); nothing is retried.
