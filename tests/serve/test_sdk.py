@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -132,8 +133,15 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             return await asyncio.gather(*(client.system_one(state=s, questions=QUESTIONS) for s in states))
 
     responses = asyncio.run(main())
-    batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
-    requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
+    # A batch's stats are recorded when its engine call returns; answers that were final early
+    # (on_ready) can reach the client before that, so wait (bounded) for the call to be counted.
+    deadline = time.monotonic() + 30
+    while True:
+        batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
+        requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
+        if requests >= len(states) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert requests == len(states)
     assert batches < len(states), "concurrent requests should share engine batches"
     for state, resp in zip(states, responses, strict=True):
