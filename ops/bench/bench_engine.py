@@ -230,25 +230,70 @@ def show(key: str, value: object) -> None:
     print(f"{key:<24}  {text}", flush=True)
 
 
-def profile_b(bench: Bench, path: str | None) -> None:
-    """Per-kernel breakdown of workload (b): where the time goes."""
+def kernel_family(name: str) -> str:
+    """The family a GPU kernel's time is charged to in a profile summary (by kernel name)."""
+    n = name.lower()
+    for family, keys in (
+        ("gemm", ("gemm", "matmul", "_int_mm", "cutlass", "wgmma")),
+        ("attention", ("attention", "attn")),
+        ("gdn", ("gdn", "delta", "conv")),
+        ("norm_quant", ("norm", "quant", "swiglu", "silu", "rope")),
+        ("copy", ("copy", "memcpy", "memset", "cat", "fill")),
+    ):
+        if any(k in n for k in keys):
+            return family
+    return "other"
+
+
+def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: str | None) -> None:
+    """Per-kernel breakdown of one workload: where the GPU time goes, by kernel and by family.
+
+    Runs the workload on an eager twin of the bench's body (the same settings and kernels, no
+    graph: the profiler then names every kernel) after three warm calls; also shows the graphed
+    wall time beside it, so launch overhead is the difference."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        bench.decide(220, 3)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        wall = bench.decide(220, 3)
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
-    events = prof.key_averages()
+    graphed_ms = 1e3 * statistics.fmean(fn() for _ in range(3))
+    body = bench.body
+    if body is not None and body.graphs:
+        bench.body = ForestBody(
+            bench.weights, graphs=False, gdn_chunk=body.gdn_chunk, gdn_dots=body.gdn_dots,
+            attention_dots=body.attention_dots,
+        )  # fmt: skip
+    try:
+        for _ in range(3):
+            fn()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = fn()
+    finally:
+        bench.body = body
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     gpu_us = sum(e.self_device_time_total for e in events)
-    launches = sum(e.count for e in events if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel")))
-    show("b_profile_wall_ms", 1e3 * wall)
-    show("b_profile_gpu_busy_ms", gpu_us / 1e3)
-    show("b_profile_launches", launches)
+    families: dict[str, float] = {}
+    for e in events:
+        fam = kernel_family(e.key)
+        families[fam] = families.get(fam, 0.0) + e.self_device_time_total / 1e3
+    launch_keys = ("cudaLaunchKernel", "cuLaunchKernel")
+    launches = sum(e.count for e in prof.key_averages() if e.key.startswith(launch_keys))
+    show(f"{label}_profile_graphed_ms", graphed_ms)
+    show(f"{label}_profile_eager_wall_ms", 1e3 * wall)
+    show(f"{label}_profile_gpu_busy_ms", gpu_us / 1e3)
+    show(f"{label}_profile_launches", launches)
+    ranked = sorted(families.items(), key=lambda kv: -kv[1])
+    show(f"{label}_profile_families_ms", {k: round(v, 3) for k, v in ranked})
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=24, max_name_column_width=70)
     print(table, flush=True)
     if path:
-        with open(path, "w") as f:
+        with open(f"{path}.{label}.txt", "w") as f:
             f.write(table)
+
+
+def profile_prefill(bench: Bench, path: str | None, *, skip_long: bool) -> None:
+    """Profiles of (a), (b) and (c) (as `run_workloads` times them)."""
+    profile_workload(bench, "a", lambda: bench.decide(220, 1), path)
+    profile_workload(bench, "b", lambda: bench.decide(220, 3), path)
+    if not skip_long:
+        profile_workload(bench, "c", lambda: bench.decide(8156, 1), path)
 
 
 def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
@@ -354,13 +399,10 @@ def run_workloads(
     *,
     skip_long: bool = False,
     quick: bool = False,
-    after_b: Callable[[], None] | None = None,
 ) -> None:
     """The seed's workloads (a)-(d) as the module docstring describes them; quick: (a) and (b)."""
     record("a_one_question_256", serial(lambda: bench.decide(220, 1)))
     record("b_three_questions_256", serial(lambda: bench.decide(220, 3)))
-    if after_b is not None:
-        after_b()
     if quick:
         return
     if not skip_long:
@@ -599,7 +641,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--skip-long", action="store_true", help="skip the 8,192-token workload")
     ap.add_argument("--decode-steps", type=int, default=32)
-    ap.add_argument("--profile", default=None, help="write a per-kernel profile of workload (b) here")
+    ap.add_argument("--profile", default=None, help="kernel profiles of (a), (b), (c): PATH.<a|b|c>.txt")
     ap.add_argument("--decode-only", action="store_true", help="run workload (e) only")
     ap.add_argument("--decode-eager", action="store_true", help="decode without CUDA graphs (same kernels)")
     ap.add_argument("--levels", action="store_true", help="forests level by level (engine.executor)")
@@ -713,8 +755,9 @@ def run_variant(
         if not args.skip_long:
             record("accuracy_c_vs_exact", agreement(bench, 8156, 1))
     if not args.decode_only:
-        after_b = (lambda: profile_b(bench, args.profile)) if args.profile and decode else None
-        run_workloads(bench, record, skip_long=args.skip_long, after_b=after_b)
+        run_workloads(bench, record, skip_long=args.skip_long)
+        if args.profile and decode:
+            profile_prefill(bench, args.profile, skip_long=args.skip_long)
     if decode:
         bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
         record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
