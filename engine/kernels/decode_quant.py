@@ -23,6 +23,7 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 MAX_BLOCK = 4096
+UNROLL = 4  # blocks of a row pass in flight together (as engine.kernels.quant.UNROLL: same bits)
 _RINT_MAGIC = 12582912.0  # 1.5 * 2^23: rounds an fp32 |r| < 2^22 to an integer, ties to even
 
 
@@ -55,12 +56,12 @@ def _gated_norm_quant_kernel(
 
 def _swiglu_quant_kernel(
     g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
-    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
+    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         m = k0 + offs < K
         g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
@@ -70,7 +71,7 @@ def _swiglu_quant_kernel(
         amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         m = k0 + offs < K
         g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
         u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
@@ -143,7 +144,7 @@ def swiglu_quantize(
     _swiglu[(b,)](
         gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,
         k, gate.stride(0), up.stride(0),
-        HAS_DIV=divisor is not None, BLOCK=block,
+        HAS_DIV=divisor is not None, BLOCK=block, UNROLL=UNROLL,
         num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale

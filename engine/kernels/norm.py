@@ -21,25 +21,27 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 MAX_BLOCK = 4096
+UNROLL = 4  # blocks of a row pass in flight together (as engine.kernels.quant.UNROLL: same bits)
 
 
 def _norm_row_kernel(
     x_ptr, w_ptr, y_ptr, K, stride_x, stride_y, eps,
-    MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
+    MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     offs = tl.arange(0, BLOCK)
     sq = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
         sq += x * x
     total = tl.sum(sq, axis=0)
     if MEAN:
         total = tl.math.div_rn(total, K.to(tl.float32))
     inv = tl.math.rsqrt(total + eps)
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         m = k0 + offs < K
         v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32) * inv
         if HAS_W:
@@ -82,7 +84,7 @@ def norm_rows(
     w = weight.contiguous() if weight is not None else y
     _kernel[(x2.shape[0],)](
         x2, w, y, k, x2.stride(0), y.stride(0), float(eps),
-        MEAN=mean, HAS_W=weight is not None, BLOCK=block,
+        MEAN=mean, HAS_W=weight is not None, BLOCK=block, UNROLL=UNROLL,
         num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return y.reshape(*lead, k)

@@ -25,6 +25,10 @@ libdevice: Any = None
 
 INT8_MAX = 127
 MAX_BLOCK = 4096
+# Each row pass is unrolled this many blocks: a one-row call (decode) is a single program, and a
+# rolled loop waits out one load latency per block and pass; unrolled, the blocks' loads are in
+# flight together. The arithmetic per element and its order are the same, so are the bits.
+UNROLL = 4
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
 
@@ -32,7 +36,8 @@ _RINT_MAGIC = 12582912.0
 def _quant_row_kernel(
     x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
     K, stride_x, stride_q, eps,
-    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
+    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -42,14 +47,14 @@ def _quant_row_kernel(
     inv = 1.0
     if NORM:
         sq = tl.zeros((BLOCK,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK):
+        for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
             x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             sq += x * x
         mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
         inv = tl.math.rsqrt(mean + eps)
 
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         m = k0 + offs < K
         v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
         if NORM:
@@ -60,7 +65,7 @@ def _quant_row_kernel(
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
 
-    for k0 in range(0, K, BLOCK):
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
         m = k0 + offs < K
         v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
         if NORM:
@@ -140,7 +145,7 @@ def _launch(
     _kernel[(m,)](
         x, div, wgt,
         q, scale, k, x.stride(0), q.stride(0), float(eps),
-        HAS_DIV=divisor is not None, NORM=weight is not None, BLOCK=block,
+        HAS_DIV=divisor is not None, NORM=weight is not None, BLOCK=block, UNROLL=UNROLL,
         num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
