@@ -69,14 +69,16 @@ class GemmConfig:
 # N = 5,120), far too few to keep 132 SMs' loads in flight; narrow N tiles, long K steps and
 # split K give thousands. (largest M, config): fixed, so a given M always runs the same
 # program; any entry gives identical bits (exact int32, one epilogue). Set from the H200 sweep
-# at tree 7546c16 (ops/bench/bench_kernels.py --gemm-only, then ops/bench/gemm_table.py
-# --margin 0.05; RESULTS.md, NOTES-kernels.md): per M the config with the least step-weighted
-# time over the 27B and 4B linears.
+# of 2026-12-01 14:05 UTC at tree 549ffa9 (ops/bench/bench_kernels.py --gemm-only, then
+# ops/bench/gemm_table.py --margin 0.05; RESULTS.md): per M the config with the least
+# step-weighted time over the 27B and 4B linears; the split-epilogue 128x128 tile with 4 warps
+# (two programs per SM) replaced the persistent TMA tile at large M.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
-    (4, GemmConfig(16, 128, 256, 4, 4)),
-    (16, GemmConfig(16, 64, 256, 4, 4)),
-    (1024, GemmConfig(64, 128, 128, 4, 4)),
-    (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+    (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+    (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+    (16, GemmConfig(16, 32, 512, 4, 4)),
+    (384, GemmConfig(64, 128, 128, 4, 4)),
+    (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
 )
 
 # Per weight shape (N, K), a table like CONFIG_TABLE that overrides it where the sweep found a
@@ -87,101 +89,116 @@ CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
 # 17408) MLP down; 4B: K = 2560 / 4096 / 9216 rows alike.
 SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
     (10240, 5120): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
-        (64, GemmConfig(64, 128, 128, 4, 4)),
-        (384, GemmConfig(128, 128, 128, 8, 3)),
-        (512, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
-    ),
-    (6144, 5120): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
-        (256, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
-    ),
-    (5120, 6144): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
-        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
-        (1024, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
-    ),
-    (12288, 5120): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (4, GemmConfig(16, 128, 512, 4, 3)),
+        (16, GemmConfig(16, 128, 256, 4, 4)),
         (64, GemmConfig(64, 128, 128, 4, 4)),
         (256, GemmConfig(128, 128, 128, 8, 3)),
+        (384, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
         (512, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
-    (1024, 5120): (
-        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
-        (64, GemmConfig(16, 32, 512, 4, 4)),
-        (2048, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
-    ),
-    (17408, 5120): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
+    (6144, 5120): (
+        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
         (256, GemmConfig(64, 128, 128, 4, 4)),
         (384, GemmConfig(128, 128, 128, 8, 3)),
-        (512, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (5120, 6144): (
+        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (12288, 5120): (
+        (1, GemmConfig(16, 128, 512, 4, 3)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 4)),
+        (256, GemmConfig(128, 128, 128, 8, 3)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (1024, 5120): (
+        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
+        (64, GemmConfig(16, 32, 512, 4, 4)),
+        (512, GemmConfig(64, 128, 128, 4, 4, split_k=2)),
+        (2048, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (17408, 5120): (
+        (16, GemmConfig(16, 256, 256, 8, 3)),
+        (256, GemmConfig(64, 128, 128, 4, 4)),
+        (384, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (5120, 17408): (
-        (1, GemmConfig(16, 128, 256, 4, 4, split_k=4)),
-        (4, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
-        (64, GemmConfig(64, 64, 256, 4, 4, split_k=4)),
-        (1024, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (248320, 5120): (
+        (1, GemmConfig(16, 256, 256, 8, 3)),
+        (4, GemmConfig(16, 128, 512, 4, 3)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (8192, 2560): (
         (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
         (256, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (384, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (4096, 2560): (
         (1, GemmConfig(16, 32, 512, 4, 4)),
-        (4, GemmConfig(16, 64, 256, 4, 4)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(16, 128, 256, 4, 4)),
         (512, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (2560, 4096): (
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
-        (2048, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (1024, 2560): (
         (64, GemmConfig(16, 32, 512, 4, 4)),
         (2048, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 128, 128, 8, 3)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (9216, 2560): (
-        (4, GemmConfig(16, 128, 256, 4, 4)),
-        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (16, GemmConfig(16, 128, 256, 4, 4)),
         (64, GemmConfig(64, 128, 128, 4, 4)),
+        (256, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
         (384, GemmConfig(128, 128, 128, 8, 3)),
-        (512, GemmConfig(64, 128, 128, 4, 4)),
-        (2048, GemmConfig(128, 128, 128, 8, 3)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (2560, 9216): (
-        (4, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
-        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (1, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
-        (2048, GemmConfig(64, 128, 128, 4, 4)),
-        (1 << 62, GemmConfig(128, 256, 128, 8, 4, persistent=True)),
+        (512, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (248320, 2560): (
+        (1, GemmConfig(16, 256, 256, 8, 3)),
+        (4, GemmConfig(16, 128, 256, 4, 4)),
+        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
 }
 
