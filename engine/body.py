@@ -41,9 +41,10 @@ from engine.forest import Forest, SegmentState
 from engine.int8_rows import (
     attention_output_residual,
     gdn_output_residual,
+    group_inputs,
+    grouped_projections,
     lm_head,
     mlp_residual,
-    projections,
 )
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
@@ -165,6 +166,7 @@ class ForestBody:
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need CUDA weights")
+        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
         c = self.config
         self.gdn_layers = c.linear_attention_layers
         self.attn_layers = c.full_attention_layers
@@ -474,11 +476,8 @@ class ForestBody:
         c = self.config
         nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         j = self._gdn_index[i]
-        qkv, z, b_raw, a_raw = projections(
-            h,
-            layer["attn_norm"],
-            c.rms_norm_eps,
-            [layer[n] for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
+        qkv, z, b_raw, a_raw = grouped_projections(
+            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
         )
         conv = forest_conv(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
@@ -503,8 +502,8 @@ class ForestBody:
     def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         pieces = bucket.pieces[self._attn_index[i]]
-        qg, k, v = projections(
-            h, layer["attn_norm"], c.rms_norm_eps, [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        qg, k, v = grouped_projections(
+            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_q", "attn_k", "attn_v")
         )
         q = forest_attention_prep(
             qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows,

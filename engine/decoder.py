@@ -38,9 +38,10 @@ from engine.forest import SegmentState
 from engine.int8_rows import (
     attention_output_residual,
     gdn_output_residual,
+    group_inputs,
+    grouped_projections,
     lm_head,
     mlp_residual,
-    projections,
 )
 from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
@@ -119,6 +120,7 @@ class Decoder:
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need CUDA weights")
+        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
         self.buckets = tuple(sorted(buckets))
         self.max_pieces = max_pieces
         c = self.config
@@ -337,11 +339,8 @@ class Decoder:
         c = self.config
         nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
         j = self._gdn_index[i]
-        qkv, z, b_raw, a_raw = projections(
-            h,
-            layer["attn_norm"],
-            c.rms_norm_eps,
-            [layer[n] for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
+        qkv, z, b_raw, a_raw = grouped_projections(
+            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
         )
         conv = conv_step(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * c.conv_dim * (c.conv_kernel - 1)
@@ -355,8 +354,8 @@ class Decoder:
     def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
         c = self.config
         pieces = bucket.pieces[self._attn_index[i]]
-        qg, k, v = projections(
-            h, layer["attn_norm"], c.rms_norm_eps, [layer["attn_q"], layer["attn_k"], layer["attn_v"]]
+        qg, k, v = grouped_projections(
+            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_q", "attn_k", "attn_v")
         )
         q = attention_prep(
             qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,

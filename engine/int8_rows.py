@@ -8,6 +8,8 @@ so a row's bits never depend on how many rows share the call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine import kernels
@@ -76,9 +78,104 @@ def projections(
     return [gemm(q, s, lin) for lin, (q, s) in norm_quantize(x, norm, eps, linears)]
 
 
+# The linears of a layer that read one normed input: GDN in (qkv, output gate z, beta, alpha),
+# attention in (q + gate, k, v), MLP in (gate, up).
+INPUT_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+    ("attn_q", "attn_k", "attn_v"),
+    ("ffn_gate", "ffn_up"),
+)
+
+
+@dataclass(frozen=True)
+class InputGroup:
+    """Linears that read one quantized input, multiplied as one GEMM over their stacked rows.
+
+    Why: at decode sizes a GEMM costs a ramp of a few microseconds however small its weight
+    (beta and alpha are 48 rows), and a layer's 3-4 linears on one input were 3-4 launches; one
+    launch over the stacked rows streams the same bytes. Each output column is the same exact
+    int32 dot product and the same per-column epilogue whichever launch computes it, so the
+    bits are those of the separate linears. `members` are the layer's linears after stacking:
+    row views of `linear` (no second copy of the weights), kept to notice a replaced layer entry.
+    """
+
+    linear: QuantLinear
+    members: tuple[QuantLinear, ...]
+    splits: tuple[int, ...]
+
+    def to(self, device: torch.device | str) -> InputGroup:
+        """Unchanged: a layer moved elsewhere holds new linears, so `input_group` restacks them."""
+        return self
+
+
+def _same_smooth(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.shape == b.shape and a.device == b.device and torch.equal(a, b))
+
+
+def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
+    """The stacked form of `layer`'s linears `names`, made on first use (and again if one of
+    them was replaced since); None where they cannot share one GEMM (not all plain
+    `QuantLinear`s on one device with one SmoothQuant divisor). Stacking replaces each entry of
+    `layer` by a row view of the stacked weight, so memory does not grow; call it before a
+    graph capture (`group_inputs`), not inside one."""
+    lins = [layer.get(n) for n in names]
+    if not all(type(lin) is QuantLinear for lin in lins):
+        return None
+    first: QuantLinear = lins[0]  # type: ignore[assignment]
+    key = "input_group:" + "+".join(names)
+    group = layer.get(key)
+    if isinstance(group, InputGroup) and all(a is b for a, b in zip(group.members, lins, strict=True)):
+        return group
+    if any(
+        lin.qweight.device != first.qweight.device  # type: ignore[union-attr]
+        or lin.qweight.shape[1] != first.qweight.shape[1]  # type: ignore[union-attr]
+        or lin.w_scale.dtype != first.w_scale.dtype  # type: ignore[union-attr]
+        or not _same_smooth(lin.smooth, first.smooth)  # type: ignore[union-attr]
+        for lin in lins
+    ):
+        return None
+    stacked = QuantLinear(
+        torch.cat([lin.qweight for lin in lins]),  # type: ignore[union-attr]
+        torch.cat([lin.w_scale for lin in lins]),  # type: ignore[union-attr]
+        first.smooth,
+    )
+    splits = tuple(lin.qweight.shape[0] for lin in lins)  # type: ignore[union-attr]
+    members, start = [], 0
+    for name, rows in zip(names, splits, strict=True):
+        end = start + rows
+        view = QuantLinear(stacked.qweight[start:end], stacked.w_scale[start:end], first.smooth)
+        layer[name] = view
+        members.append(view)
+        start = end
+    group = InputGroup(stacked, tuple(members), splits)
+    layer[key] = group
+    return group
+
+
+def group_inputs(layers: list[dict]) -> None:
+    """Stack every layer's input groups now (at a pass's construction: before any capture)."""
+    for layer in layers:
+        for names in INPUT_GROUPS:
+            input_group(layer, names)
+
+
+def grouped_projections(
+    x: torch.Tensor, norm: torch.Tensor, eps: float, layer: dict, names: tuple[str, ...]
+) -> list[torch.Tensor]:
+    """`projections` of `layer`'s linears `names` through one GEMM where they stack (column
+    views of its output, in the order of `names`), else one GEMM each."""
+    group = input_group(layer, names)
+    if group is None:
+        return projections(x, norm, eps, [layer[n] for n in names])
+    (y,) = projections(x, norm, eps, [group.linear])
+    return list(y.split(group.splits, dim=1))
+
+
 def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     """h + ffn_down(silu(ffn_gate(x)) * ffn_up(x)), x = post-attention rms_norm(h): the layer's MLP."""
-    gate, up = projections(h, layer["post_attention_norm"], eps, [layer["ffn_gate"], layer["ffn_up"]])
+    gate, up = grouped_projections(h, layer["post_attention_norm"], eps, layer, ("ffn_gate", "ffn_up"))
     gate, up = whole_rows(layer["ffn_down"], gate, up)
     q, s = swiglu_quantize(gate, up, layer["ffn_down"].smooth)
     return gemm(q, s, layer["ffn_down"], residual=h)

@@ -1,0 +1,73 @@
+"""Linears that read one input, stacked into one GEMM (`engine.int8_rows.input_group`): the
+outputs are the separate linears' bits, the stacked weight is the only copy, and a replaced
+or unstackable linear is noticed. The oracle is the separate linears' own projections."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.int8_rows import grouped_projections, input_group, projections
+from engine.quant import QuantLinear
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = ("attn_q", "attn_k", "attn_v")
+K = 96
+
+
+def _linear(g: torch.Generator, n: int, smooth: torch.Tensor | None = None) -> QuantLinear:
+    q = torch.randint(-127, 128, (n, K), dtype=torch.int8, generator=g)
+    return QuantLinear(q.to(DEVICE), (torch.rand(n, generator=g) * 0.01 + 1e-3).to(DEVICE), smooth)
+
+
+def _clone(lin: QuantLinear) -> QuantLinear:
+    return QuantLinear(lin.qweight.clone(), lin.w_scale.clone(), lin.smooth)
+
+
+@pytest.fixture
+def case() -> tuple[dict, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    layer = {"attn_q": _linear(g, 40), "attn_k": _linear(g, 8), "attn_v": _linear(g, 8)}
+    x = torch.randn(5, K, generator=g).to(DEVICE)
+    norm = (torch.rand(K, generator=g) + 0.5).to(DEVICE)
+    return layer, x, norm
+
+
+def test_stacked_outputs_equal_the_separate_linears_bit_for_bit(case) -> None:
+    layer, x, norm = case
+    separate = projections(x, norm, 1e-6, [_clone(layer[n]) for n in NAMES])
+    grouped = grouped_projections(x, norm, 1e-6, layer, NAMES)
+    assert [t.shape for t in grouped] == [t.shape for t in separate]
+    for got, want in zip(grouped, separate, strict=True):
+        assert torch.equal(got, want)
+    # each row alone: the same bits as inside the batch of five
+    for r in range(x.shape[0]):
+        alone = grouped_projections(x[r : r + 1], norm, 1e-6, layer, NAMES)
+        for got, want in zip(alone, grouped, strict=True):
+            assert torch.equal(got[0], want[r])
+
+
+def test_the_stacked_weight_is_the_only_copy_and_a_replaced_linear_is_restacked(case) -> None:
+    layer, x, norm = case
+    group = input_group(layer, NAMES)
+    assert group is not None and group.splits == (40, 8, 8)
+    storage = group.linear.qweight.untyped_storage().data_ptr()
+    assert all(layer[n].qweight.untyped_storage().data_ptr() == storage for n in NAMES)
+    assert input_group(layer, NAMES) is group  # made once
+    g = torch.Generator().manual_seed(1)
+    layer["attn_k"] = _linear(g, 8)  # e.g. a reloaded entry
+    fresh = input_group(layer, NAMES)
+    assert fresh is not None and fresh is not group
+    separate = projections(x, norm, 1e-6, [_clone(layer[n]) for n in NAMES])
+    for got, want in zip(grouped_projections(x, norm, 1e-6, layer, NAMES), separate, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_linears_with_different_smoothquant_divisors_stay_separate(case) -> None:
+    layer, x, norm = case
+    g = torch.Generator().manual_seed(2)
+    layer["attn_v"] = _linear(g, 8, smooth=(torch.rand(K, generator=g) + 0.5).to(DEVICE))
+    assert input_group(layer, NAMES) is None
+    separate = projections(x, norm, 1e-6, [_clone(layer[n]) for n in NAMES])
+    for got, want in zip(grouped_projections(x, norm, 1e-6, layer, NAMES), separate, strict=True):
+        assert torch.equal(got, want)
