@@ -21,7 +21,7 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 MAX_BLOCK = 4096
-UNROLL = 4  # blocks of a row pass in flight together (as engine.kernels.quant.UNROLL: same bits)
+UNROLL = 1  # blocks of a row pass unrolled together (engine.kernels.quant.UNROLL: rolled, as measured)
 
 
 def _norm_row_kernel(

@@ -25,10 +25,10 @@ libdevice: Any = None
 
 INT8_MAX = 127
 MAX_BLOCK = 4096
-# Each row pass is unrolled this many blocks: a one-row call (decode) is a single program, and a
-# rolled loop waits out one load latency per block and pass; unrolled, the blocks' loads are in
-# flight together. The arithmetic per element and its order are the same, so are the bits.
-UNROLL = 4
+# Blocks of a row pass unrolled together (same ops, same order, same bits). Measured on the
+# H200 (bench_rows.py, 2026-12-01): unrolling 4 made no difference at one row (7 us a call:
+# three dependent passes of one program) and cost 33-60% at 8,192 rows, so the passes stay rolled.
+UNROLL = 1
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
 

@@ -62,6 +62,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--unroll", default="1,4", help="row passes' unroll factors to time")
+    ap.add_argument(
+        "--swiglu", default="4096x8,8192x8,8192x16,4096x16", help="SwiGLU block x warps to time (unroll 4)"
+    )
     ap.add_argument("--conv", default="16x128x4,32x128x4,64x64x4,64x128x8,32x256x8,16x256x4",
                     help="conv blocks BTxBCxwarps to time")  # fmt: skip
     args = ap.parse_args()
@@ -101,12 +104,21 @@ def main() -> None:
                 same = all(torch.equal(p, q) for p, q in zip(got, want[name], strict=True))
                 row(name, m, f"unroll {unroll}", timed(fn), nbytes, same)
         kq.UNROLL, dq.UNROLL = shipped
-    shipped_conv = (fg.BLOCK_T, fg.BLOCK_C, fg.NUM_WARPS)
+        shipped_swiglu = (dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS)
+        for spec in args.swiglu.split(","):
+            dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS = (int(v) for v in spec.split("x"))
+            fn, nbytes = cases["swiglu+quant"]
+            got = fn()
+            same = all(torch.equal(p, q) for p, q in zip(got, want["swiglu+quant"], strict=True))
+            row("swiglu+quant", m, spec, timed(fn), nbytes, same)
+        dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS = shipped_swiglu
+    shipped_conv = (fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS)
     for t in (1, 64, 256, 8192):
         case = conv_case(t, gen)
         want = fg.forest_conv(**case)
         for spec in args.conv.split(","):
-            fg.BLOCK_T, fg.BLOCK_C, fg.NUM_WARPS = (int(v) for v in spec.split("x"))
+            bt, bc, warps = (int(v) for v in spec.split("x"))
+            fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS = bt, bt, bc, warps  # the kernel needs BS = BT
             got = fg.forest_conv(**case)
             row(
                 "conv+silu",
@@ -116,7 +128,10 @@ def main() -> None:
                 t * CONV_C * 8,
                 torch.equal(got, want),
             )
-        fg.BLOCK_T, fg.BLOCK_C, fg.NUM_WARPS = shipped_conv
+        fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS = shipped_conv
+        if args.out:  # after each length: a run cut short keeps its rows
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
