@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import engine as engine_module
 from engine.cache import PrefixCache
 from engine.engine import Engine, uses_body
 from engine.types import DecideRequest
@@ -79,16 +80,26 @@ def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(engine
     assert batch[1].traces["team"].thought_tokens > 0  # the gate sent it through a thought
 
 
-def test_decisions_agree_with_the_level_executor(engine: Engine, model: Path) -> None:
-    """Same answers; probabilities equal to the int8 rounding the two paths' float ops allow."""
-    got = engine.decide(REQUESTS[::2])
+def test_decisions_agree_with_the_level_executor(
+    engine: Engine, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact body (no tensor-core settings): the same answers and probabilities equal to the
+    int8 rounding the two paths' float ops allow. The CUDA default's tensor-core settings round
+    in bf16 (their accuracy against fp32 is measured by ops/bench/bench_engine.py --accuracy,
+    RESULTS.md): the same answers."""
     levels = Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body=False)
     want = levels.decide(REQUESTS[::2])
-    for g, w in zip(got, want, strict=True):
-        for qid in ("team", "cx"):
-            gf, wf = g.traces[qid].first, w.traces[qid].first
-            assert gf.probabilities.index(max(gf.probabilities)) == wf.probabilities.index(
-                max(wf.probabilities)
-            )
-            for p, q in zip(gf.probabilities, wf.probabilities, strict=True):
-                assert abs(p - q) <= 1e-3
+    exact = engine
+    if DEVICE == "cuda":  # the fixture's engine runs the CUDA default settings
+        monkeypatch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
+        exact = Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body=True)
+    for got, bound in ((exact.decide(REQUESTS[::2]), 1e-3), (engine.decide(REQUESTS[::2]), None)):
+        for g, w in zip(got, want, strict=True):
+            for qid in ("team", "cx"):
+                gf, wf = g.traces[qid].first, w.traces[qid].first
+                assert gf.probabilities.index(max(gf.probabilities)) == wf.probabilities.index(
+                    max(wf.probabilities)
+                )
+                if bound is not None:
+                    for p, q in zip(gf.probabilities, wf.probabilities, strict=True):
+                        assert abs(p - q) <= bound
