@@ -27,7 +27,15 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton inter
 
 @pytest.fixture(scope="module")
 def engine(gguf_model: Callable[..., Path]) -> Engine:
-    """The int8 tiny engine the decoder tests share (imported here, after the interpreter choice)."""
+    """The int8 tiny engine the decoder tests share (imported here, after the interpreter choice).
+
+    The tests hold the decoder to the forest thought loop within fp32 rounding, so the forest
+    runs the exact body: the CUDA default's tensor-core settings round in bf16 (their accuracy
+    is measured by ops/bench/bench_engine.py --accuracy, RESULTS.md)."""
+    from engine import engine as engine_module
     from engine.engine import Engine
 
-    return Engine.load(gguf_model("Q8_0", "tiny", seed=11), device=DEVICE, precision="int8", cache_bytes=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
+        model = gguf_model("Q8_0", "tiny", seed=11)
+        return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0)
