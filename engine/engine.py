@@ -54,7 +54,7 @@ from engine.tp import (
     shard_weights,
     weights_digest,
 )
-from engine.types import DecideRequest, DecideResult
+from engine.types import INVALID_IMAGE, DecideRequest, DecideResult
 from engine.vision.evidence import GridMemo, ImageSet, VisionTokens
 from engine.vision.mmproj import VisionWeights, find_mmproj, load_mmproj
 from engine.vision.placement import SegmentImages
@@ -95,8 +95,6 @@ MAX_REQUEST_TOKENS = 40_000
 # An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
 # merged 2x2; a 1,024 x 768 screenshot keeps its size, 768 tokens). The model's own bound is 16 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 2_097_152
-# The prefix of a rejection caused by an image (the pipeline dead-letters it as invalid_image).
-INVALID_IMAGE = "invalid_image"
 
 
 def uses_body(body: bool | None, precision: str, device: torch.device) -> bool:

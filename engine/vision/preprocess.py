@@ -27,17 +27,24 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from engine.types import ImageError
 from engine.vision.mmproj import VisionConfig
+
+__all__ = [
+    "ImageError",
+    "ImageLimits",
+    "PreparedImage",
+    "open_image",
+    "pixel_values",
+    "prepare_image",
+    "smart_resize",
+]
 
 FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_ASPECT = 200  # transformers refuses more extreme aspect ratios
 DEFAULT_MAX_IMAGE_BYTES = 8 * 1024 * 1024
 # Decoded source pixels before resizing: 40 MP covers an 8K screenshot; decoding costs ~3 bytes each.
 DEFAULT_MAX_SOURCE_PIXELS = 40_000_000
-
-
-class ImageError(ValueError):
-    """An image that cannot be used; the message names the image and the reason."""
 
 
 @dataclass(frozen=True)
