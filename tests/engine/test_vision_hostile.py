@@ -102,7 +102,7 @@ def test_wrong_base64_is_invalid_image(value: str, message: str) -> None:
         SystemOneRequest.model_validate({"state": "s", "questions": QUESTIONS, "images": [value]})
     event = {
         "event_id": "e1",
-        "source": "test",
+        "source": "alert",
         "tenant": "t",
         "created_at": "2026-12-01T00:00:00Z",
         "request": {"state": "s", "questions": QUESTIONS, "images": [value]},
@@ -120,3 +120,30 @@ def test_a_bad_image_rejects_only_its_request(engine: Engine) -> None:
     mixed = engine.decide([bad, good, bad])
     assert mixed[0].error is not None and mixed[2].error is not None
     assert mixed[1].error is None and mixed[1].traces == alone.traces
+
+
+def test_backfill_dead_letters_a_hostile_image(engine: Engine) -> None:
+    from prism_pipeline.backfill import BackfillOptions, Item, decide_chunk
+    from schemas.codec import loads
+    from schemas.deadletter import DeadLetter
+
+    def raw(event_id: str, image: bytes) -> bytes:
+        return json.dumps(
+            {
+                "event_id": event_id,
+                "source": "alert",
+                "tenant": "t",
+                "created_at": "2026-12-01T00:00:00Z",
+                "request": {"state": "s", "questions": QUESTIONS, "images": [b64(image)]},
+            }
+        ).encode()
+
+    items = [
+        Item(raw("good", random_image(60, 60, seed=1)), "f", 0, 0),
+        Item(raw("bomb", zip_bomb_png()), "f", 0, 1),
+    ]
+    out = decide_chunk(engine, items, BackfillOptions())
+    assert [r.event_id for r in out.records] == ["good"]
+    (letter,) = [loads(d, DeadLetter) for d in out.dead]
+    assert letter.reason == ReasonCode.invalid_image and "more than the limit" in letter.message
+    assert out.reasons == {"invalid_image": 1}
