@@ -1093,7 +1093,12 @@ def _fold_into_parent(state: SegmentState) -> SegmentState:
     """
     parent = state.parent
     assert parent is not None
-    merged = SegmentState(parent=parent.parent, start=parent.start, length=parent.length + state.length)
+    merged = SegmentState(
+        parent=parent.parent,
+        start=parent.start,
+        length=parent.length + state.length,
+        shift=parent.shift + state.shift,  # a one-segment prompt holding images: its positions run short
+    )
     merged.recurrent, merged.conv = state.recurrent, state.conv
     for i in state.keys:
         merged.keys[i] = torch.cat([parent.keys[i], state.keys[i]], dim=1)

@@ -105,3 +105,17 @@ def test_model_digest_names_the_projector(engine: Engine, tmp_path: Path) -> Non
 
     text_only = file_digest(Path(engine.vision.source).parent / "tiny-Q8_0.gguf")
     assert engine.model_digest != text_only
+
+
+def test_thoughts_about_an_image_have_the_same_bits_in_both_modes(
+    engine: Engine, pictures: list[bytes]
+) -> None:
+    """AutoThink after image evidence: the thought continues at the evidence's rope positions
+    (which run short of its token count), in the forest and in one-segment mode alike."""
+    body = {"state": "dashboard: checkout p99", "questions": QUESTIONS, "images": [b64(pictures[1])]}
+    thinking = DecideRequest("t", SystemOneRequest.model_validate(body), gate=1.0, thought_budget=3)
+    engine.cache = PrefixCache(CACHE_BYTES)
+    (forest,) = engine.decide([thinking])
+    (alone,) = engine.decide([thinking], mode="per_question")
+    assert forest.traces["down"].thought_tokens > 0 and forest.traces["down"].second is not None
+    assert forest.traces == alone.traces
