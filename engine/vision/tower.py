@@ -92,8 +92,13 @@ def _block(
     x = F.layer_norm(h, (config.hidden_size,), b["ln1_w"], b["ln1_b"], eps)
     qkv = F.linear(x, b["attn_qkv_w"], b["attn_qkv_b"]).view(n, 3, heads, hd)
     q, k, v = _rotate(qkv[:, 0], cos, sin), _rotate(qkv[:, 1], cos, sin), qkv[:, 2]
-    scores = torch.einsum("qhd,khd->hqk", q, k) * hd**-0.5
-    attn = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).reshape(n, heads * hd)
+    # one head at a time: a 2 MP image has 8,192 patches, and all heads' scores at once would be
+    # heads x 8,192^2 floats (4 GiB at 16 heads); one head's are 256 MiB
+    attn = torch.empty(n, heads, hd, dtype=h.dtype, device=h.device)
+    for j in range(heads):
+        scores = (q[:, j] @ k[:, j].T) * hd**-0.5
+        attn[:, j] = torch.softmax(scores, dim=-1) @ v[:, j]
+    attn = attn.reshape(n, heads * hd)
     h = h + F.linear(attn, b["attn_out_w"], b["attn_out_b"])
     x = F.layer_norm(h, (config.hidden_size,), b["ln2_w"], b["ln2_b"], eps)
     x = F.gelu(F.linear(x, b["ffn_up_w"], b["ffn_up_b"]), approximate="tanh")

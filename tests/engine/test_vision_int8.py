@@ -7,14 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import engine.vision.evidence as evidence_module
 from engine.cache import PrefixCache
 from engine.decision_config import DecisionConfig
-from engine.engine import Engine
+from engine.engine import Engine, file_digest
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import DIMS, make_mmproj, make_model
 from engine.types import DecideRequest
+from engine.vision.preprocess import prepare_image
+from engine.vision.tower import encode_image
 from schemas.systemone import SystemOneRequest
 
 QUESTIONS = {
@@ -101,8 +104,6 @@ def test_image_order_matters(engine: Engine, pictures: list[bytes]) -> None:
 
 
 def test_model_digest_names_the_projector(engine: Engine, tmp_path: Path) -> None:
-    from engine.engine import file_digest
-
     text_only = file_digest(Path(engine.vision.source).parent / "tiny-Q8_0.gguf")
     assert engine.model_digest != text_only
 
@@ -119,3 +120,18 @@ def test_thoughts_about_an_image_have_the_same_bits_in_both_modes(
     (alone,) = engine.decide([thinking], mode="per_question")
     assert forest.traces["down"].thought_tokens > 0 and forest.traces["down"].second is not None
     assert forest.traces == alone.traces
+
+
+def test_tower_bits_do_not_depend_on_the_thread_count(engine: Engine, pictures: list[bytes]) -> None:
+    """The tower's float matmuls, like the text path's attention dots, give the same bits with 1 or
+    2 intra-op threads (a restart with another thread count decides the same)."""
+    image = prepare_image(pictures[0], engine.vision.config)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = encode_image(engine.vision, image)
+        torch.set_num_threads(2)
+        two = encode_image(engine.vision, image)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
