@@ -122,6 +122,15 @@ def file_digest(path: Path, chunk: int = 1 << 24) -> str:
     return h.hexdigest()
 
 
+def model_digest(path: Path, mmproj: Path | None = None) -> str:
+    """The digest records name as their model: the GGUF file's sha256, or, when a vision projector
+    is loaded beside it, a sha256 over both files' digests (decisions then depend on both)."""
+    digest = file_digest(path)
+    if mmproj is None:
+        return digest
+    return hashlib.sha256(f"{digest}+mmproj:{file_digest(mmproj)}".encode()).hexdigest()
+
+
 def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
     """The tokenizer the GGUF carries; a GGUFError naming the file when its metadata is unusable."""
     meta = file.metadata
@@ -357,9 +366,7 @@ class Engine:
                 f"{mmproj_path}: projects to {vision.config.out_hidden_size} dims, "
                 f"the model {path.name} has {weights.config.hidden_size}: not its projector"
             )
-        digest = file_digest(path)
-        if vision is not None:  # decisions about images depend on the projector too
-            digest = hashlib.sha256(f"{digest}+mmproj:{file_digest(Path(mmproj_path))}".encode()).hexdigest()
+        digest = model_digest(path, Path(mmproj_path) if vision is not None else None)
         engine = cls(
             weights=weights,
             tokenizer=tokenizer,

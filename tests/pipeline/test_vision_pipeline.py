@@ -13,6 +13,7 @@ import pytest
 from engine.decision_config import DecisionConfig
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model
+from prism_pipeline.replay import EngineSource, Selection, render_report, replay
 from prism_pipeline.verify import PublishedRecord, redecide
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter, ReasonCode
@@ -139,3 +140,13 @@ async def test_prism_run_decides_images_and_dead_letters_hostile_ones(
         for p in text_only
     ]
     assert redecide(engine, stripped) == ["img-0000"]
+
+    # `prism replay`'s engine source finds the projector beside the model (llama.cpp's naming) and
+    # matches the records' digest of both files: every image record is identical again
+    (model.parent / "mmproj-tiny-q8_0.gguf").symlink_to(mmproj)
+    report = await replay(kafka_bootstrap, tout, Selection(topic=tin), EngineSource([model]))
+    assert report.ok, render_report(report)
+    assert report.count("identical") == len(good)
+    # wrong base64 fails the schema; the others are refused again by the engine, for the same reason
+    assert report.count("invalid") == 1 and report.count("rejected") == len(bad) - 1
+    assert all("invalid_image" in o.note for o in report.outcomes if o.status == "rejected")
