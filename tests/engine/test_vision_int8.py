@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import engine.vision.evidence as evidence_module
 from engine.cache import PrefixCache
@@ -135,3 +136,20 @@ def test_tower_bits_do_not_depend_on_the_thread_count(engine: Engine, pictures: 
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
+
+
+def test_two_ranks_decide_images_with_the_bits_of_one(engine: Engine, pictures: list[bytes]) -> None:
+    """Tensor parallelism (two gloo ranks): every rank finds the projector beside the model, runs the
+    tower whole and places the same embeddings; the integer partial sums give one rank's bits."""
+    requests = [_req("t", "dashboard: checkout p99", [pictures[0]]), _req("u", "two panels", pictures[1:])]
+    engine.cache = PrefixCache(CACHE_BYTES)
+    expected = [r.traces for r in engine.decide(requests)]
+    model = Path(engine.vision.source).parent / "tiny-Q8_0.gguf"
+    two = Engine.load(model, precision="int8", decision_config=DecisionConfig(gate=0.0), tp=2)
+    try:
+        assert two.vision is not None and two.tp is not None and two.tp.world == 2
+        assert two.model_digest == engine.model_digest
+        assert [r.traces for r in two.decide(requests)] == expected
+    finally:
+        two.close()
+    assert not dist.is_initialized()
