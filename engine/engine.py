@@ -362,10 +362,14 @@ class Engine:
             raise FileNotFoundError(f"no mmproj-*.gguf next to {path}: pass its path")
         vision = load_mmproj(mmproj_path) if mmproj_path is not None else None
         if vision is not None and vision.config.out_hidden_size != weights.config.hidden_size:
-            raise GGUFError(
+            why = (
                 f"{mmproj_path}: projects to {vision.config.out_hidden_size} dims, "
                 f"the model {path.name} has {weights.config.hidden_size}: not its projector"
             )
+            if mmproj is not None:  # named by the caller: an error
+                raise GGUFError(why)
+            log.warning("mmproj_skipped", reason=why)  # found beside it: another model's projector
+            vision = None
         digest = model_digest(path, Path(mmproj_path) if vision is not None else None)
         engine = cls(
             weights=weights,

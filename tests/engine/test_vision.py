@@ -164,6 +164,10 @@ def test_projector_of_another_width_is_refused(tmp_path: Path, model_dir: Path) 
     path = write_mmproj(tmp_path / "mmproj-wrong.gguf", other)
     with pytest.raises(GGUFError, match="projects to 48 dims"):
         Engine.load(model_dir / "tiny-F32.gguf", precision="fp32", mmproj=path)
+    # found beside a model (not named by the caller), another model's projector is passed over
+    (tmp_path / "tiny.gguf").symlink_to(model_dir / "tiny-F32.gguf")
+    assert find_mmproj(tmp_path / "tiny.gguf") == path
+    assert Engine.load(tmp_path / "tiny.gguf", precision="fp32").vision is None
 
 
 # ---------------------------------------------------------------------------- preprocessing
