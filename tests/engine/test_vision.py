@@ -321,14 +321,14 @@ def test_tokens_equal_chat_template_with_images(engine: Engine) -> None:
     assert ours == engine.tokenizer.encode_with_specials(expanded)
 
 
-def test_image_set_checks_once_and_counts_tokens(engine: Engine) -> None:
+def test_count_tokens_counts_image_tokens(engine: Engine) -> None:
     data = random_image(512, 384, seed=11)
     request = _request([data], n_questions=1)
     n_text = engine.count_tokens(_request([], n_questions=1).model_copy(update={"images": None}))
     grid = ImageSet.check([data], engine.vision, ImageLimits(), engine.max_image_pixels, engine._grids).grids[
         0
     ]
-    assert grid == (384 // 32, 512 // 32) or grid == (512 // 32, 384 // 32)
+    assert grid == (512 // 32, 384 // 32)  # (rows, columns) of merged 32-pixel squares
     assert engine.count_tokens(request) == n_text + grid[0] * grid[1] + 2
 
 
