@@ -754,23 +754,20 @@ class Engine:
     ) -> None:
         """Evidence holding images, when forests run in one pass: its state first, through the level
         executor (the body's device tables have no image rows), so the questions hang from it as
-        from a cached state. The int8 executor computes every segment on its own (segment-wise)."""
+        from a cached state. Each such evidence runs as a forest of its own: its shapes, and so its
+        bits, are those it has alone whatever the batch (on CUDA too, where the executor's level-wide
+        ops promise nothing across batch shapes)."""
         todo: dict[tuple[tuple[int, ...], tuple[str, ...]], list[int]] = {}
         for r, _, _ in reads:
             im = evidence_images[r]
             if im is not None and evidence_states[r] is None:
                 todo.setdefault((tuple(evidence_ids[r]), im.digests), []).append(r)
-        if not todo:
-            return
-        segments = [
-            Segment(tokens, self.root, images=self._segment_images(tokens, evidence_images[rs[0]]))
-            for (tokens, _), rs in todo.items()
-        ]
-        out = run_forest(self.weights, build_forest(segments), dtype=self.dtype)
-        self.last_counters.append(out.counters)
-        for rs, state in zip(todo.values(), out.states, strict=True):
+        for (tokens, _), rs in todo.items():
+            segment = Segment(tokens, self.root, images=self._segment_images(tokens, evidence_images[rs[0]]))
+            out = run_forest(self.weights, build_forest([segment]), dtype=self.dtype)
+            self.last_counters.append(out.counters)
             for r in rs:
-                evidence_states[r] = state
+                evidence_states[r] = out.states[0]
 
     def _read_letters(self, q: _Question, logits: torch.Tensor, n: int) -> LetterReadout:
         dc = self.decision_config
