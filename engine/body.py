@@ -187,6 +187,10 @@ class ForestBody:
     # ------------------------------------------------------------------------------ public
     def run(self, forest: Forest) -> ForestOutput:
         """Every segment of `forest` in one pass: logits at the read positions and the states."""
+        if any(seg.images is not None for seg in forest.segments):
+            # Its device tables have no image rows or 3-axis positions: the engine runs evidence
+            # holding images through the level executor first (`Engine._read_stage`).
+            raise ValueError("the one-pass body does not take segments holding images")
         counters = ForestCounters(read_positions=len(forest.read_segments))
         for level in range(forest.num_levels):
             segs = forest.level_segments(level)

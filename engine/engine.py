@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -54,10 +54,15 @@ from engine.tp import (
     shard_weights,
     weights_digest,
 )
-from engine.types import DecideRequest, DecideResult
+from engine.types import INVALID_IMAGE, DecideRequest, DecideResult
+from engine.vision.evidence import GridMemo, ImageSet, VisionTokens
+from engine.vision.mmproj import VisionWeights, find_mmproj, load_mmproj
+from engine.vision.placement import SegmentImages
+from engine.vision.preprocess import ImageError, ImageLimits
 from engine.weights import Weights
 from schemas.record import QuestionTrace, Readout, RoundReadout
 from schemas.systemone import Question, SystemOneRequest
+from schemas.systemone import decode_image as decode_image_b64
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +92,9 @@ Mode = Literal["forest", "per_question"]
 ENGINE_VERSION = "0.3.0"
 # StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
 MAX_REQUEST_TOKENS = 40_000
+# An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
+# merged 2x2; a 1,024 x 768 screenshot keeps its size, 768 tokens). The model's own bound is 16 MP.
+DEFAULT_MAX_IMAGE_PIXELS = 2_097_152
 
 
 def uses_body(body: bool | None, precision: str, device: torch.device) -> bool:
@@ -112,6 +120,15 @@ def file_digest(path: Path, chunk: int = 1 << 24) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def model_digest(path: Path, mmproj: Path | None = None) -> str:
+    """The digest records name as their model: the GGUF file's sha256, or, when a vision projector
+    is loaded beside it, a sha256 over both files' digests (decisions then depend on both)."""
+    digest = file_digest(path)
+    if mmproj is None:
+        return digest
+    return hashlib.sha256(f"{digest}+mmproj:{file_digest(mmproj)}".encode()).hexdigest()
 
 
 def tokenizer_from_gguf(file: GGUFFile) -> Tokenizer:
@@ -198,6 +215,9 @@ class Engine:
         smooth_alpha: float = DEFAULT_ALPHA,
         tp: TensorParallel | None = None,
         body: bool | None = None,
+        vision: VisionWeights | None = None,
+        image_limits: ImageLimits | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         precision = default_precision(device) if precision is None else precision
         if precision not in ("fp32", "bf16", "int8"):
@@ -241,6 +261,16 @@ class Engine:
         settings = CUDA_BODY_SETTINGS if self.device.type == "cuda" else {}
         graphs = False if tp is not None else None
         self.body = ForestBody(weights, graphs=graphs, **settings) if body else None
+        # Images (engine.vision): the tower from the mmproj file, on this engine's device. Without
+        # it, requests with images are rejected. An image is resized to at most max_image_pixels
+        # (below the model's own bound when that is larger: it caps a request's image tokens).
+        self.vision = vision.to(self.device) if vision is not None else None
+        self.vision_tokens = VisionTokens.of(tokenizer) if vision is not None else None
+        self.image_limits = image_limits or ImageLimits()
+        self.max_image_pixels = (
+            min(max_image_pixels, vision.config.max_pixels) if vision is not None else max_image_pixels
+        )
+        self._grids = GridMemo()
         t0 = time.perf_counter()
         root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
         self.root: SegmentState = self._run_forest(root).states[0]
@@ -258,9 +288,12 @@ class Engine:
         smooth_alpha: float = DEFAULT_ALPHA,
         tp: int | TensorParallel = 1,
         body: bool | None = None,
+        mmproj: str | Path | bool | None = None,
     ) -> Engine:
         """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only).
         body: run forests in one pass (`engine.body`); None: `BODY_BY_DEFAULT` for int8 on CUDA.
+        mmproj: the vision projector GGUF (images in evidence); None finds one next to the model
+        by llama.cpp's naming (`mmproj-*.gguf`, `engine.vision.mmproj.find_mmproj`); False: none.
 
         tp > 1 runs the model over `tp` devices (cuda -> cuda:0..tp-1; cpu -> gloo processes):
         this process is rank 0 and starts the others, which serve its `decide` calls until
@@ -272,13 +305,24 @@ class Engine:
                 raise ValueError(f"tp must be >= 1, got {tp}")
             if tp > 1:
                 threads = torch.get_num_threads()
-                args = (str(path), precision, decision_config, cache_bytes, smooth_alpha, threads, body)
+                args = (
+                    str(path),
+                    precision,
+                    decision_config,
+                    cache_bytes,
+                    smooth_alpha,
+                    threads,
+                    body,
+                    mmproj,
+                )
                 group, followers = launch(tp, device, _follower_main, args)
                 device, tp = str(rank_device(device, 0)), group
             else:
                 tp = None  # type: ignore[assignment]
         try:
-            engine = cls._load(path, device, precision, decision_config, cache_bytes, smooth_alpha, tp, body)
+            engine = cls._load(
+                path, device, precision, decision_config, cache_bytes, smooth_alpha, tp, body, mmproj
+            )
         except BaseException:
             if followers is not None:
                 followers.join(timeout=5.0)
@@ -298,6 +342,7 @@ class Engine:
         smooth_alpha: float,
         tp: TensorParallel | None,
         body: bool | None = None,
+        mmproj: str | Path | bool | None = None,
     ) -> Engine:
         path = Path(path)
         precision = default_precision(device) if precision is None else precision
@@ -312,18 +357,33 @@ class Engine:
         else:
             dc = load_decision_config(decision_config if decision_config is not None else path)
         name = str(file.metadata.get("general.name") or path.stem)
+        mmproj_path = find_mmproj(path) if mmproj is None or mmproj is True else mmproj or None
+        if mmproj is True and mmproj_path is None:
+            raise FileNotFoundError(f"no mmproj-*.gguf next to {path}: pass its path")
+        vision = load_mmproj(mmproj_path) if mmproj_path is not None else None
+        if vision is not None and vision.config.out_hidden_size != weights.config.hidden_size:
+            why = (
+                f"{mmproj_path}: projects to {vision.config.out_hidden_size} dims, "
+                f"the model {path.name} has {weights.config.hidden_size}: not its projector"
+            )
+            if mmproj is not None:  # named by the caller: an error
+                raise GGUFError(why)
+            log.warning("mmproj_skipped", reason=why)  # found beside it: another model's projector
+            vision = None
+        digest = model_digest(path, Path(mmproj_path) if vision is not None else None)
         engine = cls(
             weights=weights,
             tokenizer=tokenizer,
             decision_config=dc,
             precision=precision,
             model_name=name,
-            model_digest=file_digest(path),
+            model_digest=digest,
             device=device,
             cache_bytes=cache_bytes,
             smooth_alpha=smooth_alpha,
             tp=tp,
             body=body,
+            vision=vision,
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)
@@ -341,6 +401,10 @@ class Engine:
         """Tokens the request adds to a forest batch: evidence once plus each question's own."""
         state_text = render_state(request.state)
         total = len(self.prompts.evidence_ids(state_text))
+        if request.images and self.vision is not None:
+            # checks every image (an ImageError, a ValueError, names the bad one): the pipeline and
+            # the server call this before batching, so a hostile image never reaches a batch
+            total += len(self._image_set(request).tokens(self.vision_tokens))  # type: ignore[arg-type]
         for question in request.questions.values():
             parts = render_parts_for_state_text(state_text, question, _first_group(question))
             total += len(self.prompts.question_ids(parts.question_text))
@@ -418,6 +482,13 @@ class Engine:
         rejected = {
             r: reason for r, req in enumerate(requests) if (reason := self._unsupported(req)) is not None
         }
+        images: dict[int, ImageSet] = {}
+        for r, req in enumerate(requests):
+            if r not in rejected and req.request.images:
+                try:
+                    images[r] = self._image_set(req.request)
+                except ImageError as e:
+                    rejected[r] = f"{INVALID_IMAGE}: {e}"
         stopped = self._stopped_before_start(requests, rejected)
         live = [r for r in range(len(requests)) if r not in rejected and r not in stopped]
         batch: list[list[_Question]] = []
@@ -452,7 +523,11 @@ class Engine:
                     )
                 )
             batch.append(qs)
-        evidence_ids = [self.prompts.evidence_ids(s) for s in state_texts]
+        evidence_images = [images.get(r) for r in live]
+        evidence_ids = [
+            (im.tokens(self.vision_tokens) if im is not None else []) + self.prompts.evidence_ids(s)  # type: ignore[arg-type]
+            for s, im in zip(state_texts, evidence_images, strict=True)
+        ]
         # The token limit, on the tokens the first stage will really run (tokenized once, reused).
         for i in reversed(range(len(live))):
             needed = len(self.prompts.prefix_ids) + len(evidence_ids[i])
@@ -461,10 +536,13 @@ class Engine:
             if needed > self.max_request_tokens:
                 limit = self.max_request_tokens
                 rejected[live[i]] = f"request needs {needed} tokens, more than this engine's limit of {limit}"
-                del live[i], batch[i], evidence_ids[i]
+                del live[i], batch[i], evidence_ids[i], evidence_images[i]
         # Exact-prefix cache: a hit starts the questions from the kept evidence state. Keys
         # are pinned for the whole call, so nothing this batch reads is evicted under it.
-        keys = [prefix_key(self.prompts.prefix_ids + ids) for ids in evidence_ids]
+        keys = [
+            prefix_key(self.prompts.prefix_ids + ids, im.digests if im is not None else ())
+            for ids, im in zip(evidence_ids, evidence_images, strict=True)
+        ]
         for qs, key in zip(batch, keys, strict=True):
             for q in qs:
                 q.evidence_digest = key
@@ -487,7 +565,7 @@ class Engine:
 
             self._ready_hook = ready
         try:
-            self._decide_stages(batch, evidence_ids, evidence_states, mode)
+            self._decide_stages(batch, evidence_ids, evidence_states, mode, evidence_images)
             if mode == "forest":
                 for key, state in zip(keys, evidence_states, strict=True):
                     if state is not None:
@@ -525,9 +603,20 @@ class Engine:
 
     def _unsupported(self, req: DecideRequest) -> str | None:
         """Why this engine cannot answer `req`, or None. Rejected requests get an error result."""
-        if req.request.images:
-            return "images are not supported by this engine build (text-only forward)"
+        if req.request.images and self.vision is None:
+            return "images need the vision projector: load the model with its mmproj GGUF"
         return None
+
+    def _image_set(self, request: SystemOneRequest) -> ImageSet:
+        """The request's images checked (ImageError on the first unusable one) with their grids."""
+        assert self.vision is not None
+        datas = []
+        for i, s in enumerate(request.images or []):
+            try:
+                datas.append(decode_image_b64(s))
+            except ValueError as e:
+                raise ImageError(f"image {i}: {e}") from None
+        return ImageSet.check(datas, self.vision, self.image_limits, self.max_image_pixels, self._grids)
 
     def _decide_stages(
         self,
@@ -535,13 +624,14 @@ class Engine:
         evidence_ids: list[list[int]],
         evidence_states: list[SegmentState | None],
         mode: Mode,
+        evidence_images: list[ImageSet | None],
     ) -> None:
         # Stage loop 1: first read-outs (rounds for >26 options).
         while True:
             reads = [(r, q, group) for r, qs in enumerate(batch) for q in qs for group in q.rounds.pending()]
             if not reads:
                 break
-            outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=False)
+            outs = self._read_stage(reads, evidence_ids, evidence_states, mode, evidence_images, think=False)
             per_question: dict[int, list[LetterReadout]] = {}
             for (_, q, group), (logits, _) in zip(reads, outs, strict=True):
                 per_question.setdefault(id(q), []).append(self._read_letters(q, logits, len(group)))
@@ -560,7 +650,7 @@ class Engine:
                 if r not in thinking:
                     hook(r, qs)
         if thinkers:
-            self._think(thinkers, evidence_ids, evidence_states, mode)
+            self._think(thinkers, evidence_ids, evidence_states, mode, evidence_images)
 
     # ------------------------------------------------------------------------------ stages
     def _question_tokens(self, q: _Question, group: list[int], think: bool) -> list[int]:
@@ -601,6 +691,7 @@ class Engine:
         evidence_ids: list[list[int]],
         evidence_states: list[SegmentState | None],
         mode: Mode,
+        evidence_images: list[ImageSet | None],
         *,
         think: bool,
     ) -> list[tuple[torch.Tensor, SegmentState]]:
@@ -609,38 +700,74 @@ class Engine:
         Evidence runs once per request, in the first stage; later stages start from the kept
         evidence states.
         """
+        if self.body is not None and mode == "forest":
+            self._pre_run_images(reads, evidence_ids, evidence_states, evidence_images)
         segments: list[Segment] = []
-        evidence_index: dict[tuple[int, ...], int] = {}
+        evidence_index: dict[tuple[tuple[int, ...], tuple[str, ...] | None], int] = {}
         read_index: list[int] = []
         for r, q, group in reads:
             q_tokens = self._question_tokens(q, group, think)
             if not think:
                 q.prompt_tokens += len(self.prompts.prefix_ids) + len(evidence_ids[r]) + len(q_tokens)
+            im = evidence_images[r]
             if mode == "per_question":
                 read_index.append(len(segments))
-                segments.append(
-                    Segment(tuple(self.prompts.prefix_ids + evidence_ids[r] + q_tokens), None, True)
-                )
+                whole = self.prompts.prefix_ids + evidence_ids[r] + q_tokens
+                segments.append(Segment(tuple(whole), None, True, self._segment_images(whole, im)))
                 continue
             parent: int | SegmentState
             kept = evidence_states[r]
             if kept is not None:
                 parent = kept
             else:
-                # identical evidence within one batch runs once: key on the tokens
+                # identical evidence within one batch runs once: key on the tokens and images
                 key = tuple(evidence_ids[r])
-                if key not in evidence_index:
-                    evidence_index[key] = len(segments)
-                    segments.append(Segment(key, self.root))
-                parent = evidence_index[key]
+                if (key, im and im.digests) not in evidence_index:
+                    evidence_index[(key, im and im.digests)] = len(segments)
+                    segments.append(Segment(key, self.root, images=self._segment_images(key, im)))
+                parent = evidence_index[(key, im and im.digests)]
             read_index.append(len(segments))
             segments.append(Segment(tuple(q_tokens), parent, read=True))
         out, packed, rows = self._run(segments)
         for r, ids in enumerate(evidence_ids):
-            idx = evidence_index.get(tuple(ids))
+            im = evidence_images[r]
+            idx = evidence_index.get((tuple(ids), im and im.digests))
             if idx is not None and evidence_states[r] is None:
                 evidence_states[r] = out.states[packed[idx]]
         return [(out.logits[rows[packed[i]]], out.states[packed[i]]) for i in read_index]
+
+    def _segment_images(self, tokens: Sequence[int], images: ImageSet | None) -> SegmentImages | None:
+        """The tower's embeddings and the rope positions of a segment holding `images` (or None)."""
+        if images is None:
+            return None
+        assert self.vision is not None and self.vision_tokens is not None
+        return images.segment(
+            tokens, self.vision_tokens, self.vision, self.image_limits, self.max_image_pixels
+        )
+
+    def _pre_run_images(
+        self,
+        reads: list[tuple[int, _Question, list[int]]],
+        evidence_ids: list[list[int]],
+        evidence_states: list[SegmentState | None],
+        evidence_images: list[ImageSet | None],
+    ) -> None:
+        """Evidence holding images, when forests run in one pass: its state first, through the level
+        executor (the body's device tables have no image rows), so the questions hang from it as
+        from a cached state. Each such evidence runs as a forest of its own: its shapes, and so its
+        bits, are those it has alone whatever the batch (on CUDA too, where the executor's level-wide
+        ops promise nothing across batch shapes)."""
+        todo: dict[tuple[tuple[int, ...], tuple[str, ...]], list[int]] = {}
+        for r, _, _ in reads:
+            im = evidence_images[r]
+            if im is not None and evidence_states[r] is None:
+                todo.setdefault((tuple(evidence_ids[r]), im.digests), []).append(r)
+        for (tokens, _), rs in todo.items():
+            segment = Segment(tokens, self.root, images=self._segment_images(tokens, evidence_images[rs[0]]))
+            out = run_forest(self.weights, build_forest([segment]), dtype=self.dtype)
+            self.last_counters.append(out.counters)
+            for r in rs:
+                evidence_states[r] = out.states[0]
 
     def _read_letters(self, q: _Question, logits: torch.Tensor, n: int) -> LetterReadout:
         dc = self.decision_config
@@ -676,6 +803,7 @@ class Engine:
         evidence_ids: list[list[int]],
         evidence_states: list[SegmentState | None],
         mode: Mode,
+        evidence_images: list[ImageSet | None],
     ) -> None:
         """Seeded thought decoding for every thinking question at once, then the second read-out.
 
@@ -694,7 +822,7 @@ class Engine:
         if not thinkers:
             return
         reads = [(r, q, list(range(len(q.option_ids)))) for r, q in thinkers]
-        outs = self._read_stage(reads, evidence_ids, evidence_states, mode, think=True)
+        outs = self._read_stage(reads, evidence_ids, evidence_states, mode, evidence_images, think=True)
         started: list[tuple[_Question, torch.Tensor, SegmentState]] = []
         for (_, q, _), (logits, state) in zip(reads, outs, strict=True):
             q.thinking = True
@@ -973,7 +1101,12 @@ def _fold_into_parent(state: SegmentState) -> SegmentState:
     """
     parent = state.parent
     assert parent is not None
-    merged = SegmentState(parent=parent.parent, start=parent.start, length=parent.length + state.length)
+    merged = SegmentState(
+        parent=parent.parent,
+        start=parent.start,
+        length=parent.length + state.length,
+        shift=parent.shift + state.shift,  # a one-segment prompt holding images: its positions run short
+    )
     merged.recurrent, merged.conv = state.recurrent, state.conv
     for i in state.keys:
         merged.keys[i] = torch.cat([parent.keys[i], state.keys[i]], dim=1)
@@ -994,6 +1127,7 @@ def _follower_main(
     smooth_alpha: float,
     threads: int,
     body: bool | None,
+    mmproj: str | Path | bool | None = None,
 ) -> None:
     """Entry point of tensor-parallel ranks 1..N-1 (a spawned process)."""
     from engine.tp import init_group
@@ -1002,7 +1136,9 @@ def _follower_main(
     dev = rank_device(device, rank)
     tp = init_group(rank, world, dev, port)
     try:
-        engine = Engine._load(path, str(dev), precision, decision_config, cache_bytes, smooth_alpha, tp, body)
+        engine = Engine._load(
+            path, str(dev), precision, decision_config, cache_bytes, smooth_alpha, tp, body, mmproj
+        )
         engine.follow(pipe)
     finally:
         close_group()

@@ -46,7 +46,7 @@ from engine.reference import (
     l2_normalize,
     rms_norm,
 )
-from engine.rope import rope_rows
+from engine.vision.placement import mrope_rows
 from engine.weights import Weights
 
 
@@ -135,9 +135,12 @@ def _run_level(
             for s, n in zip(segs, lengths, strict=True)
         ]
     )
+    imaged = [forest.segments[s].images is not None for s in segs]
+    if any(imaged):
+        positions = _image_positions(forest, segs, positions, ranges)
     parents = [_parent_state(forest, states, s) for s in segs]
     level_states = [
-        SegmentState(parent=p, start=int(forest.starts[s]), length=n)
+        SegmentState(parent=p, start=int(forest.starts[s]), length=n, shift=forest.segments[s].shift)
         for s, p, n in zip(segs, parents, lengths, strict=True)
     ]
     # rows (in level-local order) whose output the last layer must produce
@@ -149,6 +152,8 @@ def _run_level(
     eps = config.rms_norm_eps
 
     h = weights.token_embd[tokens].to(dtype)
+    if any(imaged):
+        h = _place_images(forest, segs, ranges, h)
     last = config.num_layers - 1
     for i, layer in enumerate(weights.layers):
         x = _spanwise(rms_norm, spans, h, weight=layer["attn_norm"], eps=eps)
@@ -172,6 +177,32 @@ def _run_level(
         read_hidden[s] = hidden[row]
     for s, st in zip(segs, level_states, strict=True):
         states[s] = st
+
+
+def _image_positions(
+    forest: Forest, segs: list[int], positions: torch.Tensor, ranges: list[tuple[int, int]]
+) -> torch.Tensor:
+    """[3, N] rope positions (time, height, width) of a level holding images: a text-only
+    segment's three axes are its 1-D positions, an image segment's come from its images."""
+    out = positions[None, :].repeat(3, 1)
+    for s, (lo, hi) in zip(segs, ranges, strict=True):
+        images = forest.segments[s].images
+        if images is not None:
+            out[:, lo:hi] = int(forest.starts[s]) + images.offsets
+    return out
+
+
+def _place_images(
+    forest: Forest, segs: list[int], ranges: list[tuple[int, int]], h: torch.Tensor
+) -> torch.Tensor:
+    """Token embeddings with every image pad row replaced by its image embedding (as HF's
+    `masked_scatter` does): the tower's output is the input of the text model there."""
+    h = h.clone()
+    for s, (lo, _) in zip(segs, ranges, strict=True):
+        images = forest.segments[s].images
+        if images is not None:
+            h[lo + images.index.to(h.device)] = images.embeds.to(h.device, h.dtype)
+    return h
 
 
 def _spanwise(
@@ -276,7 +307,7 @@ def _attention(
     i: int,
     layer: dict,
     x: torch.Tensor,
-    positions: torch.Tensor,
+    positions: torch.Tensor,  # [N], or [3, N] (time, height, width) when the level holds images
     ranges: list[tuple[int, int]],
     level_states: list[SegmentState],
     rows: list[int] | None,
@@ -293,7 +324,7 @@ def _attention(
     qg = linear(xq, layer["attn_q"]).view(-1, nh, 2 * hd)
     q_spans: list[tuple[int, int]] | None = None
     if spans is None:
-        cos, sin = rope_rows(config, positions, x.dtype)
+        cos, sin = mrope_rows(config, positions, x.dtype)
         cos, sin = cos.to(x.device), sin.to(x.device)
         k = apply_partial_rope(rms_norm(k_raw, layer["attn_k_norm"], eps), cos, sin)
         q = rms_norm(qg[..., :hd], layer["attn_q_norm"], eps)
@@ -302,7 +333,7 @@ def _attention(
         # Per segment: RoPE angles, norms and rotations see only the segment's own rows.
         k_parts, q_parts, q_spans = [], [], []
         for lo, hi in spans:
-            cos, sin = rope_rows(config, positions[lo:hi], x.dtype)
+            cos, sin = mrope_rows(config, positions[..., lo:hi], x.dtype)
             cos, sin = cos.to(x.device), sin.to(x.device)
             k_seg = rms_norm(_own(k_raw[lo:hi]), layer["attn_k_norm"], eps)
             k_parts.append(apply_partial_rope(k_seg, cos, sin))

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.vision.placement import SegmentImages
 
 
 @dataclass(eq=False)
@@ -26,6 +30,9 @@ class SegmentState:
     recurrent/conv: GDN state S and conv tail after the segment's last token.
     keys/values: the segment's *own* attention K/V per attention layer, [n_kv, length, head_dim]
     (its ancestors' K/V stay in their own SegmentState; children read the chain).
+    start/end are rope positions: `end` is where a child's positions start. `shift` is non-zero
+    only for a segment holding images, whose 2-D grids take fewer positions than tokens
+    (`engine.vision.placement`).
     """
 
     parent: SegmentState | None
@@ -35,10 +42,11 @@ class SegmentState:
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
+    shift: int = 0
 
     @property
     def end(self) -> int:
-        return self.start + self.length
+        return self.start + self.length + self.shift
 
     def chain(self) -> list[SegmentState]:
         """Ancestors and self, oldest first: the fixed order attention reduces them in."""
@@ -61,11 +69,17 @@ class Segment:
     parent: an index of an earlier segment of the same forest, or a SegmentState computed
     before (cached evidence, the system root), or None for a sequence start.
     read: whether the logits at the segment's last token are needed.
+    images: the image embeddings and rope positions of a segment holding images (evidence only).
     """
 
     tokens: tuple[int, ...]
     parent: int | SegmentState | None
     read: bool = False
+    images: SegmentImages | None = field(default=None, compare=False)  # tensors: compared by tokens
+
+    @property
+    def shift(self) -> int:
+        return 0 if self.images is None else self.images.shift(len(self.tokens))
 
 
 @dataclass
@@ -77,7 +91,7 @@ class Forest:
     offsets: torch.Tensor  # [S+1] int64, segment s is tokens[offsets[s]:offsets[s+1]]
     parents: torch.Tensor  # [S] int64, index of the in-forest parent or -1
     levels: torch.Tensor  # [S] int64, 0 for segments whose parent is outside the forest
-    starts: torch.Tensor  # [S] int64, absolute position of each segment's first token
+    starts: torch.Tensor  # [S] int64, rope position of each segment's first token
     read_segments: list[int]  # segments with a read position, in segment order
     read_positions: torch.Tensor  # [R] int64, flat index of each read segment's last token
     packed_index: dict[int, int]  # caller's segment index -> packed index
@@ -121,7 +135,7 @@ def build_forest(segments: Sequence[Segment]) -> Forest:
     for old in order:
         seg = segments[old]
         parent = new_index[seg.parent] if isinstance(seg.parent, int) else seg.parent
-        packed.append(Segment(seg.tokens, parent, seg.read))
+        packed.append(Segment(seg.tokens, parent, seg.read, seg.images))
 
     lengths = [len(s.tokens) for s in packed]
     offsets = [0]
@@ -130,7 +144,7 @@ def build_forest(segments: Sequence[Segment]) -> Forest:
     starts: list[int] = []
     for seg in packed:
         if isinstance(seg.parent, int):
-            starts.append(starts[seg.parent] + lengths[seg.parent])
+            starts.append(starts[seg.parent] + lengths[seg.parent] + packed[seg.parent].shift)
         elif isinstance(seg.parent, SegmentState):
             starts.append(seg.parent.end)
         else:

@@ -15,6 +15,15 @@ from schemas.record import QuestionTrace
 from schemas.systemone import Answer, SystemOneRequest
 
 StopReason = Literal["deadline", "cancelled"]
+# A `DecideResult.error` caused by an image starts with this (the pipeline dead-letters the event
+# as invalid_image, the server answers 422 invalid_image).
+INVALID_IMAGE = "invalid_image"
+
+
+class ImageError(ValueError):
+    """An image that cannot be used (corrupt, truncated, too large, another format); the message
+    names the image and the reason. Defined here, not in `engine.vision`, so the pipeline can
+    catch it without importing the tower's dependencies."""
 
 
 class CancelToken:

@@ -52,7 +52,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from engine.types import DecideRequest, DecideResult
+from engine.types import DecideRequest, DecideResult, ImageError
 from prism_pipeline.ceilings import Ceilings, too_deep
 from prism_pipeline.records import (
     DecisionEngine,
@@ -531,29 +531,33 @@ def decide_chunk(engine: DecisionEngine, items: list[Item], options: BackfillOpt
     outcome: dict[int, _Out | bytes] = {}
     reasons: Counter[str] = Counter()
     live: list[tuple[tuple[int, EvidenceEvent, DecideRequest], int]] = []
+
+    def refuse(i: int, it: Item, e: InvalidEvent) -> None:
+        letter = e.to_dead_letter(
+            it.raw, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
+        )
+        outcome[i] = dumps(letter)
+        reasons[str(e.reason)] += 1
+
     for i, it in enumerate(items):
         try:
             ev = parse_event(it.raw, options.limits)
         except InvalidEvent as e:
-            letter = e.to_dead_letter(
-                it.raw, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
-            )
-            outcome[i] = dumps(letter)
-            reasons[str(e.reason)] += 1
+            refuse(i, it, e)
             continue
         deep = too_deep(ev.request.state)
         if deep is not None:  # as the worker and the HTTP server refuse it
-            e = InvalidEvent(ReasonCode.schema_violation, deep)
-            letter = e.to_dead_letter(
-                it.raw, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
-            )
-            outcome[i] = dumps(letter)
-            reasons[str(e.reason)] += 1
+            refuse(i, it, InvalidEvent(ReasonCode.schema_violation, deep))
             continue
         req = decide_request(ev, options.seed_policy, options.fixed_seed)
         if options.max_gate is not None:
             req = Ceilings(max_gate=options.max_gate).apply(req)
-        live.append(((i, ev, req), engine.count_tokens(ev.request)))
+        try:
+            tokens = engine.count_tokens(ev.request)
+        except ImageError as bad:  # as the worker refuses it: checked before any batch
+            refuse(i, it, InvalidEvent(ReasonCode.invalid_image, str(bad)[:2000]))
+            continue
+        live.append(((i, ev, req), tokens))
     questions = thought = 0
     for b, group in enumerate(batches(live, options.batch_tokens, options.max_batch_events)):
         results, split = _decide(engine, [req for _, _, req in group])

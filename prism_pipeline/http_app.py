@@ -55,7 +55,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from engine.types import CancelToken, DecideRequest, DecideResult
+from engine.types import INVALID_IMAGE, CancelToken, DecideRequest, DecideResult, ImageError
 from prism_pipeline.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
 from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
 from prism_pipeline.http_metrics import ServeMetrics
@@ -328,6 +328,8 @@ def create_app(
         loop = asyncio.get_running_loop()
         try:
             tokens = await loop.run_in_executor(token_pool, engine.count_tokens, req)
+        except ImageError as e:  # checks every image (header bounds first) before it is batched
+            raise _error(422, "invalid_image", f"unusable image: {e}", ["body", "images"]) from None
         except ValueError as e:
             raise _error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
         if tokens > token_limit:
@@ -682,6 +684,8 @@ def _event_id(req: SystemOneRequest) -> str:
 
 
 def _answer(result: DecideResult, served: str, metrics: ServeMetrics) -> Response:
+    if result.error is not None and result.error.startswith(INVALID_IMAGE):
+        raise _error(422, "invalid_image", f"unusable image: {result.error}", ["body", "images"])
     if result.error is not None:
         raise _error(422, "engine_rejected", f"the model cannot answer this request: {result.error}")
     body = SystemOneResponse(

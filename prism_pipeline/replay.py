@@ -354,19 +354,25 @@ class EngineSource:
         self.device = device
         self.precision = precision
         self.cache_bytes = cache_bytes
-        self._digests: dict[Path, str] | None = None
+        self._digests: dict[tuple[Path, Path | None], str] | None = None
         self._engines: list[DecisionEngine] = list(engines)
         self.notes: list[str] = []
 
-    def _model_digests(self) -> dict[Path, str]:
+    def _model_digests(self) -> dict[tuple[Path, Path | None], str]:
+        """(model, projector or None) -> the digest a record decided with them names. A model
+        with an mmproj-*.gguf beside it also matches records decided with that projector."""
         if self._digests is None:
-            from engine.engine import file_digest
+            from engine.engine import model_digest
+            from engine.vision.mmproj import find_mmproj
 
             self._digests = {}
             for p in self.models:
                 if not p.is_file():
                     raise ReplayError(f"--model {p}: no such file")
-                self._digests[p] = file_digest(p)
+                self._digests[(p, None)] = model_digest(p)
+                mmproj = find_mmproj(p)
+                if mmproj is not None:
+                    self._digests[(p, mmproj)] = model_digest(p, mmproj)
         return self._digests
 
     def engine_for(self, model: dict[str, Any] | None, what: str) -> DecisionEngine:
@@ -387,27 +393,37 @@ class EngineSource:
             if (e.model_digest, e.precision, e.decision_config.digest()) == (digest, precision, cfg_digest):
                 self._check_versions(e, model)
                 return e
-        candidates = [p for p, d in self._model_digests().items() if d == digest]
+        candidates = [files for files, d in self._model_digests().items() if d == digest]
         if not candidates and not self.models and not self._engines:
             raise ReplayRefused(
                 f"{what} was decided by model {name!r} with file sha256 {digest}; "
                 "pass that model file with --model"
             )
         if not candidates:
-            given = ", ".join(f"{p} (sha256 {d})" for p, d in self._model_digests().items()) or "none"
+            given = (
+                ", ".join(
+                    f"{p}{f' + {m}' if m else ''} (sha256 {d})" for (p, m), d in self._model_digests().items()
+                )
+                or "none"
+            )
             loaded = ", ".join(f"{e.model_name} (sha256 {e.model_digest})" for e in self._engines)
             raise ReplayRefused(
                 f"{what} was decided by model {name!r} with file sha256 {digest}; the model file(s) given "
                 f"differ: {given}{'; loaded: ' + loaded if loaded else ''}. "
                 "Pass the same model file with --model."
             )
-        path = candidates[0]
+        path, mmproj = candidates[0]
         cfg = self._config_for(path, model, what)
         from engine.engine import Engine
 
         log.info("replay.loading_model", path=str(path), precision=precision, digest=digest)
         engine = Engine.load(
-            path, device=self.device, precision=precision, decision_config=cfg, cache_bytes=self.cache_bytes
+            path,
+            device=self.device,
+            precision=precision,
+            decision_config=cfg,
+            cache_bytes=self.cache_bytes,
+            mmproj=mmproj or False,  # exactly the files the record names: a projector or none
         )
         self._engines.append(engine)
         self._check_versions(engine, model)

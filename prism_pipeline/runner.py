@@ -51,6 +51,7 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
         precision=settings.resolved_precision(),
         decision_config=decision_config_for(settings),
         tp=settings.tp,
+        mmproj=settings.mmproj,  # None: found beside the model by llama.cpp's naming, or none
     )
 
 

@@ -59,6 +59,7 @@ def build_app(args: argparse.Namespace) -> Any:
             precision=precision,
             decision_config=args.decision_config,
             tp=getattr(args, "tp", 1),
+            mmproj=getattr(args, "mmproj", None),  # None: an mmproj-*.gguf beside the model, or none
         )
     except (DecisionConfigError, ValueError, OSError) as e:
         raise ServeError(f"cannot load {path}: {e}") from None
@@ -394,6 +395,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "/openapi.json. Concurrent requests are batched into engine forests.",
     )
     p.add_argument("--model", required=True, help="a StartLux-Decision GGUF file")
+    p.add_argument(
+        "--mmproj",
+        type=Path,
+        default=None,
+        help="vision projector GGUF (default: mmproj-*.gguf beside --model)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8090, help="port (default 8090)")
     p.add_argument("--device", default="cpu", help="engine device (default cpu)")

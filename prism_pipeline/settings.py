@@ -27,6 +27,9 @@ class WorkerSettings(BaseSettings):
     group_id: str = "prism-workers"
 
     model: Path | None = Field(None, description="GGUF model file")
+    mmproj: Path | None = Field(
+        None, description="vision projector GGUF for images (default: an mmproj-*.gguf beside the model)"
+    )
     decision_config: Path | None = Field(None, description="decision_config.json (default: beside the model)")
     device: str = "cpu"
     precision: Literal["auto", "int8", "bf16", "fp32"] = "auto"

@@ -29,7 +29,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from engine.types import DecideRequest, DecideResult
+from engine.types import DecideRequest, DecideResult, ImageError
 from prism_pipeline.batcher import Batch, Batcher
 from prism_pipeline.ceilings import Ceilings, too_deep
 from prism_pipeline.metrics import WorkerMetrics
@@ -370,6 +370,9 @@ class Worker:
                 request = Ceilings(max_gate=self.s.max_gate).apply(request)
             try:
                 tokens = self.engine.count_tokens(event.request)
+            except ImageError as e:  # corrupt, oversized or hostile: checked before any batch sees it
+                out.append(InvalidEvent(ReasonCode.invalid_image, str(e)[:2000]))
+                continue
             except Exception as e:  # valid by the contract, yet the engine cannot render it
                 out.append(
                     InvalidEvent(

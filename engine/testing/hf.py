@@ -12,9 +12,10 @@ conv kernels (used whenever `fla` / `causal-conv1d` are absent, as in this proje
 from __future__ import annotations
 
 import torch
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
 from engine.config import ModelConfig
+from engine.vision.mmproj import VisionConfig, VisionWeights
 from engine.weights import Weights
 
 
@@ -110,4 +111,85 @@ def to_hf_model(weights: Weights, dtype: torch.dtype = torch.float32) -> Qwen3_5
     sd = {name: t.to(dtype) for name, t in to_hf_state_dict(weights).items()}
     model.to(dtype)
     model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+# ---------------------------------------------------------------- vision (Qwen3_5ForConditionalGeneration)
+
+
+def to_hf_vision_config(vision: VisionConfig) -> dict:
+    """HF `Qwen3_5VisionConfig` fields for `vision` (no deepstack: Qwen3.5 has none)."""
+    return {
+        "depth": vision.num_layers,
+        "hidden_size": vision.hidden_size,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": vision.intermediate_size,
+        "num_heads": vision.num_heads,
+        "in_channels": 3,
+        "patch_size": vision.patch_size,
+        "spatial_merge_size": vision.spatial_merge_size,
+        "temporal_patch_size": vision.temporal_patch_size,
+        "out_hidden_size": vision.out_hidden_size,
+        "num_position_embeddings": vision.num_position_embeddings,
+        "rope_parameters": {"rope_type": "axial", "rope_theta": vision.rope_theta},
+    }
+
+
+def to_hf_vision_state_dict(vision: VisionWeights) -> dict[str, torch.Tensor]:
+    """Tower tensors under HF `Qwen3_5Model.visual` names (the Conv3d kernel is whole again)."""
+    sd = {
+        "patch_embed.proj.weight": vision.patch_embd,
+        "patch_embed.proj.bias": vision.patch_bias,
+        "pos_embed.weight": vision.pos_embd,
+        "merger.norm.weight": vision.post_ln_w,
+        "merger.norm.bias": vision.post_ln_b,
+        "merger.linear_fc1.weight": vision.mm0_w,
+        "merger.linear_fc1.bias": vision.mm0_b,
+        "merger.linear_fc2.weight": vision.mm2_w,
+        "merger.linear_fc2.bias": vision.mm2_b,
+    }
+    names = {
+        "ln1": "norm1",
+        "ln2": "norm2",
+        "attn_qkv": "attn.qkv",
+        "attn_out": "attn.proj",
+        "ffn_up": "mlp.linear_fc1",
+        "ffn_down": "mlp.linear_fc2",
+    }
+    for i, b in enumerate(vision.blocks):
+        for ours, theirs in names.items():
+            sd[f"blocks.{i}.{theirs}.weight"] = b[f"{ours}_w"]
+            sd[f"blocks.{i}.{theirs}.bias"] = b[f"{ours}_b"]
+    return sd
+
+
+def to_hf_vl_model(
+    weights: Weights, vision: VisionWeights, token_ids: dict[str, int]
+) -> Qwen3_5ForConditionalGeneration:
+    """HF `Qwen3_5ForConditionalGeneration` (eval, fp32, eager) carrying the text and vision weights.
+
+    `token_ids` names the special tokens HF locates images by: image_token_id, video_token_id,
+    vision_start_token_id, vision_end_token_id."""
+    text = to_hf_config(weights.config)
+    config = Qwen3_5Config(
+        text_config=text.to_dict(),
+        vision_config=to_hf_vision_config(vision.config),
+        tie_word_embeddings=weights.config.tied_embeddings,
+        **token_ids,
+    )
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    model = Qwen3_5ForConditionalGeneration(config)
+    sd = {}
+    for name, t in to_hf_state_dict(weights).items():
+        sd[
+            "lm_head.weight"
+            if name == "lm_head.weight"
+            else name.replace("model.", "model.language_model.", 1)
+        ] = t
+    for name, t in to_hf_vision_state_dict(vision).items():
+        sd["model.visual." + name] = t
+    model.float()
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
     return model.eval()

@@ -6,7 +6,9 @@ stored multiplicative, `ssm_a = -exp(A_log)`, conv squeezed to `[C, K]`. The voc
 always the real 248,320-row Qwen3.5 one (`engine.testing.vocab`).
 
     python -m engine.testing.make_model --out m.gguf --quant Q4_K_M [--dims tiny|small]
-        [--seed N] [--mtp] [--outliers N]
+        [--seed N] [--mtp] [--outliers N] [--mmproj mmproj-m.gguf]
+
+`--mmproj` also writes a random vision tower as llama.cpp's projector GGUF (`write_mmproj`).
 
 Quant mixes: `F32` (everything F32); `Q8_0` (every >=2-D weight Q8_0; norms, ssm_a, ssm_dt,
 ssm_conv1d F32); `Q4_K_M` (llama.cpp's mix, see `tensor_types`). Q8_0/Q5_0 are encoded by
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ from gguf import GGMLQuantizationType
 
 from engine.config import ModelConfig
 from engine.loader import expected_shapes, tensor_name
+from engine.vision.mmproj import BLOCK_KEYS as VISION_BLOCK_KEYS
+from engine.vision.mmproj import VisionConfig, VisionWeights
 from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
@@ -391,6 +396,24 @@ def _write_metadata(w: gguf.GGUFWriter, c: ModelConfig, quant: str, mtp: bool, v
     vocab.write_to(w)
 
 
+def _write_atomic(out: Path, arch: str, fill: Callable[[gguf.GGUFWriter], None]) -> None:
+    """A GGUF of `arch` whose metadata and tensors `fill` adds, renamed into place only when whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, arch)
+        fill(w)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def write_gguf(
     out: str | Path,
     weights: Weights,
@@ -407,25 +430,16 @@ def write_gguf(
     if len(vocab.tokens) != c.vocab_size:
         raise ValueError(f"vocabulary has {len(vocab.tokens)} tokens, the model {c.vocab_size} rows")
     types = tensor_types(c, quant, mtp is not None)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".part", dir=out.parent)
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, "qwen35")
+
+    def fill(w: gguf.GGUFWriter) -> None:
         _write_metadata(w, c, quant, mtp is not None, vocab)
         for name, array in _gguf_tensors(weights, mtp).items():
             qtype = types[name]
             data = quantize(array, qtype)
             w.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    out = Path(out)
+    _write_atomic(out, "qwen35", fill)
     log.info("model_written", path=str(out), quant=quant, layers=c.num_layers, mtp=mtp is not None)
     return out
 
@@ -449,6 +463,138 @@ def make_model(
     return write_gguf(out, weights, quant, mtp_random_weights(config, seed) if mtp else None, vocab)
 
 
+# ---------------------------------------------------------------- vision projector (mmproj)
+
+
+def vision_config_for(text: ModelConfig, **overrides: Any) -> VisionConfig:
+    """A tiny Qwen3.5-shaped vision tower for `text` (real patch size and merge, small widths)."""
+    fields = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        patch_size=16,
+        spatial_merge_size=2,
+        out_hidden_size=text.hidden_size,
+        num_position_embeddings=64,
+        layer_norm_eps=1e-6,
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+    )
+    fields.update(overrides)
+    return VisionConfig(**fields)  # type: ignore[arg-type]
+
+
+def random_vision_weights(config: VisionConfig, seed: int = 0) -> VisionWeights:
+    """Deterministic random tower weights in transformers' layout (Linear [out, in], Conv3d kernel)."""
+    rng = np.random.default_rng(seed + 7919)  # its own stream: the text weights stay those of `seed`
+
+    def normal(shape: tuple[int, ...], std: float) -> torch.Tensor:
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+
+    def norm(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.from_numpy((1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)),
+            normal((n,), 0.02),
+        )
+
+    c = config
+    h, m = c.hidden_size, c.hidden_size * c.spatial_merge_size**2
+    resid = 1.0 / np.sqrt(2.0 * c.num_layers)
+    blocks = []
+    for _ in range(c.num_layers):
+        b: dict[str, torch.Tensor] = {}
+        b["ln1_w"], b["ln1_b"] = norm(h)
+        b["ln2_w"], b["ln2_b"] = norm(h)
+        for key, (out, inp, std) in {
+            "attn_qkv": (3 * h, h, 1.0),
+            "attn_out": (h, h, resid),
+            "ffn_up": (c.intermediate_size, h, 1.0),
+            "ffn_down": (h, c.intermediate_size, resid),
+        }.items():
+            b[f"{key}_w"] = normal((out, inp), std / np.sqrt(inp))
+            b[f"{key}_b"] = normal((out,), 0.02)
+        blocks.append(b)
+    post_w, post_b = norm(h)
+    return VisionWeights(
+        config=c,
+        patch_embd=normal(
+            (h, 3, c.temporal_patch_size, c.patch_size, c.patch_size), 1.0 / np.sqrt(c.patch_dim)
+        ),
+        patch_bias=normal((h,), 0.02),
+        pos_embd=normal((c.num_position_embeddings, h), 0.5),
+        blocks=blocks,
+        post_ln_w=post_w,
+        post_ln_b=post_b,
+        mm0_w=normal((m, m), 1.0 / np.sqrt(m)),
+        mm0_b=normal((m,), 0.02),
+        mm2_w=normal((c.out_hidden_size, m), 1.0 / np.sqrt(m)),
+        mm2_b=normal((c.out_hidden_size,), 0.02),
+    )
+
+
+def _mmproj_tensors(w: VisionWeights) -> dict[str, np.ndarray]:
+    """GGUF name -> float32 array, as llama.cpp's converter lays the tower out (Conv3d cut in time)."""
+    out: dict[str, np.ndarray] = {
+        "v.patch_embd.weight": w.patch_embd[:, :, 0].contiguous().numpy(),
+        "v.patch_embd.weight.1": w.patch_embd[:, :, 1].contiguous().numpy(),
+        "v.patch_embd.bias": w.patch_bias.numpy(),
+        "v.position_embd.weight": w.pos_embd.numpy(),
+    }
+    for i, b in enumerate(w.blocks):
+        for key in VISION_BLOCK_KEYS:
+            out[f"v.blk.{i}.{key}.weight"] = b[f"{key}_w"].numpy()
+            out[f"v.blk.{i}.{key}.bias"] = b[f"{key}_b"].numpy()
+    out["v.post_ln.weight"] = w.post_ln_w.numpy()
+    out["v.post_ln.bias"] = w.post_ln_b.numpy()
+    out["mm.0.weight"], out["mm.0.bias"] = w.mm0_w.numpy(), w.mm0_b.numpy()
+    out["mm.2.weight"], out["mm.2.bias"] = w.mm2_w.numpy(), w.mm2_b.numpy()
+    return out
+
+
+def write_mmproj(out: str | Path, weights: VisionWeights, quant: str = "F32") -> Path:
+    """Write the tower as llama.cpp's `clip` mmproj GGUF (projector `qwen3vl_merger`); atomic rename.
+
+    `quant` "F32" stores every tensor F32; "F16" stores 2-D and larger weights F16 (what llama.cpp's
+    default mmproj conversion does), norms and biases F32."""
+    if quant not in ("F32", "F16"):
+        raise ValueError(f"mmproj quant must be F32 or F16, got {quant!r}")
+    c = weights.config
+    out = Path(out)
+
+    def fill(w: gguf.GGUFWriter) -> None:
+        w.add_string("general.name", "prism-test-qwen35-mmproj")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_F16))
+        w.add_clip_has_vision_encoder(True)
+        w.add_clip_projector_type("qwen3vl_merger")
+        w.add_vision_image_size(c.grid_side * c.patch_size)
+        w.add_vision_patch_size(c.patch_size)
+        w.add_vision_embedding_length(c.hidden_size)
+        w.add_vision_feed_forward_length(c.intermediate_size)
+        w.add_vision_projection_dim(c.out_hidden_size)
+        w.add_vision_block_count(c.num_layers)
+        w.add_vision_head_count(c.num_heads)
+        w.add_vision_attention_layernorm_eps(c.layer_norm_eps)
+        w.add_vision_image_mean(list(c.image_mean))
+        w.add_vision_image_std(list(c.image_std))
+        w.add_vision_use_gelu(True)
+        w.add_vision_spatial_merge_size(c.spatial_merge_size)
+        for name, array in _mmproj_tensors(weights).items():
+            if quant == "F16" and array.ndim >= 2:
+                w.add_tensor(name, array.astype(np.float16))
+            else:
+                w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+
+    _write_atomic(out, "clip", fill)
+    log.info("mmproj_written", path=str(out), quant=quant, layers=c.num_layers)
+    return out
+
+
+def make_mmproj(out: str | Path, text: ModelConfig, seed: int = 0, quant: str = "F32") -> Path:
+    """A random tower matching `text` (its hidden size), written as an mmproj GGUF at `out`."""
+    return write_mmproj(out, random_vision_weights(vision_config_for(text), seed), quant)
+
+
 def dims_config(name: str, **overrides: Any) -> ModelConfig:
     """A named generator config (`tiny`, `small`), optionally with fields replaced."""
     if name not in DIMS:
@@ -466,9 +612,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mtp", action="store_true", help="add the MTP block (nextn_predict_layers=1)")
     p.add_argument("--outliers", type=int, default=0, help="hidden channels with 20-50x activation outliers")
+    p.add_argument(
+        "--mmproj", type=Path, default=None, help="also write a matching vision projector GGUF here"
+    )
     a = p.parse_args(argv)
     try:
         make_model(a.out, a.quant, a.dims, a.seed, a.mtp, a.outliers)
+        if a.mmproj is not None:
+            make_mmproj(a.mmproj, DIMS[a.dims], a.seed)
     except ValueError as e:
         p.error(str(e))
 
