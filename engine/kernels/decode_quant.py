@@ -25,10 +25,12 @@ libdevice: Any = None
 MAX_BLOCK = 4096
 # SwiGLU + quantization: its row passes (K = 17,408 at 27B: five blocks) unrolled this many blocks,
 # the block and the warps of its one program per row. None of them changes a bit (no sums: absmax
-# and elementwise steps); unroll 4 measured 755 -> 605 us at 8,192 rows on the H200 (bench_rows.py).
+# and elementwise steps). Measured on the H200 (bench_rows.py, 2026-12-01, bits equal in every
+# variant), us per call at 1 / 64 / 8,192 rows: rolled 8 warps 13.9 / 14.2 / 759; unrolled 4, 8
+# warps 13.0 / 13.4 / 638; unrolled 4, 16 warps 9.5 / 9.9 / 545 (block 8,192 was slower).
 UNROLL = 4
 SWIGLU_BLOCK = 4096
-SWIGLU_WARPS = 8
+SWIGLU_WARPS = 16
 _RINT_MAGIC = 12582912.0  # 1.5 * 2^23: rounds an fp32 |r| < 2^22 to an integer, ties to even
 
 
