@@ -11,11 +11,16 @@
 set -uo pipefail
 source ops/device/setup.sh
 SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"}
+# The CPU-only tensor-parallel cases (gloo ranks on CPU: 204 s of a device call on 2026-12-01, and
+# CI runs them) are left out unless CPU_TP=1, so the CUDA set fits one call.
+CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits_of_one_process[cpu]
+    --deselect tests/engine/test_tp.py::test_four_gloo_ranks_equal_two_and_one"
+[ "${CPU_TP:-0}" = 1 ] && CPU_TP_CASES=""
 # --confcutdir keeps pytest off tests/conftest.py (the Kafka fixtures need packages the image lacks);
 # the timeout leaves time for the summary inside a 600 s device call
 # shellcheck disable=SC2086
 timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest $SUITE -q --confcutdir=tests/engine -p no:cacheprovider \
-    -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" ${PYTEST_ARGS:-} \
+    -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" $CPU_TP_CASES ${PYTEST_ARGS:-} \
     >"$OUT/gpu_suite.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | cut -c1-200
