@@ -6,11 +6,13 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from engine.testing.make_model import make_model
 from prism_pipeline.local_kafka import LocalKafka
 
 # One intra-op thread: the tests' tensors are tiny and the token-by-token reference loops run
@@ -24,6 +26,33 @@ torch.set_num_threads(int(os.environ.get("PRISM_TEST_THREADS", "1")))
 # count; this profile only removes the clock.
 settings.register_profile("prism", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("prism")
+
+# ---- generated models: one file per distinct key per session ----
+
+
+@pytest.fixture(scope="session")
+def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`gguf_model(quant="F32", dims="tiny", seed=0, mtp=False, outliers=0) -> Path`.
+
+    Every generated model carries the full 248,320-row vocabulary, so generation costs seconds;
+    each distinct file is made once for the whole session and shared by every test directory.
+    The files' folder is the session's: a test that needs files beside its model (a
+    decision_config.json) copies the model into a folder of its own.
+    """
+    root = tmp_path_factory.mktemp("gguf_models")
+    cache: dict[tuple, Path] = {}
+
+    def get(
+        quant: str = "F32", dims: str = "tiny", seed: int = 0, mtp: bool = False, outliers: int = 0
+    ) -> Path:
+        key = (quant, dims, seed, mtp, outliers)
+        if key not in cache:
+            name = f"{dims}-{quant}-s{seed}{'-mtp' if mtp else ''}-o{outliers}.gguf"
+            cache[key] = make_model(root / name, quant, dims, seed, mtp, outliers)
+        return cache[key]
+
+    return get
+
 
 # ---- Kafka: one real local broker (ops/kafka) per test session, started on first use ----
 

@@ -1,7 +1,7 @@
-"""Session fixtures: generated qwen35 GGUF files, made once per test session.
+"""Session fixtures of the engine tests: canonical weights and loaded engines, made once per session.
 
-Every generated model carries the full 248,320-row vocabulary, so generation costs seconds;
-`gguf_model(quant, dims, ...)` caches each distinct file for the whole session.
+`gguf_model(quant, dims, ...)`, the generated GGUF files they load, is tests/conftest.py's: the
+serve, pipeline and reliability tests load the same files.
 """
 
 from __future__ import annotations
@@ -13,26 +13,8 @@ import pytest
 
 from engine.decision_config import DecisionConfig
 from engine.engine import Engine
-from engine.testing.make_model import canonical_random_weights, dims_config, make_model
+from engine.testing.make_model import canonical_random_weights, dims_config
 from engine.weights import Weights
-
-
-@pytest.fixture(scope="session")
-def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """`gguf_model(quant="F32", dims="tiny", seed=0, mtp=False, outliers=0) -> Path`."""
-    root = tmp_path_factory.mktemp("gguf_models")
-    cache: dict[tuple, Path] = {}
-
-    def get(
-        quant: str = "F32", dims: str = "tiny", seed: int = 0, mtp: bool = False, outliers: int = 0
-    ) -> Path:
-        key = (quant, dims, seed, mtp, outliers)
-        if key not in cache:
-            name = f"{dims}-{quant}-s{seed}{'-mtp' if mtp else ''}-o{outliers}.gguf"
-            cache[key] = make_model(root / name, quant, dims, seed, mtp, outliers)
-        return cache[key]
-
-    return get
 
 
 @pytest.fixture(scope="session")

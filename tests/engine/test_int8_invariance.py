@@ -7,8 +7,9 @@ after a process restart, and with the evidence from the prefix cache. Parametriz
 the same file runs the CUDA checks on a GPU host (`torch._int_mm`), skipped elsewhere.
 
 Only the int8 guarantee is tested here. The bf16/fp32 reference paths promise nothing about
-batch invariance either way (README, "Precision paths"): whether their bits move with the batch
-is an accident of the CPU's instruction set and the BLAS kernel torch picks, so no test asserts it.
+batch invariance either way (README: the test suite, and "Commands"): whether their bits move
+with the batch is an accident of the CPU's instruction set and the BLAS kernel torch picks, so
+no test asserts it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,9 @@ TEST_THOUGHT_BUDGET = 3
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pipeline-model") / "tiny-q8_0.gguf"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engine.testing.make_model",
-            "--out",
-            str(out),
-            "--quant",
-            "Q8_0",
-            "--dims",
-            "tiny",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return out
+def tiny_model(gguf_model: Callable[..., Path]) -> Path:
+    """The session's tiny Q8_0 model (tests/conftest.py's, which the engine tests load too)."""
+    return gguf_model("Q8_0", "tiny")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -76,10 +77,8 @@ def int8_engine(tiny_model: Path):  # -> engine.Engine
 
 
 @pytest.fixture(scope="module")
-def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.testing.make_model import make_model
-
-    return make_model(tmp_path_factory.mktemp("other") / "tiny-seed1.gguf", "Q8_0", "tiny", seed=1)
+def other_model(gguf_model: Callable[..., Path]) -> Path:
+    return gguf_model("Q8_0", "tiny", seed=1)
 
 
 def _events() -> list[dict]:

@@ -8,6 +8,7 @@ Servers share the engine; tests talk to one server at a time, so the engine neve
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,6 @@ import pytest
 from serve_helpers import API_KEY, Served
 
 from engine.engine import Engine
-from engine.testing.make_model import make_model
 from prism_pipeline.http_app import AppConfig, create_app
 from prism_pipeline.http_metrics import ServeMetrics
 from prism_pipeline.serve import ServerThread
@@ -23,9 +23,10 @@ from schemas.systemone import Limits
 
 
 @pytest.fixture(scope="session")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_path(tmp_path_factory: pytest.TempPathFactory, gguf_model: Callable[..., Path]) -> Path:
+    """The session's tiny Q8_0 model, copied into a folder of its own beside its decision config."""
     root = tmp_path_factory.mktemp("serve_model")
-    path = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny")
+    path = Path(shutil.copyfile(gguf_model("Q8_0", "tiny"), root / "tiny-Q8_0.gguf"))
     (root / "decision_config.json").write_text(json.dumps({"thought_budget": 6}))
     return path
 

@@ -21,7 +21,7 @@ assert len(SERVICES) == 30
 
 CASES: list[dict] = [
     {
-        "id": "alert-latency",  # first: the default (quick) run takes the first two cases
+        "id": "alert-latency",  # first: run_jevbench asks it to see that AutoThink is on (or off)
         "state": "Alert: checkout p99 latency 2.4 s for 15 minutes in eu-west-1; payments error rate 4%.",
         "questions": {
             "paging": {"type": "noul", "instructions": "Should the on-call engineer be paged now?"},

@@ -8,12 +8,14 @@ tests/engine/decode/test_decoder_stops.py, where the Triton interpreter is on).
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from engine.engine import Engine
-from engine.testing.make_model import make_model
 from engine.types import CancelToken, DecideRequest, DecideResult
 from schemas.systemone import SystemOneRequest
 
@@ -22,9 +24,9 @@ QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": CRITERI
 
 
 @pytest.fixture(scope="module")
-def int8_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    root = tmp_path_factory.mktemp("stops_model")
-    path = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny")
+def int8_engine(tmp_path_factory: pytest.TempPathFactory, gguf_model: Callable[..., Path]) -> Engine:
+    root = tmp_path_factory.mktemp("stops_model")  # the session's model, beside a config of its own
+    path = Path(shutil.copyfile(gguf_model("Q8_0", "tiny"), root / "tiny-Q8_0.gguf"))
     (root / "decision_config.json").write_text(json.dumps({"thought_budget": 12}))
     return Engine.load(path, precision="int8")
 

@@ -64,6 +64,24 @@ def sdk_env(monkeypatch: pytest.MonkeyPatch, open_server: Served) -> Iterator[Se
     yield open_server
 
 
+def wait_until_batches_are_counted(served: Served, timeout_s: float = 30.0) -> None:
+    """Until every /v1/systemone request the server answered is in its batch stats (bounded).
+
+    A batch's stats are recorded when its engine call returns, but answers final early (on_ready)
+    reach their clients before that: the last batch of a test (this one's or an earlier one's on
+    the same session server) may still be in the engine when the client has every answer. Every
+    200 on /v1/systemone was decided in exactly one batch, so the two counts meet once it is done.
+    """
+    answered = {"route": "/v1/systemone", "status": "200"}
+    deadline = time.monotonic() + timeout_s
+    while served.metrics.value("prism_http_batch_requests_sum") < served.metrics.value(
+        "prism_http_requests_total", answered
+    ):
+        if time.monotonic() > deadline:
+            return  # the caller's assertions say what is missing
+        time.sleep(0.05)
+
+
 def oracle(served: Served, state: object) -> dict[str, dict]:
     req = SystemOneRequest.model_validate({"state": state, "questions": WIRE_QUESTIONS})
     result = served.engine.decide([DecideRequest("oracle", req, gate=served.config.gate)])[0]
@@ -125,6 +143,7 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             ]
         )
     ]
+    wait_until_batches_are_counted(sdk_env)  # an earlier test's batch must not land in this window
     before = sdk_env.metrics.value("prism_http_batch_requests_count")
     before_sum = sdk_env.metrics.value("prism_http_batch_requests_sum")
 
@@ -133,15 +152,9 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             return await asyncio.gather(*(client.system_one(state=s, questions=QUESTIONS) for s in states))
 
     responses = asyncio.run(main())
-    # A batch's stats are recorded when its engine call returns; answers that were final early
-    # (on_ready) can reach the client before that, so wait (bounded) for the call to be counted.
-    deadline = time.monotonic() + 30
-    while True:
-        batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
-        requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
-        if requests >= len(states) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    wait_until_batches_are_counted(sdk_env)
+    batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
+    requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
     assert requests == len(states)
     assert batches < len(states), "concurrent requests should share engine batches"
     for state, resp in zip(states, responses, strict=True):

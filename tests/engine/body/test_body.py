@@ -8,9 +8,6 @@ compiled kernels with one CUDA graph per bucket.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -20,15 +17,11 @@ from engine.engine import Engine
 from engine.executor import run_forest
 from engine.forest import Segment, SegmentState, build_forest
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
 
 @pytest.fixture(scope="module")
-def engine(gguf_model: Callable[..., Path]) -> Engine:
+def engine(levels_engine: Engine) -> Engine:
     # the level executor's engine: its root and weights are shared by both paths under test
-    return Engine.load(
-        gguf_model("Q8_0", "tiny", 0, False, 4), device=DEVICE, precision="int8", cache_bytes=0, body=False
-    )
+    return levels_engine
 
 
 @pytest.fixture(scope="module")

@@ -2,57 +2,23 @@
 decisions agree with the level-by-level executor's. On CUDA the engine is the default one (the
 body is the CUDA int8 path) with compiled kernels and CUDA graphs; on CPU the body is forced
 (`body=True`) and its kernels run in Triton's interpreter. Every tensor lives on DEVICE: a CPU
-tensor handed to a compiled kernel is what broke these tests on a GPU machine."""
+tensor handed to a compiled kernel is what broke these tests on a GPU machine.
+
+The decisions themselves are made once per session (conftest's `body_decisions`): test_body_tp
+compares two ranks against the same ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from body_cases import DEVICE, REQUESTS, THINKER, BodyDecisions
 
 from engine import engine as engine_module
-from engine.cache import PrefixCache
 from engine.engine import Engine, uses_body
-from engine.types import DecideRequest
-from schemas.systemone import SystemOneRequest
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the conftest compiles on CUDA, else interprets
-
-CHOICE = {
-    "type": "choice",
-    "instructions": "Which team owns it?",
-    "criteria": {"dba": None, "sre": None, "net": None},
-}
-YES_NO = {"type": "noul", "instructions": "Is it customer-facing?"}
-
-
-def _req(event_id: str, state: str, *, gate: float = 0.0, budget: int = 0, seed: int = 3) -> DecideRequest:
-    body = SystemOneRequest.model_validate({"state": state, "questions": {"team": CHOICE, "cx": YES_NO}})
-    return DecideRequest(event_id, body, seed=seed, gate=gate, thought_budget=budget)
-
-
-REQUESTS = [
-    _req("a", "api latency 900ms on checkout, db-3 cpu 95%"),
-    _req("b", "disk 97% on db-3 <|im_end|> <think>", gate=1.0, budget=2, seed=9),  # specials as text
-    _req("c", "bgp session flapping on edge-2"),
-]
-
-
-CACHE_BYTES = 1 << 28
 pytestmark = pytest.mark.slow  # the Triton interpreter runs every kernel of every pass
-
-
-@pytest.fixture(scope="module")
-def model(gguf_model: Callable[..., Path]) -> Path:
-    return gguf_model("Q8_0", "tiny", 0, False, 4)
-
-
-@pytest.fixture(scope="module")
-def engine(model: Path) -> Engine:
-    body = None if DEVICE == "cuda" else True  # CUDA: the default must be the body
-    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=CACHE_BYTES, body=body)
 
 
 def test_the_body_is_the_cuda_int8_default_and_the_oracle_elsewhere() -> None:
@@ -65,35 +31,33 @@ def test_the_body_is_the_cuda_int8_default_and_the_oracle_elsewhere() -> None:
         uses_body(True, "bf16", cuda)
 
 
-def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(engine: Engine) -> None:
-    assert engine.body is not None
-    alone = []
-    for r in REQUESTS:
-        engine.cache = PrefixCache(CACHE_BYTES)  # every request computes its evidence
-        alone.append(engine.decide([r])[0])
-    engine.cache = PrefixCache(CACHE_BYTES)
-    batch = engine.decide(REQUESTS)
-    again = engine.decide(REQUESTS[::-1])[::-1]  # evidence now comes from the prefix cache
-    assert engine.cache.stats.hits > 0
-    for b, a, s in zip(batch, again, alone, strict=True):
+def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(
+    body_engine: Engine, body_decisions: BodyDecisions
+) -> None:
+    assert body_engine.body is not None
+    d = body_decisions
+    assert d.cache_hits > 0
+    for b, a, s in zip(d.batch, d.again, d.alone, strict=True):
         assert b.traces == a.traces == s.traces
-    assert batch[1].traces["team"].thought_tokens > 0  # the gate sent it through a thought
+    assert d.batch[THINKER].traces["team"].thought_tokens > 0  # the gate sent it through a thought
 
 
 def test_decisions_agree_with_the_level_executor(
-    engine: Engine, model: Path, monkeypatch: pytest.MonkeyPatch
+    body_decisions: BodyDecisions, levels_engine: Engine, body_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The exact body (no tensor-core settings): the same answers and probabilities equal to the
-    int8 rounding the two paths' float ops allow. The CUDA default's tensor-core settings round
-    in bf16 (their accuracy against fp32 is measured by ops/bench/bench_engine.py --accuracy,
-    RESULTS.md): the same answers."""
-    levels = Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body=False)
-    want = levels.decide(REQUESTS[::2])
-    exact = engine
-    if DEVICE == "cuda":  # the fixture's engine runs the CUDA default settings
+    """The exact body (no tensor-core settings): the same answers, and probabilities equal to the
+    int8 rounding the two paths' float ops allow. The CUDA default's tensor-core settings round in
+    bf16 (their accuracy against fp32 is measured by ops/bench/bench_engine.py --accuracy,
+    RESULTS.md): the same answers. The default's side is the session's batch (bit-equal to each
+    request alone and from the cache, above); on CPU that batch is the exact body's."""
+    want = levels_engine.decide(REQUESTS[::2])
+    default = body_decisions.batch[::2]
+    exact = default
+    if DEVICE == "cuda":
         monkeypatch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
-        exact = Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body=True)
-    for got, bound in ((exact.decide(REQUESTS[::2]), 1e-3), (engine.decide(REQUESTS[::2]), None)):
+        engine = Engine.load(body_model, device=DEVICE, precision="int8", cache_bytes=0, body=True)
+        exact = engine.decide(REQUESTS[::2])
+    for got, bound in ((exact, 1e-3), (default, None)):
         for g, w in zip(got, want, strict=True):
             for qid in ("team", "cx"):
                 gf, wf = g.traces[qid].first, w.traces[qid].first

@@ -1,20 +1,22 @@
 """The one-pass body under tensor parallelism: 2 gloo ranks (Triton interpreter) give the bits of one.
 
-Oracle: the single-process engine with the body (every probability and logit as float.hex),
-first with the evidence computed, then with it from the prefix cache.
+Oracle: the single-process body's batch of the session (conftest's `body_decisions`, which
+test_body_engine shows bit-equal to each request alone and from the cache), every probability
+and logit as float.hex; the two ranks decide first with the evidence computed, then with it
+from the prefix cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from body_cases import CACHE_BYTES, REQUESTS, THINKER, BodyDecisions
 
 from engine.engine import Engine
-from tests.engine.test_int8_invariance import _bits, _requests
+from tests.engine.test_int8_invariance import _bits
 
 pytestmark = [
     pytest.mark.slow,
@@ -22,13 +24,14 @@ pytestmark = [
 ]
 
 
-def test_two_ranks_run_the_forest_body_with_the_bits_of_one_process(gguf_model: Callable[..., Path]) -> None:
-    path = gguf_model("Q8_0", "tiny", 0, False, 4)
+def test_two_ranks_run_the_forest_body_with_the_bits_of_one_process(
+    body_model: Path, body_decisions: BodyDecisions
+) -> None:
     # no thinkers: a thought is many more interpreted passes, and test_tp covers them on GPUs
-    requests = [r for r in _requests() if r.gate != 1.0][:3]
-    one = Engine.load(path, precision="int8", cache_bytes=1 << 28, body=True)
-    expected = [_bits(r) for r in one.decide(requests)]
-    two = Engine.load(path, precision="int8", cache_bytes=1 << 28, tp=2, body=True)
+    keep = [i for i in range(len(REQUESTS)) if i != THINKER]
+    requests = [REQUESTS[i] for i in keep]
+    expected = [_bits(body_decisions.batch[i]) for i in keep]
+    two = Engine.load(body_model, precision="int8", cache_bytes=CACHE_BYTES, tp=2, body=True)
     try:
         assert two.body is not None and not two.body.graphs
         first = [_bits(r) for r in two.decide(requests)]

@@ -4,7 +4,9 @@ The interpreter the other kernel tests use accepts programs the compiler rejects
 constructs, dot shapes, types) and knows nothing of shared memory. `ops/bench/kernel_resources.py`
 compiles each distinct launch the engine makes, with its real constexprs, for the model shapes
 we serve: the compiler is the oracle, plus the per-block shared-memory limit of an H200. It runs
-in a fresh process (this one imported triton in interpreter mode) with an empty kernel cache.
+in a fresh process (this one imported triton in interpreter mode) with an empty kernel cache,
+compiling in one worker per core (up to 4): each compile is single-threaded, and the rest of the
+suite leaves the other cores idle while this test runs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ def test_every_engine_kernel_compiles_for_hopper(tmp_path: Path) -> None:
     # the repo first, then whatever the caller put there (a GPU image carries packages on PYTHONPATH)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run(
-        [sys.executable, "ops/bench/kernel_resources.py", "--shape", "tiny", "--shape", "27B"],
+        [
+            *(sys.executable, "ops/bench/kernel_resources.py", "--shape", "tiny", "--shape", "27B"),
+            *("--jobs", str(max(1, min(4, len(os.sched_getaffinity(0)))))),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
