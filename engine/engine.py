@@ -346,6 +346,62 @@ class Engine:
             total += len(self.prompts.question_ids(parts.question_text))
         return total
 
+    def read_with_thought(self, request: SystemOneRequest, qid: str, thought_ids: list[int]) -> Readout:
+        """The letters read after a given thought: question `qid` of `request` with `<think>\n`,
+        `thought_ids`, then `</think>\n\n` (the closing `decide` feeds after a thought).
+
+        Why: comparing precision paths needs a thought written by one path read by another
+        (`prism eval`'s cross-read matrix). The prompt is the one `decide` thinks on; the tokens
+        run as one segment from the evidence instead of one per step, so on the reference paths
+        the result matches `decide`'s second read-out to float rounding, not bit for bit.
+        """
+        if self.tp is not None:
+            raise ValueError("read_with_thought runs on one device, not under tensor parallelism")
+        question = request.questions.get(qid)
+        if question is None:
+            raise ValueError(f"request has no question {qid!r}")
+        n = _n_options(question)
+        if n > MAX_LETTERS:
+            raise ValueError(
+                f"question {qid!r} has {n} options: a thought is read only with <= {MAX_LETTERS}"
+            )
+        vocab = self.config.vocab_size
+        if any(not 0 <= int(t) < vocab for t in thought_ids):
+            raise ValueError(f"thought token ids must be in 0..{vocab - 1}")
+        state_text = render_state(request.state)
+        parts = render_parts_for_state_text(state_text, question)
+        tokens = self.prompts.question_ids(parts.question_text, think=True)
+        tokens += [int(t) for t in thought_ids] + list(self.prompts.think_close_ids)
+        evidence = Segment(tuple(self.prompts.evidence_ids(state_text)), self.root)
+        out, packed, rows = self._run([evidence, Segment(tuple(tokens), 0, read=True)])
+        dc = self.decision_config
+        ro = read_letters(
+            out.logits[rows[packed[1]]],
+            self.prompts.letter_token_ids(n),
+            dc.temperature(question.type),
+            coverage=dc.coverage,
+        )
+        rounds = ChoiceRounds(n)
+        rounds.submit([ro])
+        if question.type == "choice":
+            options = list(question.criteria)  # type: ignore[arg-type]
+        else:
+            options = ["yes", "no"] if question.type == "noul" else [str(i) for i in range(n)]
+        return Readout(
+            options=options,
+            probabilities=rounds.probabilities,
+            coverage=_unit(ro.coverage if ro.coverage is not None else 1.0),
+            temperature=dc.temperature(question.type),
+            rounds=[
+                RoundReadout(
+                    options=options,
+                    letters=[chr(ord("A") + i) for i in range(n)],
+                    logits=list(ro.logits),
+                    coverage=_unit(ro.coverage if ro.coverage is not None else 1.0),
+                )
+            ],
+        )
+
     # ------------------------------------------------------------------------------ decide
     def decide(
         self,
@@ -914,6 +970,7 @@ class Engine:
             output_tokens=output_tokens,
             timings={"decide_s": elapsed},
             stopped=stopped,  # type: ignore[arg-type]
+            thought_ids={q.qid: list(q.thought_ids) for q in qs if q.thinking},
         )
 
 

@@ -44,14 +44,16 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
     if not settings.model.is_file():
         raise ConfigError(f"model file not found: {settings.model}")
     from engine.engine import Engine
+    from prism_pipeline.thoughtwatch import ThoughtWatch
 
-    return Engine.load(
+    engine = Engine.load(
         settings.model,
         device=settings.device,
         precision=settings.resolved_precision(),
         decision_config=decision_config_for(settings),
         tp=settings.tp,
     )
+    return ThoughtWatch(engine)  # progress while thinking; thoughts that never close are reported
 
 
 async def serve(worker: Worker) -> None:
