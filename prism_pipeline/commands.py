@@ -250,6 +250,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             gate=args.gate,
             thought_budget=args.thought_budget,
             progress=progress,
+            batch_events=args.batch_events,
         )
     except (EvalError, DemoError) as e:
         sys.stderr.write(f"prism eval: {e}\n")
@@ -304,6 +305,9 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="TOKENS",
         help="AutoThink thought budget in tokens (default: the model's config)",
+    )
+    p.add_argument(
+        "--batch-events", type=int, default=64, metavar="N", help="events per engine call (default 64)"
     )
     p.add_argument(
         "--out", default="eval-out", metavar="DIR", help="where eval.json and eval.png go (default eval-out)"

@@ -143,7 +143,7 @@ def _argmax(p: Sequence[float]) -> int:
 
 
 def run_path(
-    engine: Any, items: list[Item], batch_events: int = 16, progress: Callable[[int, int], None] | None = None
+    engine: Any, items: list[Item], batch_events: int = 64, progress: Callable[[int, int], None] | None = None
 ) -> list[Answered]:
     """Decide every item on `engine` (seeds derived from event ids, as `prism run` does)."""
     from engine.types import DecideRequest
@@ -257,21 +257,25 @@ def agreement(a: Sequence[Answered], b: Sequence[Answered]) -> dict[str, Any]:
 
 
 def cross_read(
-    writer: Sequence[Answered], reader_engine: Any, reader_answers: Sequence[Answered], items: list[Item]
+    writer: Sequence[Answered],
+    reader_engine: Any,
+    reader_answers: Sequence[Answered],
+    items: list[Item],
+    chunk: int = 64,
 ) -> dict[str, Any]:
     """The thoughts `writer` wrote, read by `reader_engine`: accuracy of that read-out, and how
     many of those thoughts differ from the reader's own thought on the same question."""
-    n = correct = differ = both = 0
-    for w, r in zip(writer, reader_answers, strict=True):
-        if w.thought is None:
-            continue
-        item = items[w.event]
-        ro = reader_engine.read_with_thought(item.request, w.qid, w.thought)
-        n += 1
-        correct += _argmax(ro.probabilities) == w.label
-        if r.thought is not None:
-            both += 1
-            differ += r.thought != w.thought
+    pairs = [(w, r) for w, r in zip(writer, reader_answers, strict=True) if w.thought is not None]
+    correct = differ = both = 0
+    for start in range(0, len(pairs), chunk):
+        part = pairs[start : start + chunk]
+        reads = [(items[w.event].request, w.qid, w.thought or []) for w, _ in part]
+        for (w, r), ro in zip(part, reader_engine.read_with_thoughts(reads), strict=True):
+            correct += _argmax(ro.probabilities) == w.label
+            if r.thought is not None:
+                both += 1
+                differ += r.thought != w.thought
+    n = len(pairs)
     return {
         "thoughts": n,
         "correct": correct,
@@ -306,6 +310,7 @@ def evaluate(
     thought_budget: int | None = None,
     load: Callable[[Path, str, Any], Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    batch_events: int = 64,
 ) -> EvalReport:
     """Run `items` through every path and compare them (see the module docstring)."""
     bad = [p for p in paths if p not in PATHS]
@@ -335,7 +340,10 @@ def evaluate(
         t0 = time.perf_counter()
         engines[p] = load(model, p, config)
         answers[p] = run_path(
-            engines[p], items, progress=(lambda d, t, p=p: progress(p, d, t)) if progress else None
+            engines[p],
+            items,
+            batch_events=batch_events,
+            progress=(lambda d, t, p=p: progress(p, d, t)) if progress else None,
         )
         report.paths[p] = path_summary(answers[p])
         report.seconds[p] = round(time.perf_counter() - t0, 2)
