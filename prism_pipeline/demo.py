@@ -73,14 +73,24 @@ def demo_model(cache_dir: Path) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("demo.training_model", path=str(path), note="the bundled model is missing; training it once")
+    try:
+        from ops.train.train_demo_model import RECIPE
+    except ImportError as e:
+        raise DemoError(
+            f"the bundled demo model is missing and its training script cannot be imported ({e}): "
+            "run from the repository root, or pass --model"
+        ) from None
+
     tmp = path.with_suffix(".tmp")
-    done = subprocess.run(
-        [sys.executable, "-m", "ops.train.train_demo_model", "--out", str(tmp)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise DemoError(f"training the demo model failed:\n{done.stderr[-2000:]}")
+    names = {"stage1": str(path.with_suffix(".stage1")), "out": str(tmp)}
+    for stage in RECIPE:
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.train.train_demo_model", *(a.format(**names) for a in stage)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"training the demo model failed:\n{done.stderr[-2000:]}")
     tmp.replace(path)
     return path
 
