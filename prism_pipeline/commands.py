@@ -116,7 +116,7 @@ def _fmt_answer(answer: Any) -> tuple[str, str]:
     mode = max(probs, key=lambda k: probs[k])
     level = answer.legend.get(mode, mode)
     spread = " ".join(f"{k}:{v:.2f}" for k, v in probs.items())
-    return f"{answer.score:.2f} ({mode} {level} {probs[mode]:.2f})", spread
+    return f"{answer.score:.2f} ({mode} {probs[mode]:.2f}: {level})", spread
 
 
 def _clip(text: str, width: int) -> str:
@@ -172,6 +172,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             )
     w = sys.stdout.write
     w(render_table(rows))
+    w(
+        "(yes/no is the wire's `noul` question; answer: the winning option and its probability - for a "
+        "score the expected level, then the likeliest level; thought: AutoThink's thought tokens, - if "
+        "the gate did not fire)\n"
+    )
     w(
         f"\n{result.events} events, {len(result.records)} decision records, "
         f"{result.dead_letters} dead letters, "

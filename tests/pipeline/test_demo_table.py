@@ -42,4 +42,4 @@ def test_yes_no_and_score_show_the_winner() -> None:
         Question.model_validate({"type": "score", "criteria": levels}), [0.0, 0.1, 0.2, 0.6, 0.1]
     )
     row = _row(score)
-    assert "(3 high 0.60)" in row and row.split()[3] == "2.70"
+    assert "(3 0.60: high)" in row and row.split()[3] == "2.70"
