@@ -239,7 +239,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         else:
             if args.holdout_events < 1:
                 raise EvalError("--holdout-events must be >= 1")
-            items, name = holdout_items(args.holdout_events), f"synth hold-out ({args.holdout_events} events)"
+            items, name = holdout_items(args.holdout_events), "the synthetic hold-out (seed 1)"
 
         def progress(path: str, done: int, total: int) -> None:
             sys.stderr.write(f"\r{path}: {done}/{total} events decided")

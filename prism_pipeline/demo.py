@@ -64,7 +64,7 @@ def bundled_model_path() -> Path:
 def demo_model(cache_dir: Path) -> Path:
     """The trained demo decision model: the bundled file (`ops/train/train_demo_model.py` made it;
     README "The demo model"), or, when a checkout lacks it, the same file rebuilt into
-    `cache_dir` by the same deterministic command (about 15 minutes on 2 cores)."""
+    `cache_dir` by the same deterministic commands (`RECIPE`: several runs of 8-20 minutes each)."""
     bundled = bundled_model_path()
     if bundled.is_file():
         return bundled
@@ -82,15 +82,22 @@ def demo_model(cache_dir: Path) -> Path:
         ) from None
 
     tmp = path.with_suffix(".tmp")
-    names = {"stage1": str(path.with_suffix(".stage1")), "out": str(tmp)}
-    for stage in RECIPE:
+    prev = ""
+    for i, stage in enumerate(RECIPE):
+        nxt = str(tmp) if i == len(RECIPE) - 1 else str(path.with_suffix(f".stage{i + 1}"))
         done = subprocess.run(
-            [sys.executable, "-m", "ops.train.train_demo_model", *(a.format(**names) for a in stage)],
+            [
+                sys.executable,
+                "-m",
+                "ops.train.train_demo_model",
+                *(a.format(prev=prev, next=nxt) for a in stage),
+            ],
             capture_output=True,
             text=True,
         )
         if done.returncode != 0:
             raise DemoError(f"training the demo model failed:\n{done.stderr[-2000:]}")
+        prev = nxt
     tmp.replace(path)
     return path
 

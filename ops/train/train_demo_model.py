@@ -322,11 +322,13 @@ def train(
     return summary
 
 
-# How the shipped model was made: two runs, the second continuing from the first with a new
-# cosine schedule (`prism demo` rebuilds the model with these when a checkout lacks the file).
+# How the shipped model was made: runs of this script, each after the first continuing from the
+# one before with a new cosine schedule (`prism demo` rebuilds the model with these when a
+# checkout lacks the file). `{prev}` is the previous run's file, `{out}` the last one's.
 RECIPE: tuple[tuple[str, ...], ...] = (
-    ("--out", "{stage1}"),
-    ("--out", "{out}", "--init", "{stage1}", "--lr", "5e-3", "--seed", "1"),
+    ("--out", "{next}"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "5e-3", "--seed", "1"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "4e-3", "--seed", "2"),
 )
 
 
