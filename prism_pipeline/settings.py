@@ -43,7 +43,13 @@ class WorkerSettings(BaseSettings):
 
     gate: float | None = Field(None, ge=0, le=1, description="AutoThink gate (default: the model's config)")
     thought_budget: int | None = Field(
-        None, ge=0, description="AutoThink thought token budget, also the most an event may ask for"
+        None,
+        ge=0,
+        description=(
+            "AutoThink thought token budget (unset: the decision config's, 4096 by default), also the "
+            "most an event may ask for; a thinking batch logs engine.thinking every 10 s, and a "
+            "thought that never closes is reported (engine.thought_unclosed)"
+        ),
     )
     max_gate: float | None = Field(
         None,
