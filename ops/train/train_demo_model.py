@@ -23,8 +23,10 @@ One thread by default: on a shared 2-core machine a second intra-op thread spins
 op's barrier while descheduled (measured here: 0.4 s a step at 1 thread, 3-6 s at 2).
 
     python -m ops.train.train_demo_model --out stage1.gguf
+    python -m ops.train.train_demo_model --out stage2.gguf --init stage1.gguf --lr 5e-3 --seed 1
+    python -m ops.train.train_demo_model --out stage3.gguf --init stage2.gguf --lr 4e-3 --seed 2
     python -m ops.train.train_demo_model --out prism_pipeline/data/prism-demo-aiops-q8_0.gguf \
-        --init stage1.gguf --lr 5e-3 --seed 1                    (`RECIPE`; the shipped file)
+        --init stage3.gguf --lr 3e-3 --seed 3                    (`RECIPE`; the shipped file)
 """
 
 from __future__ import annotations
@@ -329,6 +331,7 @@ RECIPE: tuple[tuple[str, ...], ...] = (
     ("--out", "{next}"),
     ("--out", "{next}", "--init", "{prev}", "--lr", "5e-3", "--seed", "1"),
     ("--out", "{next}", "--init", "{prev}", "--lr", "4e-3", "--seed", "2"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "3e-3", "--seed", "3"),
 )
 
 
