@@ -25,8 +25,9 @@ op's barrier while descheduled (measured here: 0.4 s a step at 1 thread, 3-6 s a
     python -m ops.train.train_demo_model --out stage1.gguf
     python -m ops.train.train_demo_model --out stage2.gguf --init stage1.gguf --lr 5e-3 --seed 1
     python -m ops.train.train_demo_model --out stage3.gguf --init stage2.gguf --lr 4e-3 --seed 2
+    python -m ops.train.train_demo_model --out stage4.gguf --init stage3.gguf --lr 3e-3 --seed 3
     python -m ops.train.train_demo_model --out prism_pipeline/data/prism-demo-aiops-q8_0.gguf \
-        --init stage3.gguf --lr 3e-3 --seed 3                    (`RECIPE`; the shipped file)
+        --init stage4.gguf --lr 2e-3 --seed 4                    (`RECIPE`; the shipped file)
 """
 
 from __future__ import annotations
@@ -332,6 +333,7 @@ RECIPE: tuple[tuple[str, ...], ...] = (
     ("--out", "{next}", "--init", "{prev}", "--lr", "5e-3", "--seed", "1"),
     ("--out", "{next}", "--init", "{prev}", "--lr", "4e-3", "--seed", "2"),
     ("--out", "{next}", "--init", "{prev}", "--lr", "3e-3", "--seed", "3"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "2e-3", "--seed", "4"),
 )
 
 
