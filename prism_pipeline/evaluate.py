@@ -30,6 +30,7 @@ import orjson
 import structlog
 from pydantic import ValidationError
 
+from engine.readout import _first_argmax as _argmax  # ties go to the earliest option, as answers do
 from prism_pipeline.seeds import derive_seed
 from schemas.systemone import SystemOneRequest
 
@@ -132,14 +133,6 @@ class Answered:
     @property
     def first_correct(self) -> bool:
         return _argmax(self.first) == self.label
-
-
-def _argmax(p: Sequence[float]) -> int:
-    best = 0
-    for i in range(1, len(p)):
-        if p[i] > p[best]:
-            best = i
-    return best
 
 
 def run_path(
