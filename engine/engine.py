@@ -410,6 +410,85 @@ class Engine:
             total += len(self.prompts.question_ids(parts.question_text))
         return total
 
+    def read_with_thought(self, request: SystemOneRequest, qid: str, thought_ids: list[int]) -> Readout:
+        """The letters read after a given thought: question `qid` of `request` with `<think>\n`,
+        `thought_ids`, then `</think>\n\n` (the closing `decide` feeds after a thought).
+
+        Why: comparing precision paths needs a thought written by one path read by another
+        (`prism eval`'s cross-read matrix). The prompt is the one `decide` thinks on; the tokens
+        run as one segment from the evidence instead of one per step, so on the reference paths
+        the result matches `decide`'s second read-out to float rounding, not bit for bit.
+        """
+        return self.read_with_thoughts([(request, qid, thought_ids)])[0]
+
+    def read_with_thoughts(self, reads: list[tuple[SystemOneRequest, str, list[int]]]) -> list[Readout]:
+        """`read_with_thought` for many (request, question id, thought) at once: one forest, each
+        distinct evidence once."""
+        if self.tp is not None:
+            raise ValueError("read_with_thought runs on one device, not under tensor parallelism")
+        vocab = self.config.vocab_size
+        segments: list[Segment] = []
+        evidence_index: dict[tuple[int, ...], int] = {}
+        read_index: list[int] = []
+        questions: list[Question] = []
+        for request, qid, thought_ids in reads:
+            question = request.questions.get(qid)
+            if question is None:
+                raise ValueError(f"request has no question {qid!r}")
+            n = _n_options(question)
+            if n > MAX_LETTERS:
+                raise ValueError(
+                    f"question {qid!r} has {n} options: a thought is read only with <= {MAX_LETTERS}"
+                )
+            if any(not 0 <= int(t) < vocab for t in thought_ids):
+                raise ValueError(f"thought token ids must be in 0..{vocab - 1}")
+            state_text = render_state(request.state)
+            parts = render_parts_for_state_text(state_text, question)
+            tokens = self.prompts.question_ids(parts.question_text, think=True)
+            tokens += [int(t) for t in thought_ids] + list(self.prompts.think_close_ids)
+            key = tuple(self.prompts.evidence_ids(state_text))
+            if key not in evidence_index:
+                evidence_index[key] = len(segments)
+                segments.append(Segment(key, self.root))
+            read_index.append(len(segments))
+            segments.append(Segment(tuple(tokens), evidence_index[key], read=True))
+            questions.append(question)
+        if not reads:
+            return []
+        out, packed, rows = self._run(segments)
+        dc = self.decision_config
+        result: list[Readout] = []
+        for question, i in zip(questions, read_index, strict=True):
+            n = _n_options(question)
+            ro = read_letters(
+                out.logits[rows[packed[i]]],
+                self.prompts.letter_token_ids(n),
+                dc.temperature(question.type),
+                coverage=dc.coverage,
+            )
+            rounds = ChoiceRounds(n)
+            rounds.submit([ro])
+            if question.type == "choice":
+                options = list(question.criteria)  # type: ignore[arg-type]
+            else:
+                options = ["yes", "no"] if question.type == "noul" else [str(i) for i in range(n)]
+            coverage = _unit(ro.coverage if ro.coverage is not None else 1.0)
+            letters_shown = [chr(ord("A") + k) for k in range(n)]
+            result.append(
+                Readout(
+                    options=options,
+                    probabilities=rounds.probabilities,
+                    coverage=coverage,
+                    temperature=dc.temperature(question.type),
+                    rounds=[
+                        RoundReadout(
+                            options=options, letters=letters_shown, logits=list(ro.logits), coverage=coverage
+                        )
+                    ],
+                )
+            )
+        return result
+
     # ------------------------------------------------------------------------------ decide
     def decide(
         self,
@@ -1042,6 +1121,7 @@ class Engine:
             output_tokens=output_tokens,
             timings={"decide_s": elapsed},
             stopped=stopped,  # type: ignore[arg-type]
+            thought_ids={q.qid: list(q.thought_ids) for q in qs if q.thinking},
         )
 
 

@@ -85,3 +85,6 @@ class DecideResult:
     # to the first read-out for the cut questions, which depends on timing, so callers must not
     # publish it as a decision (HTTP answers 504, the worker dead-letters the event).
     stopped: StopReason | None = None
+    # The sampled thought tokens per question that thought (the trace holds their decoded text,
+    # which need not re-encode to the same tokens): what `Engine.read_with_thought` takes back.
+    thought_ids: dict[str, list[int]] = field(default_factory=dict)

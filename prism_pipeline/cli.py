@@ -8,7 +8,8 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 from prism_pipeline.backfill import add_backfill
-from prism_pipeline.commands import add_demo, add_run
+from prism_pipeline.commands import add_demo, add_eval, add_run
+from prism_pipeline.helptext import polish
 from prism_pipeline.logs import configure_logging, install_stack_dump
 from prism_pipeline.replay import add_replay
 from prism_pipeline.serve import add_serve
@@ -21,15 +22,29 @@ def package_version() -> str:
         return "0+unknown"
 
 
-def _cmd_version(args: argparse.Namespace) -> int:
+def version_lines() -> list[str]:
+    """What each version number versions. Records carry the engine and render versions (what a
+    decision depends on); the package version names the release of the CLI and pipeline code."""
     import torch
 
-    sys.stdout.write(f"prism {package_version()} (torch {torch.__version__})\n")
+    from engine.engine import ENGINE_VERSION
+    from engine.prompt import RENDER_VERSION
+
+    return [
+        f"prism {package_version()}  (the package: CLI and pipeline)",
+        f"engine {ENGINE_VERSION}  (model.engine_version in every decision record; moves when decisions can)",
+        f"prompt {RENDER_VERSION}  (model.render_version in every decision record)",
+        f"torch {torch.__version__}",
+    ]
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    sys.stdout.write("\n".join(version_lines()) + "\n")
     return 0
 
 
 def _add_version(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("version", help="print the Prism version")
+    p = sub.add_parser("version", help="print the package, engine (as in records) and prompt-render versions")
     p.set_defaults(func=_cmd_version)
 
 
@@ -41,6 +56,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_serve,
     add_replay,
     add_backfill,
+    add_eval,
 ]
 
 
@@ -54,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    polish(parser)
     return parser
 
 

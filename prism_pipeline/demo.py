@@ -1,6 +1,6 @@
 """`prism demo`: the whole pipeline on one machine, end to end.
 
-Starts the local Kafka broker, generates a small demo model (or uses `--model`), creates topics,
+Starts the local Kafka broker, takes the bundled trained demo model (or `--model`), creates topics,
 publishes the bundled sample alerts and tickets, runs one worker until every event has its
 outcome, reads the decision records back, re-decides them and compares bytes, and shuts down.
 The CLI prints the result; this module only computes it.
@@ -33,9 +33,7 @@ from schemas.record import DecisionRecord
 
 log = structlog.get_logger(__name__)
 
-DEMO_DIMS = "small"
-DEMO_QUANT = "Q8_0"
-DEMO_THOUGHT_BUDGET = 8
+DEMO_MODEL_FILE = "prism-demo-aiops-q8_0.gguf"
 INPUT_PARTITIONS = 3
 
 
@@ -59,31 +57,47 @@ def sample_events_path() -> Path:
     return Path(str(resources.files("prism_pipeline") / "data" / "sample_events.jsonl"))
 
 
+def bundled_model_path() -> Path:
+    return Path(str(resources.files("prism_pipeline") / "data" / DEMO_MODEL_FILE))
+
+
 def demo_model(cache_dir: Path) -> Path:
-    """The generated demo model, made once (random weights, the real Qwen3.5 vocabulary)."""
-    path = cache_dir / "models" / f"prism-demo-{DEMO_DIMS}-{DEMO_QUANT.lower()}.gguf"
+    """The trained demo decision model: the bundled file (`ops/train/train_demo_model.py` made it;
+    README "The demo model"), or, when a checkout lacks it, the same file rebuilt into
+    `cache_dir` by the same deterministic commands (`RECIPE`: several runs of 8-20 minutes each)."""
+    bundled = bundled_model_path()
+    if bundled.is_file():
+        return bundled
+    path = cache_dir / "models" / DEMO_MODEL_FILE
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("demo.generating_model", path=str(path), dims=DEMO_DIMS, quant=DEMO_QUANT)
+    log.info("demo.training_model", path=str(path), note="the bundled model is missing; training it once")
+    try:
+        from ops.train.train_demo_model import RECIPE
+    except ImportError as e:
+        raise DemoError(
+            f"the bundled demo model is missing and its training script cannot be imported ({e}): "
+            "run from the repository root, or pass --model"
+        ) from None
+
     tmp = path.with_suffix(".tmp")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engine.testing.make_model",
-            "--out",
-            str(tmp),
-            "--quant",
-            DEMO_QUANT,
-            "--dims",
-            DEMO_DIMS,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise DemoError(f"generating the demo model failed:\n{done.stderr[-2000:]}")
+    prev = ""
+    for i, stage in enumerate(RECIPE):
+        nxt = str(tmp) if i == len(RECIPE) - 1 else str(path.with_suffix(f".stage{i + 1}"))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ops.train.train_demo_model",
+                *(a.format(prev=prev, next=nxt) for a in stage),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise DemoError(f"training the demo model failed:\n{done.stderr[-2000:]}")
+        prev = nxt
     tmp.replace(path)
     return path
 
@@ -178,7 +192,16 @@ async def _run(engine: DecisionEngine, events: list[bytes], timeout: float) -> D
         next_report = t0 + 5.0
         while worker.published < len(events) and not task.done():
             if time.monotonic() >= next_report:
-                log.info("demo.progress", decided=worker.published, events=len(events))
+                if worker.published == 0:
+                    # The first batch is the long one: the engine's first forest pass, and any
+                    # AutoThink thoughts (engine.thinking lines show them).
+                    log.info(
+                        "demo.waiting_for_first_batch",
+                        events=len(events),
+                        seconds=round(time.monotonic() - t0),
+                    )
+                else:
+                    log.info("demo.progress", decided=worker.published, events=len(events))
                 next_report += 5.0
             if time.monotonic() > deadline:
                 worker.request_stop()
@@ -213,7 +236,11 @@ async def _run(engine: DecisionEngine, events: list[bytes], timeout: float) -> D
         records.sort(key=lambda r: order.get(inputs[(r.input.partition, r.input.offset)], 0))
         result.records = records
         log.info("demo.replaying", records=len(published))
-        result.replay_mismatches = await asyncio.to_thread(redecide, engine, published)
+
+        def replayed(done: int, total: int) -> None:
+            log.info("demo.replay_progress", re_decided=done, records=total)
+
+        result.replay_mismatches = await asyncio.to_thread(redecide, engine, published, progress=replayed)
     return result
 
 
@@ -237,9 +264,6 @@ def run_demo(
     if not raw:
         raise DemoError("no events to publish")
     model_path = model if model is not None else demo_model(cache_dir)
-    if model is None and thought_budget is None:
-        # The generated model has random weights: its thoughts are noise, so keep them short.
-        thought_budget = DEMO_THOUGHT_BUDGET
     settings = WorkerSettings(
         model=model_path,
         device=device,

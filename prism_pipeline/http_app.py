@@ -305,7 +305,7 @@ def create_app(
         response_model=SystemOneResponse,
         responses=_ERRORS,
         dependencies=auth,
-        summary="Answer typed questions (noul, choice, score) about a state",
+        summary="Answer typed questions (noul = yes/no, choice, score) about a state",
         openapi_extra={
             "requestBody": {
                 "required": True,

@@ -44,8 +44,9 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
     if not settings.model.is_file():
         raise ConfigError(f"model file not found: {settings.model}")
     from engine.engine import Engine
+    from prism_pipeline.thoughtwatch import ThoughtWatch
 
-    return Engine.load(
+    engine = Engine.load(
         settings.model,
         device=settings.device,
         precision=settings.resolved_precision(),
@@ -53,6 +54,7 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
         tp=settings.tp,
         mmproj=settings.mmproj,  # None: found beside the model by llama.cpp's naming, or none
     )
+    return ThoughtWatch(engine)  # progress while thinking; thoughts that never close are reported
 
 
 async def serve(worker: Worker) -> None:

@@ -21,28 +21,38 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRISM_", extra="forbid")
 
     brokers: str = Field("localhost:9092", description="Kafka bootstrap servers, comma separated")
-    input_topic: str = "prism.evidence"
-    output_topic: str = "prism.decisions"
-    dlq_topic: str = "prism.dead-letters"
-    group_id: str = "prism-workers"
+    input_topic: str = Field("prism.evidence", description="topic the evidence events are read from")
+    output_topic: str = Field("prism.decisions", description="topic the decision records go to (compacted)")
+    dlq_topic: str = Field("prism.dead-letters", description="topic for events that cannot be decided")
+    group_id: str = Field(
+        "prism-workers", description="Kafka consumer group (workers of one group share the partitions)"
+    )
 
-    model: Path | None = Field(None, description="GGUF model file")
+    model: Path | None = Field(None, description="StartLux-Decision GGUF model file")
     mmproj: Path | None = Field(
         None, description="vision projector GGUF for images (default: an mmproj-*.gguf beside the model)"
     )
     decision_config: Path | None = Field(None, description="decision_config.json (default: beside the model)")
-    device: str = "cpu"
-    precision: Literal["auto", "int8", "bf16", "fp32"] = "auto"
+    device: str = Field("cpu", description="engine device: cpu, cuda or cuda:N")
+    precision: Literal["auto", "int8", "bf16", "fp32"] = Field(
+        "auto", description="precision path; auto is int8 on CUDA and fp32 on CPU"
+    )
     tp: int = Field(1, ge=1, description="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
 
     batch_tokens: int = Field(8192, ge=1, description="token budget of one engine batch")
     max_wait_ms: float = Field(20.0, ge=0, description="longest an event waits for its batch to fill")
-    max_batch_events: int = Field(64, ge=1)
+    max_batch_events: int = Field(64, ge=1, description="events in one engine batch at most")
     max_queued_batches: int = Field(4, ge=1, description="batches waiting for the engine before pausing")
 
     gate: float | None = Field(None, ge=0, le=1, description="AutoThink gate (default: the model's config)")
     thought_budget: int | None = Field(
-        None, ge=0, description="AutoThink thought token budget, also the most an event may ask for"
+        None,
+        ge=0,
+        description=(
+            "AutoThink thought token budget (unset: the decision config's, 4096 by default), also the "
+            "most an event may ask for; a thinking batch logs engine.thinking every 10 s, and a "
+            "thought that never closes is reported (engine.thought_unclosed)"
+        ),
     )
     max_gate: float | None = Field(
         None,
@@ -51,23 +61,39 @@ class WorkerSettings(BaseSettings):
         description="highest AutoThink gate an event or question may ask for (unset: any; replay "
         "and backfill of the same records need the same value)",
     )
-    seed_policy: SeedPolicy = "event"
-    fixed_seed: int = Field(0, ge=0)
+    seed_policy: SeedPolicy = Field(
+        "event",
+        description="seed of a record's thoughts: event (its seed, else derived from its id), id, or fixed",
+    )
+    fixed_seed: int = Field(0, ge=0, description="the seed of every event under --seed-policy fixed")
 
     max_questions: int = Field(64, ge=1, description="questions per event before it is dead-lettered")
     max_state_chars: int = Field(1_000_000, ge=1, description="state size before it is dead-lettered")
 
-    exactly_once: bool = False
-    transactional_id_prefix: str = "prism"
+    exactly_once: bool = Field(
+        False, description="transactional producer: records and offsets commit together"
+    )
+    transactional_id_prefix: str = Field(
+        "prism", description="prefix of the transactional ids (exactly-once)"
+    )
 
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port (unset: off)")
-    worker_id: str = Field(default_factory=default_worker_id)
-    commit_interval_ms: float = Field(200.0, gt=0)
+    worker_id: str = Field(
+        default_factory=default_worker_id,
+        description="this worker's name in logs and headers (default HOST-PID)",
+    )
+    commit_interval_ms: float = Field(200.0, gt=0, description="how often acknowledged offsets are committed")
     revoke_timeout_s: float = Field(30.0, gt=0, description="how long a revoke waits for in-flight work")
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    max_poll_records: int = Field(500, ge=1)
-    session_timeout_ms: int = Field(10000, ge=1000)
-    max_poll_interval_ms: int = Field(300000, ge=1000)
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="where a new consumer group starts reading"
+    )
+    max_poll_records: int = Field(500, ge=1, description="records one Kafka poll returns at most")
+    session_timeout_ms: int = Field(
+        10000, ge=1000, description="Kafka session timeout (no heartbeat: rebalance)"
+    )
+    max_poll_interval_ms: int = Field(
+        300000, ge=1000, description="longest gap between polls before Kafka drops the worker"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> WorkerSettings:

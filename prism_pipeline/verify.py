@@ -10,6 +10,7 @@ so events are re-decided in the same batches, in the same order, as the worker's
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prism_pipeline.records import DecisionEngine, build_record, decide_request, provenance
@@ -46,10 +47,13 @@ def redecide(
     seed_policy: SeedPolicy = "event",
     fixed_seed: int = 0,
     limits: Limits | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
-    """Event ids whose re-decided record differs from the published bytes (empty: all equal)."""
+    """Event ids whose re-decided record differs from the published bytes (empty: all equal).
+    `progress(done, total)` runs after each re-decided batch (the demo shows it)."""
     model = provenance(engine)
     mismatches: list[str] = []
+    done = 0
     for group in batch_groups(records):
         events = [parse_event(r.event_raw, limits) for r in group]
         requests = [decide_request(e, seed_policy, fixed_seed) for e in events]
@@ -58,4 +62,7 @@ def redecide(
             again = dumps(build_record(event, request, result, model, rec.input))
             if again != rec.value:
                 mismatches.append(event.event_id)
+        done += len(group)
+        if progress is not None:
+            progress(done, len(records))
     return mismatches

@@ -1,0 +1,394 @@
+"""Train the demo decision model on the synthetic AIOps set and write it as a Q8_0 qwen35 GGUF.
+
+Why: a random-weight model makes every demo answer noise and never closes its thought. This
+trains a small model of the real architecture (Gated DeltaNet + gated attention layers, the real
+248,320-token Qwen3.5 vocabulary, tied embeddings to keep the file small) through exactly the
+prompt the engine renders (`engine.prompt.PromptEncoder`) and exactly the read-out it takes
+(next-token logits at the last prompt position, full vocabulary, the listed letters).
+
+What it learns, per question of `prism_pipeline.synth`:
+- the first read-out: after `<think>\\n\\n</think>\\n\\n` the answer letter (cross-entropy over the
+  full vocabulary, so the mass also stays on the letters: `coverage`);
+- a short thought: after `<think>\\n`, `synth.THOUGHT_TEXT`, then `</think>`, and the same letter
+  after `</think>\\n\\n`. AutoThink thoughts therefore end on their own (a dozen tokens), so the
+  demo needs no artificial thought budget.
+
+The trainable model is HF transformers' `Qwen3_5ForCausalLM` (its pure-torch GDN fallback), which
+the engine's tests already hold the engine's forward against (`engine.testing.hf`); this module
+maps its parameters back to canonical `Weights` (the inverse of `engine.testing.hf`).
+
+Deterministic: fixed seeds, `torch.use_deterministic_algorithms`, a fixed thread count, a fixed
+data order, so the same command writes the same bytes (tests/pipeline/test_demo_model_train.py).
+One thread by default: on a shared 2-core machine a second intra-op thread spins at every small
+op's barrier while descheduled (measured here: 0.4 s a step at 1 thread, 3-6 s at 2).
+
+    python -m ops.train.train_demo_model --out stage1.gguf
+    python -m ops.train.train_demo_model --out stage2.gguf --init stage1.gguf --lr 5e-3 --seed 1
+    python -m ops.train.train_demo_model --out stage3.gguf --init stage2.gguf --lr 4e-3 --seed 2
+    python -m ops.train.train_demo_model --out stage4.gguf --init stage3.gguf --lr 3e-3 --seed 3
+    python -m ops.train.train_demo_model --out prism_pipeline/data/prism-demo-aiops-q8_0.gguf \
+        --init stage4.gguf --lr 2e-3 --seed 4                    (`RECIPE`; the shipped file)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from engine.config import ModelConfig
+from engine.prompt import PromptEncoder, render_parts
+from engine.testing.make_model import dims_config, write_gguf
+from engine.weights import Weights
+from prism_pipeline import synth
+
+log = structlog.get_logger(__name__)
+
+THOUGHT_WEIGHT = 0.3  # loss weight of the thought tokens against the answers
+TRAIN_SEED = 0  # generator seed of the training events; the hold-out uses another (1)
+
+# The shipped model's shape. The file holds the tied 248,320-row embedding (Q8_0: 34 bytes per 32
+# values) and the vocabulary's tokens and merges (about 11 MB of metadata), so hidden 32 is what
+# fits the 20 MB the repository allows (about 19.6 MB); the layers themselves are tiny.
+# The generator's "tiny" shape (3 Gated DeltaNet layers, then a gated attention layer) at hidden 32.
+DEMO_CONFIG = dims_config("tiny", hidden_size=32, tied_embeddings=True)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training row: token ids, and (position, target token, is the answer letter) triples
+    whose loss counts."""
+
+    tokens: list[int]
+    targets: list[tuple[int, int, bool]]
+
+
+def build_examples(
+    events: list[dict[str, Any]], prompts: PromptEncoder
+) -> tuple[list[Example], list[Example]]:
+    """(first read-out rows, thought rows) for every question of `events`, in event order."""
+    tok = prompts.tokenizer
+    thought = tok.encode(synth.THOUGHT_TEXT)
+    close = prompts.think_close_ids
+    end_think = tok.special.end_think
+    firsts: list[Example] = []
+    thinks: list[Example] = []
+    for event in events:
+        state = event["request"]["state"]
+        for qid, question in event["request"]["questions"].items():
+            parts = render_parts(state, question)
+            letter = prompts.letter_ids[parts.option_ids.index(event["labels"][qid])]
+            head = prompts.prefix_ids + prompts.evidence_ids(parts.state_text)
+            first = head + prompts.question_ids(parts.question_text, think=False)
+            firsts.append(Example(first, [(len(first) - 1, letter, True)]))
+            opened = head + prompts.question_ids(parts.question_text, think=True)
+            seq = opened + thought + close
+            targets = [(len(opened) - 1 + i, t, False) for i, t in enumerate(thought)]
+            targets.append((len(opened) + len(thought) - 1, end_think, False))
+            targets.append((len(seq) - 1, letter, True))
+            thinks.append(Example(seq, targets))
+    return firsts, thinks
+
+
+def from_hf_state_dict(
+    config: ModelConfig, sd: dict[str, torch.Tensor], vocab_ids: torch.Tensor | None = None
+) -> Weights:
+    """Canonical `Weights` from HF `Qwen3_5ForCausalLM` parameters: `engine.testing.hf`'s inverse.
+
+    `vocab_ids`: the full-vocabulary token id of each row of a compact trained embedding; every
+    other row is zero (see `train`)."""
+    f = {k: v.detach().float().clone() for k, v in sd.items()}
+    embed = f["model.embed_tokens.weight"]
+    if vocab_ids is not None:
+        full = torch.zeros(config.vocab_size, config.hidden_size)
+        full[vocab_ids] = embed
+        embed = full
+    layers: list[dict[str, torch.Tensor]] = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        w = {
+            "attn_norm": f[p + "input_layernorm.weight"] + 1.0,
+            "post_attention_norm": f[p + "post_attention_layernorm.weight"] + 1.0,
+            "ffn_gate": f[p + "mlp.gate_proj.weight"],
+            "ffn_up": f[p + "mlp.up_proj.weight"],
+            "ffn_down": f[p + "mlp.down_proj.weight"],
+        }
+        if config.is_full_attention(i):
+            a = p + "self_attn."
+            w |= {
+                "attn_q": f[a + "q_proj.weight"],
+                "attn_k": f[a + "k_proj.weight"],
+                "attn_v": f[a + "v_proj.weight"],
+                "attn_output": f[a + "o_proj.weight"],
+                "attn_q_norm": f[a + "q_norm.weight"] + 1.0,
+                "attn_k_norm": f[a + "k_norm.weight"] + 1.0,
+            }
+        else:
+            a = p + "linear_attn."
+            w |= {
+                "attn_qkv": f[a + "in_proj_qkv.weight"],
+                "attn_gate": f[a + "in_proj_z.weight"],
+                "ssm_beta": f[a + "in_proj_b.weight"],
+                "ssm_alpha": f[a + "in_proj_a.weight"],
+                "ssm_conv1d": f[a + "conv1d.weight"][:, 0, :],
+                "ssm_dt": f[a + "dt_bias"],
+                "ssm_a": -torch.exp(f[a + "A_log"]),
+                "ssm_norm": f[a + "norm.weight"],
+                "ssm_out": f[a + "out_proj.weight"],
+            }
+        layers.append({k: v.contiguous() for k, v in w.items()})
+    return Weights(
+        config=config,
+        token_embd=embed,
+        output_norm=f["model.norm.weight"] + 1.0,
+        output=embed,
+        layers=layers,
+    )
+
+
+def _batch(rows: list[Example], remap: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Right-padded compact ids (causal layers never read the padding before a counted position),
+    and the flattened (row, position, compact target, is answer) of every counted position."""
+    width = max(len(r.tokens) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    rr, pp, tt, aa = [], [], [], []
+    for i, r in enumerate(rows):
+        ids[i, : len(r.tokens)] = remap[torch.tensor(r.tokens)]
+        for pos, target, answer in r.targets:
+            rr.append(i)
+            pp.append(pos)
+            tt.append(target)
+            aa.append(answer)
+    return ids, torch.tensor(rr), torch.tensor(pp), remap[torch.tensor(tt)], torch.tensor(aa)
+
+
+def _batches(
+    firsts: list[Example], thinks: list[Example], steps: int, batch: int, think_batch: int, seed: int
+) -> list[list[Example]]:
+    """The whole run's batches, fixed by `seed`: shuffled epochs, then within every window of 8
+    batches sorted by length and cut again, so a batch pads to similar lengths (less waste)."""
+    rng = random.Random(seed)
+
+    def stream(rows: list[Example], n: int) -> list[Example]:
+        out: list[Example] = []
+        while len(out) < n:
+            out += [rows[i] for i in rng.sample(range(len(rows)), len(rows))]
+        return out[:n]
+
+    first = stream(firsts, steps * batch)
+    think = stream(thinks, steps * think_batch) if think_batch else []
+    out: list[list[Example]] = []
+    window = 8
+    for w in range(0, steps, window):
+        n = min(window, steps - w)
+        f = sorted(first[w * batch : (w + n) * batch], key=lambda r: len(r.tokens))
+        t = sorted(think[w * think_batch : (w + n) * think_batch], key=lambda r: len(r.tokens))
+        for k in range(n):
+            out.append(f[k * batch : (k + 1) * batch] + t[k * think_batch : (k + 1) * think_batch])
+    order = list(range(len(out)))
+    rng.shuffle(order)
+    return [out[i] for i in order]
+
+
+def train(
+    out: Path,
+    *,
+    events: int = 3000,
+    steps: int = 1500,
+    batch: int = 16,
+    think_batch: int = 4,
+    lr: float = 8e-3,
+    seed: int = 0,
+    threads: int = 1,
+    config: ModelConfig = DEMO_CONFIG,
+    log_every: int = 25,
+    init: Path | None = None,
+) -> dict[str, Any]:
+    """Train and write the GGUF at `out`; returns a summary (sha256, losses, seconds).
+
+    `init`: start from the weights of a GGUF this script wrote (another run of more steps from
+    where it ended; its config must match), instead of a fresh initialisation.
+
+    Only the tokens the training prompts use are trained (a compact embedding); every other row
+    of the 248,320-token vocabulary is written as zeros. A zero row's logit is exactly 0, so the
+    loss is the exact full-vocabulary cross-entropy: the compact logits plus one column holding
+    log(number of zero rows). Evidence tokens the model never saw embed as zero vectors.
+    """
+    if steps < 1 or batch < 1 or think_batch < 0 or events < 1:
+        raise ValueError("steps, batch and events must be >= 1 and think_batch >= 0")
+    from transformers import Qwen3_5ForCausalLM
+
+    from engine.testing.hf import to_hf_config
+    from engine.testing.vocab import qwen35_tokenizer, qwen35_vocab
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    prompts = PromptEncoder(qwen35_tokenizer())
+    data = list(synth.generate(events, TRAIN_SEED, "train"))
+    firsts, thinks = build_examples(data, prompts)
+    used = sorted({t for r in firsts + thinks for t in r.tokens} | set(prompts.letter_ids))
+    vocab_ids = torch.tensor(used)
+    remap = torch.full((config.vocab_size,), -1, dtype=torch.long)
+    remap[vocab_ids] = torch.arange(len(used))
+    background = math.log(config.vocab_size - len(used))
+    plan = _batches(firsts, thinks, steps, batch, think_batch, seed)
+    letter_rows = remap[torch.tensor(prompts.letter_ids)]
+    letter_col = torch.full((len(used),), -1, dtype=torch.long)
+    letter_col[letter_rows] = torch.arange(len(letter_rows))
+    log.info(
+        "train.data",
+        events=len(data),
+        questions=len(firsts),
+        trained_tokens=len(used),
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+
+    hf_config = to_hf_config(replace(config, vocab_size=len(used)))
+    model = Qwen3_5ForCausalLM(hf_config)
+    with torch.no_grad():  # final norm 1 + 3: logits start 4x larger, so they clear the background sooner
+        model.model.norm.weight.fill_(3.0)
+    if init is not None:
+        from engine.loader import load_weights
+        from engine.testing.hf import to_hf_state_dict
+
+        start = load_weights(init)
+        if start.config != config:
+            raise ValueError(f"{init} has another shape than the one being trained")
+        sd = to_hf_state_dict(start)
+        sd["model.embed_tokens.weight"] = start.token_embd[vocab_ids]
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        model.load_state_dict(sd, strict=True)
+    model.train()
+    params = dict(model.named_parameters())
+    decay = [p for p in params.values() if p.ndim >= 2]
+    rest = [p for p in params.values() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
+    warmup = max(1, steps // 20)
+    losses: list[float] = []
+    embed = model.model.embed_tokens.weight
+    for step, rows in enumerate(plan):
+        ids, rr, pp, tt, answer = _batch(rows, remap)
+        hidden = model.model(input_ids=ids).last_hidden_state  # after the final norm
+        logits = hidden[rr, pp] @ embed.T  # tied LM head over the trained rows, counted positions only
+        full = torch.cat([logits, logits.new_full((len(tt), 1), background)], dim=1)
+        ce = torch.nn.functional.cross_entropy(full, tt, reduction="none")
+        # Answers weigh most (a mean of their own); the templated thought tokens are easy and many.
+        loss = ce[answer].mean()
+        if bool((~answer).any()):
+            loss = loss + THOUGHT_WEIGHT * ce[~answer].mean()
+        # The read-out itself (softmax over the letters): a direct signal from the first step,
+        # while the full-vocabulary term is still lifting the letters above the background.
+        picked = logits[answer][:, letter_rows]
+        loss = loss + torch.nn.functional.cross_entropy(picked, letter_col[tt[answer]])
+        scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        for g in opt.param_groups:
+            g["lr"] = lr * max(scale, 0.02)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            recent = losses[-log_every:]
+            log.info(
+                "train.step",
+                step=step,
+                loss=round(sum(recent) / len(recent), 4),
+                seconds=round(time.perf_counter() - t0, 1),
+            )
+    weights = from_hf_state_dict(config, model.state_dict(), vocab_ids)
+    write_gguf(out, weights, "Q8_0", vocab=qwen35_vocab())
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    summary = {
+        "path": str(out),
+        "sha256": digest,
+        "bytes": out.stat().st_size,
+        "steps": steps,
+        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    log.info("train.done", **summary)
+    return summary
+
+
+# How the shipped model was made: runs of this script, each after the first continuing from the
+# one before with a new cosine schedule (`prism demo` rebuilds the model with these when a
+# checkout lacks the file). `{prev}` is the previous run's file, `{out}` the last one's.
+RECIPE: tuple[tuple[str, ...], ...] = (
+    ("--out", "{next}"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "5e-3", "--seed", "1"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "4e-3", "--seed", "2"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "3e-3", "--seed", "3"),
+    ("--out", "{next}", "--init", "{prev}", "--lr", "2e-3", "--seed", "4"),
+)
+
+
+def tiny_config() -> ModelConfig:
+    """A smaller shape for the determinism test (seconds, not minutes)."""
+    return replace(DEMO_CONFIG, intermediate_size=32, num_attention_heads=2, num_kv_heads=1, head_dim=16)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m ops.train.train_demo_model", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="MODEL.gguf", help="where to write the Q8_0 GGUF"
+    )
+    p.add_argument("--events", type=int, default=3000, metavar="N", help="synthetic training events")
+    p.add_argument("--steps", type=int, default=1500, metavar="N", help="optimizer steps")
+    p.add_argument("--batch", type=int, default=16, metavar="N", help="first read-out rows per step")
+    p.add_argument("--think-batch", type=int, default=4, metavar="N", help="thought rows per step")
+    p.add_argument("--lr", type=float, default=8e-3, metavar="LR", help="peak learning rate (cosine decay)")
+    p.add_argument("--seed", type=int, default=0, metavar="SEED", help="initialisation and data-order seed")
+    p.add_argument(
+        "--threads", type=int, default=1, metavar="N", help="torch threads (default 1; fixed: same bytes)"
+    )
+    p.add_argument("--layers", type=int, default=DEMO_CONFIG.num_layers, metavar="N", help="decoder layers")
+    p.add_argument(
+        "--attention-every",
+        type=int,
+        default=DEMO_CONFIG.full_attention_interval,
+        metavar="N",
+        help="every N-th layer is gated attention, the others Gated DeltaNet",
+    )
+    p.add_argument("--init", type=Path, default=None, metavar="MODEL.gguf", help="continue from this model")
+    p.add_argument("--tiny", action="store_true", help="a tiny shape (tests: determinism in seconds)")
+    p.add_argument("--log-every", type=int, default=25, metavar="N", help="log the loss every N steps")
+    a = p.parse_args(argv)
+    try:
+        train(
+            a.out,
+            events=a.events,
+            steps=a.steps,
+            batch=a.batch,
+            think_batch=a.think_batch,
+            lr=a.lr,
+            seed=a.seed,
+            threads=a.threads,
+            config=tiny_config()
+            if a.tiny
+            else replace(DEMO_CONFIG, num_layers=a.layers, full_attention_interval=a.attention_every),
+            log_every=a.log_every,
+            init=a.init,
+        )
+    except ValueError as e:
+        p.error(str(e))
+
+
+if __name__ == "__main__":
+    main()
