@@ -19,6 +19,7 @@ METAVARS: dict[str, str] = {
     "dlq_topic": "TOPIC",
     "group_id": "GROUP",
     "model": "MODEL.gguf",
+    "mmproj": "MMPROJ.gguf",
     "decision_config": "CONFIG.json",
     "device": "DEVICE",
     "tp": "N",

@@ -399,6 +399,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "--mmproj",
         type=Path,
         default=None,
+        metavar="MMPROJ.gguf",
         help="vision projector GGUF (default: mmproj-*.gguf beside --model)",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
