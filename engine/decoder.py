@@ -12,6 +12,8 @@ one token per `step`:
   place (doubling, up to the thought budget plus the closing tokens); ancestor K/V are read
   where they lie, through a device-side piece table of offsets (`engine.kernels.decode_rows`,
   `engine.kernels.decode_attention`): the shared system and evidence K/V are never copied.
+- Attention products: fp32 ("ieee") or, as the one-pass body's `attention_dots`, bf16 / tf32
+  tensor-core dots (the engine hands the decoder its body's setting: the CUDA default's bf16).
 - Linears: the int8 path's own arithmetic (`engine.quant`): per-row int8 activations (fused
   with the preceding RMSNorm / SwiGLU / gated norm where there is one), exact int32 products,
   the fixed fp32 epilogue, residual adds fused into the GEMM epilogue.
@@ -111,6 +113,7 @@ class Decoder:
         graphs: bool | None = None,
         buckets: tuple[int, ...] = BUCKETS,
         max_pieces: int = MAX_PIECES,
+        attention_dots: str = "ieee",
     ) -> None:
         if not isinstance(weights.output, QuantLinear):
             raise ValueError("the decoder runs the int8 path: weights must hold QuantLinear linears")
@@ -121,6 +124,9 @@ class Decoder:
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need CUDA weights")
         group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        if attention_dots not in ("ieee", "tf32", "bf16"):
+            raise ValueError(f"attention_dots must be ieee, tf32 or bf16, got {attention_dots!r}")
+        self.attention_dots = attention_dots  # the body's setting (engine.engine.CUDA_BODY_SETTINGS)
         self.buckets = tuple(sorted(buckets))
         self.max_pieces = max_pieces
         c = self.config
@@ -362,5 +368,7 @@ class Decoder:
             num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
             eps=c.rms_norm_eps,
         )  # fmt: skip
-        out = decode_attention(q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads)
+        out = decode_attention(
+            q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads, dots=self.attention_dots
+        )
         return attention_output_residual(out, layer, h)

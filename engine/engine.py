@@ -89,7 +89,9 @@ Mode = Literal["forest", "per_question"]
 # runs the one-pass body by default, and the coverage sums are exact integer-limb sums; thought
 # draws are keyed by content (seed, evidence digest, question tokens), not by event id and
 # question key (engine.sampling.thought_key): every thought, and so its second read-out, moves.
-ENGINE_VERSION = "0.3.0"
+# 0.4.0: CUDA thoughts decode with the body's attention dots (bf16 on the CUDA default), and a
+# top-k draw is plain float64 Python arithmetic (engine.sampling._draw): CUDA thoughts move.
+ENGINE_VERSION = "0.4.0"
 # StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
 MAX_REQUEST_TOKENS = 40_000
 # An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
@@ -1007,7 +1009,11 @@ class Engine:
         if decoder is None:
             # Under tensor parallelism the step holds collectives: run it eagerly (same kernels,
             # same bits as the graph) rather than capture NCCL calls in a CUDA graph.
-            decoder = Decoder(self.weights, graphs=False if self.tp is not None else None)
+            decoder = Decoder(
+                self.weights,
+                graphs=False if self.tp is not None else None,
+                attention_dots=self.body.attention_dots if self.body is not None else "ieee",
+            )
             self._decoder = decoder
         return decoder
 

@@ -55,9 +55,10 @@ def sample_token(logits: torch.Tensor, u: float, *, temperature: float, top_p: f
         return int(torch.argmax(wide))  # first maximum
     # order: probability descending, then token id ascending (stable sort on ids)
     order = torch.argsort(-wide, stable=True)
-    if top_k > 0:
+    if 0 < top_k < wide.numel():
         order = order[:top_k]
-    return _draw(wide[order], order, u, temperature=temperature, top_p=top_p)
+        return _draw(wide[order].tolist(), order.tolist(), u, temperature=temperature, top_p=top_p)
+    return _draw_wide(wide[order], order, u, temperature=temperature, top_p=top_p)
 
 
 def sample_tokens(
@@ -65,12 +66,15 @@ def sample_tokens(
 ) -> list[int]:
     """`sample_token` for every row of logits [n, vocab] (any device) with its own uniform us[row].
 
-    Returns exactly the tokens `sample_token` returns row by row, without sorting each full row
-    on the host: with top-k on, each row's candidates - every logit >= its k-th largest, so
-    ties at the cut are all there - are found on the device and only those move to the host,
-    where they are ordered (logit descending, id ascending), cut to k and drawn from in the
-    same float64 arithmetic. Everything is per row: a row's token never depends on the others.
-    With top-k off (0, or at least the vocabulary) each row falls back to `sample_token`.
+    Returns exactly the tokens `sample_token` returns row by row, without sorting any full row:
+    with top-k on, `torch.topk` finds each row's k largest on the logits' device, and one copy
+    brings them to the host with, per row, how many logits reach the k-th largest. Where that
+    count is k (the usual case) those k are the row's candidates; where a tie straddles the cut
+    (more logits equal the k-th), every logit >= it is fetched for that row, so the cut keeps
+    the lowest ids exactly as the full sort does. The host orders the candidates (logit
+    descending, id ascending) and draws in float64. With top-k off (0, or at least the
+    vocabulary) each row falls back to `sample_token`. Everything is per row: a row's token
+    never depends on the others.
     """
     if logits.dim() != 2 or logits.shape[0] != len(us):
         raise ValueError(f"need logits [n, vocab] and n uniforms, got {tuple(logits.shape)} and {len(us)}")
@@ -86,20 +90,27 @@ def sample_tokens(
             sample_token(logits[r], u, temperature=temperature, top_p=top_p, top_k=top_k)
             for r, u in enumerate(us)
         ]
-    x = logits.detach()
-    kth = torch.topk(x, top_k, dim=-1).values[:, -1:]  # the k-th largest value (exact, whatever the ties)
-    mask = x >= kth
-    where = mask.nonzero()  # row-major: rows ascending, ids ascending within a row
-    values = x[where[:, 0], where[:, 1]].to(device="cpu", dtype=torch.float64)
-    ids = where[:, 1].cpu()
-    counts = mask.sum(dim=-1).cpu().tolist()
+    x = logits.detach().float()
+    values, ids = torch.topk(x, top_k, dim=-1)  # the k largest per row (their order among ties: any)
+    reach = (x >= values[:, -1:]).sum(dim=-1, keepdim=True)  # logits >= the k-th largest
+    # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
+    packed = torch.cat([ids, values.view(torch.int32).long(), reach], dim=1).cpu()
+    rows_ids = packed[:, :top_k].tolist()
+    rows_values = packed[:, top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
+    reaches = packed[:, -1].tolist()
     tokens: list[int] = []
-    start = 0
     for r, u in enumerate(us):
-        v, i = values[start : start + counts[r]], ids[start : start + counts[r]]
-        start += counts[r]
-        order = torch.argsort(-v, stable=True)[:top_k]
-        tokens.append(_draw(v[order], i[order], u, temperature=temperature, top_p=top_p))
+        if reaches[r] == top_k:
+            pairs = list(zip(rows_values[r], rows_ids[r], strict=True))
+        else:  # a tie across the cut: all the tied logits, so the lowest ids stay
+            row = x[r]
+            where = (row >= values[r, -1]).nonzero()[:, 0]
+            pairs = list(zip(row[where].double().tolist(), where.tolist(), strict=True))
+        pairs.sort(key=lambda pair: (-pair[0], pair[1]))
+        del pairs[top_k:]
+        tokens.append(
+            _draw([v for v, _ in pairs], [i for _, i in pairs], u, temperature=temperature, top_p=top_p)
+        )
     return tokens
 
 
@@ -108,8 +119,41 @@ def _check_uniform(u: float) -> None:
         raise ValueError(f"u must be in [0, 1), got {u}")
 
 
-def _draw(candidates: torch.Tensor, ids: torch.Tensor, u: float, *, temperature: float, top_p: float) -> int:
-    """Inverse-CDF draw over candidates (float64 logits, already in sampling order) with top-p."""
+def _draw(candidates: list[float], ids: list[int], u: float, *, temperature: float, top_p: float) -> int:
+    """Inverse-CDF draw over top-k candidates (logits as float64, already in sampling order).
+
+    Plain float64 arithmetic in a fixed order (Python floats, `math.exp`, `math.fsum`): a
+    candidate list gives the same token wherever it came from, one row or a batch. The
+    probabilities are exp(l/T - max) / their fsum; top-p keeps the shortest head whose running
+    sum (left to right) reaches top_p; the draw walks that head until u * its fsum is passed.
+    """
+    scaled = [v / temperature for v in candidates]
+    top = scaled[0]
+    weights = [math.exp(s - top) for s in scaled]
+    norm = math.fsum(weights)
+    probs = [w / norm for w in weights]
+    if top_p < 1.0:
+        running, keep = 0.0, len(probs)
+        for i, p in enumerate(probs):
+            running += p
+            if running >= top_p:
+                keep = i + 1
+                break
+        del probs[keep:]
+    target = u * math.fsum(probs)
+    running = 0.0
+    for i, p in enumerate(probs):
+        running += p
+        if target < running:
+            return int(ids[i])
+    return int(ids[len(probs) - 1])
+
+
+def _draw_wide(
+    candidates: torch.Tensor, ids: torch.Tensor, u: float, *, temperature: float, top_p: float
+) -> int:
+    """`_draw` for top-k off (the whole vocabulary, sorted): the same steps as torch float64 ops,
+    since a Python loop over every token would take tens of milliseconds."""
     scaled = candidates / temperature
     probs = torch.softmax(scaled - scaled.max(), dim=0)
     if top_p < 1.0:

@@ -51,15 +51,23 @@ libdevice: Any = None
 
 NUM_WARPS = 4
 SPLITS = 16  # programs per (row, KV head) over the prefix; a constant: it decides the bits
-# a split program's blocks are far apart: no software pipeline (50 KB shared at 27B, four
-# programs per SM); 8 warps: 110 registers, no spills (4 warps spill 7 KB; sm_90, Triton 3.6)
+# a split program's blocks are far apart: no software pipeline. Warps per split program by dot
+# precision, from `ops/bench/bench_decode_attention.py` on the H200 (2026-12-01, 27B heads, us
+# per layer at 1 / 64 rows of 283 tokens and 1 row of 8,219): fp32 FMA dots need 8 warps (110
+# registers, no spills; 4 warps spill: 134 / 1,792 / 2,370), 23.8 / 269 / 232; bf16
+# tensor-core dots run best on 4, 14.7 / 87.0 / 71.8 (8 warps: 14.8 / 132 / 74.9; tf32 not
+# measured, given bf16's). S = 4 or 8 would be faster at 64 short rows (65 / 74 us) but 3.2x /
+# 1.7x slower after long evidence.
 SPLIT_STAGES = 1
-SPLIT_WARPS = 8
+SPLIT_WARPS = {"ieee": 8, "tf32": 4, "bf16": 4}
+
+
+BLOCK_L_WIDE = 32  # keys per block at head_dim >= 256 (64 below): a [BLOCK_L, head_dim] fp32 tile
 
 
 def _block_l(head_dim: int) -> int:
     """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
-    return 32 if head_dim >= 256 else 64
+    return BLOCK_L_WIDE if head_dim >= 256 else 64
 
 
 def _norm_rope(src, w_ptr, rope_ptr, eps, HD: tl.constexpr, RD: tl.constexpr):
@@ -168,7 +176,7 @@ def _reduce_piece(
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    P: tl.constexpr, BL: tl.constexpr, ON_GPU: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -195,7 +203,7 @@ def _attention_kernel(
         k_base += kvh * head_rows * HD
         v_base += kvh * head_rows * HD
         last = tl.full((GP,), 0, tl.int64) + n - 1  # every key of the piece (the own one ends here)
-        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL, "ieee", ON_GPU)
+        m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL, DOTS, ON_GPU)
         # fold the piece into the running result (an empty piece changes nothing)
         has = n > 0
         m_new = tl.where(has, tl.maximum(m, m_p), m)
@@ -220,7 +228,7 @@ def _attention_kernel(
 def _attention_split_kernel(
     q_ptr, base_ptr, rows_ptr, pieces_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, ON_GPU: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (row, KV head, s): the chunks numbered s mod S of the row's pieces (see the
     module docstring), folded in order into one partial (max, sum, output) per query head."""
@@ -253,7 +261,7 @@ def _attention_split_kernel(
             count = tl.minimum(n - j * BL, BL)
             last = tl.full((GP,), 0, tl.int64) + count - 1
             m_p, sum_p, acc_p = _reduce_piece(
-                q, k_base + j * BL * HD, v_base + j * BL * HD, count, last, scale, GP, HD, BL, "ieee", ON_GPU
+                q, k_base + j * BL * HD, v_base + j * BL * HD, count, last, scale, GP, HD, BL, DOTS, ON_GPU
             )
             m_new = tl.maximum(m, m_p)
             old_scale = tl.exp(m - m_new)
@@ -392,14 +400,19 @@ def decode_attention(
     *,
     num_kv_heads: int,
     splits: int | None = None,
+    dots: str = "ieee",
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [B, nh * hd] of queries q [B, nh, hd] over each row's pieces.
 
     The gate is the second half of each head's [q | gate] in qg [B, nh * 2 * hd]. `splits`
     (default `SPLITS`; 1: one program per row and KV head) fixes the prefix split, and with
-    it the bits: a decoder keeps one value for every step and batch.
+    it the bits: a decoder keeps one value for every step and batch. `dots`: "ieee" (fp32 FMA
+    products, the reference's arithmetic to rounding), or "bf16" / "tf32" tensor-core products
+    (as the body's `attention_dots`: q, k, the probabilities and v rounded, fp32 accumulation).
     """
+    if dots not in ("ieee", "tf32", "bf16"):
+        raise ValueError(f"dots must be ieee, tf32 or bf16, got {dots!r}")
     b, nh, hd = q.shape
     _check_tables(rows, pieces, b)
     if not use_triton(backend, q):
@@ -417,7 +430,7 @@ def decode_attention(
         _attn_split[(b, num_kv_heads, splits)](
             q.contiguous(), base, rows, pieces, ws_m, ws_l, ws_acc, hd**-0.5,
             NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=gp, P=pieces.shape[1], BL=_block_l(hd), S=splits,
-            num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES, enable_fp_fusion=False,
+            DOTS=dots, num_warps=SPLIT_WARPS[dots], num_stages=SPLIT_STAGES, enable_fp_fusion=False,
         )  # fmt: skip
         _attn_combine[(b, num_kv_heads)](
             qg, rows, ws_m, ws_l, ws_acc, out, qg.stride(0),
@@ -428,7 +441,7 @@ def decode_attention(
     _attn[(b, num_kv_heads)](
         q.contiguous(), qg, base, rows, pieces, out, qg.stride(0), hd**-0.5,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=max(16, next_pow2(group)), P=pieces.shape[1],
-        BL=_block_l(hd), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        BL=_block_l(hd), DOTS=dots, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

@@ -217,7 +217,8 @@ class Bench:
 
     def decoder(self) -> Decoder:
         if self._decoder is None:
-            self._decoder = Decoder(self.weights, graphs=self.graphs)
+            dots = self.body.attention_dots if self.body is not None else "ieee"
+            self._decoder = Decoder(self.weights, graphs=self.graphs, attention_dots=dots)
         return self._decoder
 
 
@@ -303,7 +304,8 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
 
     segs = [Segment(bench.tokens(256), bench.root, read=True) for _ in range(sequences)]
     out = bench.run(build_forest(segs))
-    graphed, eager = bench.decoder(), Decoder(bench.weights, graphs=False)
+    graphed = bench.decoder()
+    eager = Decoder(bench.weights, graphs=False, attention_dots=graphed.attention_dots)
     tokens = [7] * sequences
     us = [0.5] * sequences
     for decoder, name in ((graphed, "graph"), (eager, "eager")):

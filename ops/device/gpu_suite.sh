@@ -10,7 +10,7 @@
 # Logs: $OUT/gpu_suite.log (whole output, slowest tests), $OUT/gpu_suite.xml (JUnit).
 set -uo pipefail
 source ops/device/setup.sh
-SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"}
+SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"}
 # The CPU-only tensor-parallel cases (gloo ranks on CPU: 204 s of a device call on 2026-12-01, and
 # CI runs them) are left out unless CPU_TP=1, so the CUDA set fits one call.
 CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits_of_one_process[cpu]

@@ -34,15 +34,35 @@ def _rows(n: int, gen: torch.Generator) -> torch.Tensor:
     return x
 
 
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-p{top_p}-k{top_k}".format(**s))
-def test_batched_sampler_equals_sample_token_row_by_row(setting: dict) -> None:
+def test_batched_sampler_equals_sample_token_row_by_row(setting: dict, device: str) -> None:
+    """On the logits' own device (the decoder's are on the GPU): top-k there, the draw on the host."""
     gen = torch.Generator().manual_seed(7)
     rng = random.Random(3)
     logits = _rows(48, gen)
     us = [rng.random() for _ in range(48)]
     us[6], us[7] = 0.0, 1.0 - 2.0**-53  # the ends of [0, 1)
     expected = [sample_token(logits[r], u, **setting) for r, u in enumerate(us)]
-    assert sample_tokens(logits, us, **setting) == expected
+    assert sample_tokens(logits.to(device), us, **setting) == expected
+
+
+def test_the_draw_follows_the_documented_arithmetic() -> None:
+    """A hand-computed case: logits 2, 1, 0 at T = 1 give weights 1, e^-1, e^-2 (sum 1.5032);
+    top-p 0.9 keeps the first two (0.6652 + 0.2447 = 0.9099 >= 0.9); u splits that head at
+    0.6652 / 0.9099 = 0.7311 of its mass."""
+    logits = torch.full((1, 8), -30.0)
+    logits[0, 5], logits[0, 2], logits[0, 7] = 2.0, 1.0, 0.0
+    setting = dict(temperature=1.0, top_p=0.9, top_k=3)
+    assert sample_tokens(logits, [0.73], **setting) == [5]
+    assert sample_tokens(logits, [0.74], **setting) == [2]
+    assert sample_tokens(logits, [0.999], **setting) == [2]  # the third is cut by top-p
 
 
 def test_batched_sampler_is_row_independent() -> None:

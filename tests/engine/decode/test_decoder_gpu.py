@@ -4,6 +4,7 @@ bit-identical alone and beside 15 other thinkers."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,7 +29,22 @@ def _bits(values: list[float]) -> list[str]:
     return [v.hex() for v in values]
 
 
-def test_graph_replay_equals_eager(engine: Engine) -> None:
+DOTS = ["ieee", "bf16"]  # the exact decoder's, and the CUDA default body's attention dots
+
+
+@pytest.fixture(params=DOTS)
+def dots_engine(request: pytest.FixtureRequest, engine: Engine) -> Iterator[Engine]:
+    """The engine with its thought decoder on the given attention dots (restored after)."""
+    before = getattr(engine, "_decoder", None)
+    engine._decoder = Decoder(engine.weights, attention_dots=request.param)
+    try:
+        yield engine
+    finally:
+        engine._decoder = before
+
+
+@pytest.mark.parametrize("dots", DOTS)
+def test_graph_replay_equals_eager(engine: Engine, dots: str) -> None:
     g = torch.Generator().manual_seed(2)
     segs = [Segment(tuple(torch.randint(100, 5000, (40,), generator=g).tolist()), engine.root)]
     segs += [
@@ -38,7 +54,8 @@ def test_graph_replay_equals_eager(engine: Engine) -> None:
     forest = build_forest(segs)
     out = run_forest(engine.weights, forest)
     prompts = [out.states[forest.packed_index[i]] for i in range(1, 17)]
-    graphed, eager = Decoder(engine.weights, graphs=True), Decoder(engine.weights, graphs=False)
+    graphed = Decoder(engine.weights, graphs=True, attention_dots=dots)
+    eager = Decoder(engine.weights, graphs=False, attention_dots=dots)
     a = [graphed.start(p, capacity=200) for p in prompts]
     b = [eager.start(p, capacity=200) for p in prompts]
     rng = random.Random(0)
@@ -52,7 +69,8 @@ def test_graph_replay_equals_eager(engine: Engine) -> None:
     assert all(bucket.graph is not None for bucket in graphed._bucket_cache.values())
 
 
-def test_thought_alone_equals_thought_beside_15_others(engine: Engine) -> None:
+def test_thought_alone_equals_thought_beside_15_others(dots_engine: Engine) -> None:
+    engine = dots_engine
     target = _req("target", "api latency 900ms on checkout, db-3 cpu 95%", budget=40)
     alone = engine.decide([target])[0].traces["q"]
     assert engine._decoder is not None and engine._decoder.steps > 0

@@ -153,9 +153,28 @@ def test_attention_prep_and_piece_attention_match_reference(
     torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_tensor_core_dots_stay_near_the_reference(
+    splits: int, dev: torch.device, gen: torch.Generator
+) -> None:
+    """bf16 dots (q, k, the probabilities and v rounded to bf16, fp32 sums): within bf16's
+    rounding of the fp32 reference, on the pieces' real cascade."""
+    pool, args, kw = _attention_case("small", dev, gen)
+    qg, rows, pieces = args[0], args[7], args[8]
+    q = attention_prep(*args, **kw, backend="triton")
+    out = decode_attention(
+        q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], splits=splits, dots="bf16"
+    )
+    ref = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="torch")
+    err = (out - ref).abs().max().item()
+    assert 0 < err <= 3e-2, err  # rounded (not the fp32 path) and close (bf16: 8 bits of mantissa)
+    with pytest.raises(ValueError, match="dots"):
+        decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], dots="fp8")
+
+
+@pytest.mark.parametrize(("splits", "dots"), [(None, "ieee"), (1, "ieee"), (3, "ieee"), (3, "bf16")])
 def test_piece_attention_rows_are_independent(
-    splits: int | None, dev: torch.device, gen: torch.Generator
+    splits: int | None, dots: str, dev: torch.device, gen: torch.Generator
 ) -> None:
     pool, args, kw = _attention_case("tiny", dev, gen)
     qg, k, v, q_norm, k_norm, rope, base, rows, pieces = args
@@ -167,7 +186,14 @@ def test_piece_attention_rows_are_independent(
         sub = (qg[idx], k[idx], v[idx], q_norm, k_norm, rope[idx].contiguous(), base)
         q = attention_prep(*sub, rows[idx].contiguous(), pieces[idx].contiguous(), **kw)
         out = decode_attention(
-            q, qg[idx], base, rows[idx].contiguous(), pieces[idx].contiguous(), num_kv_heads=2, splits=splits
+            q,
+            qg[idx],
+            base,
+            rows[idx].contiguous(),
+            pieces[idx].contiguous(),
+            num_kv_heads=2,
+            splits=splits,
+            dots=dots,
         )
         return [q, out]
 
