@@ -20,11 +20,13 @@ row's bits never depend on what else is in the batch.
 
 Split over the prefix (`SPLITS` > 1, the default): one (row, KV head) has only 4 programs at
 27B, which walk thousands of keys one block after another - latency, not bandwidth. The keys
-are cut into chunks of BLOCK_L from each piece's start, numbered piece after piece; program
-(row, KV head, s) reduces chunks s, s + SPLITS, s + 2 SPLITS, ... in that order (each one a
-piece of the cascade, folded in), and a second launch folds the SPLITS partials in the order
-s = 0, 1, ... and applies the gate. Chunking and both fold orders depend on the row's own
-lengths and the constant SPLITS alone, so a row's bits still never depend on the batch.
+are cut into chunks of BLOCK_L from each piece's start, numbered piece after piece; a row uses
+U = min(SPLITS, max(1, ceil(chunks / SPLIT_MIN_CHUNKS))) of its SPLITS programs - a short row
+few (many near-empty programs cost more than they save when 64 rows share the GPU), a long
+one all - and program (row, KV head, s < U) reduces chunks s, s + U, s + 2 U, ... in that
+order (each one a piece of the cascade, folded in); a second launch folds the partials in the
+order s = 0, 1, ... and applies the gate. Chunking, U and both fold orders depend on the row's
+own lengths and the constants alone, so a row's bits still never depend on the batch.
 """
 
 from __future__ import annotations
@@ -56,10 +58,11 @@ SPLITS = 16  # programs per (row, KV head) over the prefix; a constant: it decid
 # per layer at 1 / 64 rows of 283 tokens and 1 row of 8,219): fp32 FMA dots need 8 warps (110
 # registers, no spills; 4 warps spill: 134 / 1,792 / 2,370), 23.8 / 269 / 232; bf16
 # tensor-core dots run best on 4, 14.7 / 87.0 / 71.8 (8 warps: 14.8 / 132 / 74.9; tf32 not
-# measured, given bf16's). S = 4 or 8 would be faster at 64 short rows (65 / 74 us) but 3.2x /
-# 1.7x slower after long evidence.
+# measured, given bf16's). A constant S = 4 or 8 was faster at 64 short rows (65 / 74 us) but
+# 3.2x / 1.7x slower after long evidence: hence a row's U of S (SPLIT_MIN_CHUNKS).
 SPLIT_STAGES = 1
 SPLIT_WARPS = {"ieee": 8, "tf32": 4, "bf16": 4}
+SPLIT_MIN_CHUNKS = 2  # chunks of BLOCK_L keys per used split program, at least (module docstring)
 
 
 BLOCK_L_WIDE = 32  # keys per block at head_dim >= 256 (64 below): a [BLOCK_L, head_dim] fp32 tile
@@ -228,10 +231,12 @@ def _attention_kernel(
 def _attention_split_kernel(
     q_ptr, base_ptr, rows_ptr, pieces_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, MC: tl.constexpr, DOTS: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """Program (row, KV head, s): the chunks numbered s mod S of the row's pieces (see the
-    module docstring), folded in order into one partial (max, sum, output) per query head."""
+    """Program (row, KV head, s): the chunks numbered s mod U of the row's pieces, U = the
+    row's programs (see the module docstring), folded in order into one partial (max, sum,
+    output) per query head; programs s >= U leave an empty partial."""
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -246,6 +251,14 @@ def _attention_split_kernel(
     m = tl.full((GP,), float("-inf"), tl.float32)
     total = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, HD), dtype=tl.float32)
+    # how many of the S programs this row uses: one per MC chunks, at least 1, at most S
+    total_chunks = tlen * 0
+    for p in tl.static_range(P):
+        n = tl.load(pieces_ptr + (row * P + p) * 4 + 2)
+        if p == P - 1:
+            n = tlen + 1
+        total_chunks += (tl.where(live != 0, n, 0) + BL - 1) // BL
+    used = tl.minimum(tl.maximum((total_chunks + MC - 1) // MC, 1), S)
     first = tlen * 0  # chunks before this piece (int64)
     for p in tl.static_range(P):
         rec = pieces_ptr + (row * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
@@ -257,7 +270,8 @@ def _attention_split_kernel(
             n = tlen + 1  # the own thought, this step's token included
         n = tl.where(live != 0, n, 0)
         chunks = (n + BL - 1) // BL
-        for j in range((split - first % S + S) % S, chunks, S):
+        start = tl.where(split < used, (split - first % used + used) % used, chunks)
+        for j in range(start, chunks, used):
             count = tl.minimum(n - j * BL, BL)
             last = tl.full((GP,), 0, tl.int64) + count - 1
             m_p, sum_p, acc_p = _reduce_piece(
@@ -430,7 +444,8 @@ def decode_attention(
         _attn_split[(b, num_kv_heads, splits)](
             q.contiguous(), base, rows, pieces, ws_m, ws_l, ws_acc, hd**-0.5,
             NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=gp, P=pieces.shape[1], BL=_block_l(hd), S=splits,
-            DOTS=dots, num_warps=SPLIT_WARPS[dots], num_stages=SPLIT_STAGES, enable_fp_fusion=False,
+            MC=SPLIT_MIN_CHUNKS, DOTS=dots, num_warps=SPLIT_WARPS[dots], num_stages=SPLIT_STAGES,
+            enable_fp_fusion=False,
         )  # fmt: skip
         _attn_combine[(b, num_kv_heads)](
             qg, rows, ws_m, ws_l, ws_acc, out, qg.stride(0),

@@ -6,7 +6,8 @@
 (fp32, [kv_heads, rows, head_dim] blocks). The shape is `bench_engine.py --decode-only`'s: each
 row its own ~27-token system piece, a 256-token prompt piece and a thought of 24 tokens so far;
 plus one row over a 8,192-token evidence piece (a thought after workload (c)). Each variant -
-the prefix split S, keys per block, warps and stages of the split kernel, the dot precision -
+the prefix split S, keys per block, warps and stages of the split kernel, the least chunks per
+used split program, the dot precision -
 is timed inside a CUDA graph (`triton.testing.do_bench_cudagraph`) at 1, 16 and 64 rows, and
 checked the way the decoder needs it: row 0's output bit for bit the same alone and inside the
 64-row batch (a variant whose row bits move with the batch is reported, never chosen). GB/s
@@ -78,21 +79,25 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="1,2")
     ap.add_argument("--dots", default="ieee,bf16")
+    ap.add_argument("--min-chunks", default="1,2,3", help="SPLIT_MIN_CHUNKS values")
     ap.add_argument("--out")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     cases = {f"{r}x{PROMPT}": case(args.shape, r, PROMPT, gen) for r in ROWS}
     cases[f"1x{LONG}"] = case(args.shape, 1, LONG, gen)
-    shipped = (da.SPLITS, da.BLOCK_L_WIDE, dict(da.SPLIT_WARPS), da.SPLIT_STAGES)
+    shipped = (da.SPLITS, da.BLOCK_L_WIDE, dict(da.SPLIT_WARPS), da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS)
     results = []
     grid = itertools.product(
         args.dots.split(","),
-        *(map(int, a.split(",")) for a in (args.splits, args.blocks, args.warps, args.stages)),
+        *(
+            map(int, a.split(","))
+            for a in (args.splits, args.blocks, args.warps, args.stages, args.min_chunks)
+        ),
     )
-    for dots, splits, block, warps, stages in grid:
-        da.BLOCK_L_WIDE, da.SPLIT_STAGES = block, stages
+    for dots, splits, block, warps, stages, min_chunks in grid:
+        da.BLOCK_L_WIDE, da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS = block, stages, min_chunks
         da.SPLIT_WARPS[dots] = warps
-        name = f"{dots}/S{splits}/BL{block}/w{warps}/s{stages}"
+        name = f"{dots}/S{splits}/BL{block}/w{warps}/s{stages}/mc{min_chunks}"
         try:
             big = cases[f"{ROWS[-1]}x{PROMPT}"]
             together = run(big, splits, dots)[0]
@@ -108,7 +113,7 @@ def main() -> None:
             line = {"variant": name, "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
         results.append(line)
         print(json.dumps(line), flush=True)
-    da.SPLITS, da.BLOCK_L_WIDE, da.SPLIT_WARPS, da.SPLIT_STAGES = shipped
+    da.SPLITS, da.BLOCK_L_WIDE, da.SPLIT_WARPS, da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS = shipped
     ok = [r for r in results if r.get("row_bits_batch_independent")]
     for label in cases:
         best = min(ok, key=lambda r: r[f"{label}_us"], default=None)

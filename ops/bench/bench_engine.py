@@ -321,6 +321,21 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     for _ in range(16):
         sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
     show(f"e_profile_{sequences}_sampler_ms", 1e3 * (time.perf_counter() - t0) / 16)
+    # the sampler's device part alone (top-k and the count at the cut), and the step's host part
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(16):
+        kth = torch.topk(logits, 20, dim=-1).values[:, -1:]
+        (logits >= kth).sum(dim=-1)
+    sync()
+    show(f"e_profile_{sequences}_topk_ms", 1e3 * (time.perf_counter() - t0) / 16)
+    bucket = graphed._bucket(next(b for b in graphed.buckets if b >= sequences))
+    live = [graphed.start(st, 24) for st in out.states]
+    t0 = time.perf_counter()
+    for _ in range(16):
+        graphed._load(bucket, live, tokens)
+    sync()
+    show(f"e_profile_{sequences}_load_ms", 1e3 * (time.perf_counter() - t0) / 16)
     seqs = [eager.start(st, 24) for st in out.states]
     eager.step(seqs, tokens)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
