@@ -48,6 +48,9 @@ class GemmConfig:
     # issues the TMA loads, the other warps run the MMAs and the epilogue, which then overlaps
     # the next tile's loads)
     warp_specialize: bool = False
+    # decode's M <= 4: `_int8_gemv_kernel` (block_m rows at once, block_n weight rows per
+    # program, block_k bytes of K a step) instead of a tensor-core tile (see the kernel)
+    gemv: bool = False
 
     def __str__(self) -> str:
         """Short and stable: the benchmark's JSON keys and the notes use it."""
@@ -62,6 +65,8 @@ class GemmConfig:
             s += f"/e{self.epilogue_split}"
         if self.warp_specialize:
             s += "/ws"
+        if self.gemv:
+            s += "/gemv"
         return s
 
 
@@ -419,12 +424,78 @@ def _int32_epilogue_kernel(
     )  # fmt: skip
 
 
+def _dp4a(w, a, acc, ON_GPU: tl.constexpr):
+    """acc + the dot of the four signed bytes packed in each int32 of w and a (elementwise).
+
+    On the GPU one `dp4a.s32.s32` per word; the interpreter sign-extends each byte by shifts
+    (int32 `<<` wraps, `>>` is arithmetic) and sums the four products. Integer arithmetic:
+    the same value either way, and the same as the tensor-core product."""
+    if ON_GPU:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [w, a, acc], dtype=tl.int32, is_pure=True, pack=1
+        )
+    out = acc
+    for shift in tl.static_range(0, 32, 8):
+        out += ((w << (24 - shift)) >> 24) * ((a << (24 - shift)) >> 24)
+    return out
+
+
+def _int8_gemv_kernel(
+    a_ptr, w_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    M, N, KW, stride_am, stride_wn, stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr,
+    MR: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Decode's M <= MR rows against BN weight rows per program, on the CUDA cores.
+
+    Why: at M = 1 a tensor-core tile pads the row to 16 and stages the weight through shared
+    memory; a decode GEMM only has to stream the weight once, so here each program reads its BN
+    rows of w ([N, K] int8, viewed as int32 words of 4 bytes: KW = K / 4) straight into
+    registers, BKW words a step, and multiplies them with the activations' words by dp4a. The
+    products accumulate per (row, column, word lane) and are summed over the lanes at the end:
+    exact int32 arithmetic, so the result - and after the shared `_epilogue`, every bit of y -
+    is the tensor-core kernels'. One launch, no split K: N / BN programs (640 at N = 5,120 with
+    BN = 8) are already several per SM.
+    """
+    pid = tl.program_id(0)
+    offs_n = pid * BN + tl.arange(0, BN)
+    offs_m = tl.arange(0, MR)
+    offs_k = tl.arange(0, BKW)
+    rows_w = tl.where(offs_n < N, offs_n, 0)  # past the edge: row 0 re-read, never stored
+    rows_a = tl.where(offs_m < M, offs_m, 0)
+    w_ptrs = w_ptr + rows_w[:, None] * stride_wn + offs_k[None, :]
+    a_ptrs = a_ptr + rows_a[:, None] * stride_am + offs_k[None, :]
+    acc = tl.zeros((MR, BN, BKW), dtype=tl.int32)
+    for kb in range(0, tl.cdiv(KW, BKW)):
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            a = tl.load(a_ptrs)
+        else:
+            rem = KW - kb * BKW
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < rem, other=0)
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < rem, other=0)
+        acc = _dp4a(
+            tl.broadcast_to(w[None, :, :], (MR, BN, BKW)),
+            tl.broadcast_to(a[:, None, :], (MR, BN, BKW)),
+            acc,
+            ON_GPU,
+        )
+        w_ptrs += BKW
+        a_ptrs += BKW
+    _epilogue(
+        tl.sum(acc, axis=2), offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+    )  # fmt: skip
+
+
+_dp4a = helper(_dp4a)  # type: ignore[assignment]
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
 _epilogue_tile = helper(_epilogue_tile)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
 _tma_kernel = kernel(_int8_gemm_tma_kernel)
 _split = kernel(_int8_split_kernel)
 _finish = kernel(_int32_epilogue_kernel)
+_gemv = kernel(_int8_gemv_kernel)
 
 
 def _tma_ready(a: torch.Tensor, w: torch.Tensor) -> bool:
@@ -434,6 +505,14 @@ def _tma_ready(a: torch.Tensor, w: torch.Tensor) -> bool:
         if x.stride(1) != 1 or x.stride(0) % 16 or x.data_ptr() % 16:
             return False
     return not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9
+
+
+def _gemv_ready(a: torch.Tensor, w: torch.Tensor, cfg: GemmConfig) -> bool:
+    """The word view needs M <= the config's rows, K a multiple of 4, unit inner strides, and
+    rows and bases on 4-byte boundaries."""
+    if a.shape[0] > cfg.block_m or a.shape[1] % 4:
+        return False
+    return all(x.stride(1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 4 == 0 for x in (a, w))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -564,6 +643,17 @@ def int8_gemm(
     cfg = config or config_for(m, n, k)
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     res = residual if residual is not None else y
+    if cfg.gemv and _gemv_ready(a, w, cfg):
+        _gemv[(cdiv(n, cfg.block_n),)](
+            a.view(torch.int32), w.view(torch.int32), a_scale, w_scale, res, y, m, n, k // 4,
+            a.stride(0) // 4, w.stride(0) // 4, res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+            HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
+            EVEN_K=(k // 4) % (cfg.block_k // 4) == 0, MR=cfg.block_m, BN=cfg.block_n, BKW=cfg.block_k // 4,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+        )  # fmt: skip
+        return y
+    if cfg.gemv:  # a shape the word view cannot take: the tensor-core decode tile (same bits)
+        cfg = GemmConfig(16, 64, 256, 4, 4)
     k_blocks = cdiv(k, cfg.block_k)
     if cfg.split_k > 1 and k_blocks > 1:
         k_per = cdiv(k_blocks, cfg.split_k) * cfg.block_k

@@ -47,6 +47,18 @@ DECODE_CANDIDATES = [
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
+    # the dp4a GEMV (M <= block_m rows; a candidate only there): weight rows per program, K step
+    GemmConfig(1, 8, 1024, 4, 1, gemv=True),
+    GemmConfig(1, 4, 1024, 2, 1, gemv=True),
+    GemmConfig(1, 16, 1024, 4, 1, gemv=True),
+    GemmConfig(1, 8, 2048, 4, 1, gemv=True),
+    GemmConfig(1, 8, 512, 2, 1, gemv=True),
+    GemmConfig(1, 16, 2048, 8, 1, gemv=True),
+    GemmConfig(1, 32, 1024, 8, 1, gemv=True),
+    GemmConfig(4, 8, 512, 4, 1, gemv=True),
+    GemmConfig(4, 4, 1024, 4, 1, gemv=True),
+    GemmConfig(4, 16, 512, 8, 1, gemv=True),
+    GemmConfig(4, 8, 1024, 8, 1, gemv=True),
 ]
 # Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
 # 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
@@ -222,6 +234,8 @@ def gemm_sweep(
                     for cfg in sweep_candidates(cands_m, skip_ws):
                         if cfg.split_k > 1 and m > 2048:
                             continue  # thousands of tiles already; the slices would cost > 1 GB
+                        if cfg.gemv and cfg.block_m < m:
+                            continue  # it would run the tile fallback, not itself
                         if time.perf_counter() - t_start > budget_s:
                             skipped += 1
                             continue

@@ -169,3 +169,39 @@ def test_split_counters_are_left_at_zero(gen: torch.Generator, dev: torch.device
     for cfg in [GemmConfig(16, 32, 32, 4, 2, split_k=3), GemmConfig(16, 16, 64, 4, 2, split_k=2)] * 2:
         assert torch.equal(int8_gemm(a, w, a_scale, w_scale, backend="triton", config=cfg), want)
         assert int(module._COUNTERS[a.device].abs().sum()) == 0
+
+
+GEMV = [GemmConfig(1, 8, 64, 4, 1, gemv=True), GemmConfig(4, 16, 128, 4, 1, gemv=True)]
+
+
+@pytest.mark.parametrize("config", GEMV, ids=str)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 256, 40), (3, 300, 17), (4, 64, 8), (2, 1000, 33)])
+@pytest.mark.parametrize("res", [None, torch.float32])
+def test_gemv_equals_reference_bitwise(
+    gen: torch.Generator,
+    dev: torch.device,
+    config: GemmConfig,
+    m: int,
+    k: int,
+    n: int,
+    res: torch.dtype | None,
+) -> None:
+    """The dp4a kernel (signed bytes across every lane of a word, K not a multiple of its step,
+    N past the last program's rows) gives the reference's bits; M above its rows falls back."""
+    a, w, a_scale, w_scale = _operands(gen, m, k, n, dev)
+    a[0, :4] = torch.tensor([-127, 127, -1, 0], dtype=torch.int8)  # every byte lane, both signs
+    residual = None if res is None else (torch.randn(m, n, generator=gen) * 4).to(res).to(dev)
+    got = int8_gemm(a, w, a_scale, w_scale, residual, backend="triton", config=config)
+    assert torch.equal(got, int8_gemm_reference(a, w, a_scale, w_scale, residual))
+
+
+def test_gemv_rows_alone_equal_packed_and_odd_k_falls_back(gen: torch.Generator, dev: torch.device) -> None:
+    a, w, a_scale, w_scale = _operands(gen, 4, 128, 24, dev)
+    cfg = GEMV[1]
+    packed = int8_gemm(a, w, a_scale, w_scale, backend="triton", config=cfg)
+    for r in range(4):
+        alone = int8_gemm(a[r : r + 1], w, a_scale[r : r + 1], w_scale, backend="triton", config=cfg)
+        assert torch.equal(alone, packed[r : r + 1])
+    a2, w2, s2, t2 = _operands(gen, 2, 130, 24, dev)  # K % 4 != 0: no word view
+    got = int8_gemm(a2, w2, s2, t2, backend="triton", config=cfg)
+    assert torch.equal(got, int8_gemm_reference(a2, w2, s2, t2))
