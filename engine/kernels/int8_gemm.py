@@ -77,9 +77,11 @@ class GemmConfig:
 # of 2026-12-01 14:05 UTC at tree 549ffa9 (ops/bench/bench_kernels.py --gemm-only, then
 # ops/bench/gemm_table.py --margin 0.05; RESULTS.md): per M the config with the least
 # step-weighted time over the 27B and 4B linears; the split-epilogue 128x128 tile with 4 warps
-# (two programs per SM) replaced the persistent TMA tile at large M.
+# (two programs per SM) replaced the persistent TMA tile at large M. M = 1: the dp4a GEMV, from
+# the sweep of 2026-12-01 ~18:25 UTC at tree 3d38e28 (--m 1,4 --models 27B): 7.01 ms a 27B step
+# over the linears against 8.42 for the tiles (HBM floor 6.00); at M = 4 the tiles stayed ahead.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
-    (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+    (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
     (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
     (16, GemmConfig(16, 32, 512, 4, 4)),
     (384, GemmConfig(64, 128, 128, 4, 4)),
@@ -91,9 +93,12 @@ CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
 # so a row's program still depends on M's bucket and the layer, never on which other rows
 # share the call. 27B: (10240, 5120) GDN qkv, (6144, 5120) GDN z, (5120, 6144) GDN/attention
 # out, (12288, 5120) attention q+gate, (1024, 5120) k/v, (17408, 5120) MLP gate/up, (5120,
-# 17408) MLP down; 4B: K = 2560 / 4096 / 9216 rows alike.
+# 17408) MLP down; 4B: K = 2560 / 4096 / 9216 rows alike. M = 1 rows: the GEMV config the
+# 27B sweep found best for the shape (4 weight rows a program up to N = 6,144, 8 above; the
+# k/v and LM head rows their own); the 4B shapes take the 27B rule, not swept themselves.
 SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
     (10240, 5120): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
         (4, GemmConfig(16, 128, 512, 4, 3)),
         (16, GemmConfig(16, 128, 256, 4, 4)),
         (64, GemmConfig(64, 128, 128, 4, 4)),
@@ -103,7 +108,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (6144, 5120): (
-        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (256, GemmConfig(64, 128, 128, 4, 4)),
@@ -111,7 +116,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (5120, 6144): (
-        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
@@ -119,7 +124,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (12288, 5120): (
-        (1, GemmConfig(16, 128, 512, 4, 3)),
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(64, 128, 128, 4, 4)),
@@ -128,7 +133,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (1024, 5120): (
-        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (1, GemmConfig(1, 8, 2048, 4, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=4)),
         (64, GemmConfig(16, 32, 512, 4, 4)),
         (512, GemmConfig(64, 128, 128, 4, 4, split_k=2)),
@@ -136,13 +141,14 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (17408, 5120): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
         (16, GemmConfig(16, 256, 256, 8, 3)),
         (256, GemmConfig(64, 128, 128, 4, 4)),
         (384, GemmConfig(128, 128, 128, 8, 3)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (5120, 17408): (
-        (1, GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False)),
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
@@ -150,13 +156,14 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (248320, 5120): (
-        (1, GemmConfig(16, 256, 256, 8, 3)),
+        (1, GemmConfig(1, 8, 1024, 4, 1, gemv=True)),
         (4, GemmConfig(16, 128, 512, 4, 3)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (8192, 2560): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
         (4, GemmConfig(16, 128, 256, 4, 4)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (256, GemmConfig(64, 128, 128, 4, 4)),
@@ -164,7 +171,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (4096, 2560): (
-        (1, GemmConfig(16, 32, 512, 4, 4)),
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(16, 128, 256, 4, 4)),
@@ -172,6 +179,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (2560, 4096): (
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
@@ -179,11 +187,13 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (1024, 2560): (
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (64, GemmConfig(16, 32, 512, 4, 4)),
         (2048, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (9216, 2560): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
         (16, GemmConfig(16, 128, 256, 4, 4)),
         (64, GemmConfig(64, 128, 128, 4, 4)),
         (256, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
@@ -191,7 +201,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (2560, 9216): (
-        (1, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
+        (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
         (16, GemmConfig(16, 64, 512, 4, 3, split_k=4)),
         (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
@@ -199,7 +209,7 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (248320, 2560): (
-        (1, GemmConfig(16, 256, 256, 8, 3)),
+        (1, GemmConfig(1, 8, 1024, 4, 1, gemv=True)),
         (4, GemmConfig(16, 128, 256, 4, 4)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
