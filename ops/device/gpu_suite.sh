@@ -16,10 +16,10 @@ SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests
 CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits_of_one_process[cpu]
     --deselect tests/engine/test_tp.py::test_four_gloo_ranks_equal_two_and_one"
 [ "${CPU_TP:-0}" = 1 ] && CPU_TP_CASES=""
-# --confcutdir keeps pytest off tests/conftest.py (the Kafka fixtures need packages the image lacks);
-# the timeout leaves time for the summary inside a 600 s device call
+# tests/conftest.py is loaded (it holds gguf_model, the generated model files; its Kafka fixtures
+# start nothing unless a Kafka test asks); the timeout leaves time for the summary in a 600 s call
 # shellcheck disable=SC2086
-timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest $SUITE -q --confcutdir=tests/engine -p no:cacheprovider \
+timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest $SUITE -q -p no:cacheprovider \
     -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" $CPU_TP_CASES ${PYTEST_ARGS:-} \
     >"$OUT/gpu_suite.log" 2>&1
 rc=$?
