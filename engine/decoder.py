@@ -80,6 +80,8 @@ class DecodeSequence:
     keys: torch.Tensor  # [n_attn, nkv, allocated, hd] fp32: the thought's own K
     values: torch.Tensor  # [n_attn, nkv, allocated, hd]
     pieces: torch.Tensor  # [n_attn, P, 4] int64 (host): this sequence's rows of the piece tables
+    state_off: int = 0  # element offsets of recurrent and conv from the decoder's base (fixed)
+    conv_off: int = 0
     length: int = 0  # tokens fed so far (rows used in keys/values)
     version: int = 0  # bumped whenever the piece table changes (buffer growth)
     held: list[torch.Tensor] = field(default_factory=list)  # contiguous copies the table points at
@@ -175,6 +177,7 @@ class Decoder:
             values=torch.zeros(shape, device=dev),
             pieces=torch.zeros(len(self.attn_layers), self.max_pieces, PIECE_FIELDS, dtype=torch.int64),
         )
+        seq.state_off, seq.conv_off = self._offset(seq.recurrent), self._offset(seq.conv)
         for a, i in enumerate(self.attn_layers):
             for p, node in enumerate(chain):
                 k, v = self._readable(node.keys[i], seq), self._readable(node.values[i], seq)
@@ -299,12 +302,12 @@ class Decoder:
         if bucket.members != members:
             bucket.pieces.copy_(torch.stack([s.pieces for s in padded], dim=1), non_blocking=True)
             bucket.members, bucket.held = members, padded  # held: ids stay unique while loaded
-        rows = torch.zeros(b, ROW_FIELDS, dtype=torch.int64)
-        rows[:n, TOKEN] = torch.tensor(tokens, dtype=torch.int64)
-        rows[:n, THOUGHT_LEN] = torch.tensor([s.length for s in seqs], dtype=torch.int64)
-        rows[:, STATE_OFF] = torch.tensor([self._offset(s.recurrent) for s in padded], dtype=torch.int64)
-        rows[:, CONV_OFF] = torch.tensor([self._offset(s.conv) for s in padded], dtype=torch.int64)
-        rows[:n, LIVE] = 1
+        table = [[0] * ROW_FIELDS for _ in range(b)]  # one host tensor from lists: ~2 us a row
+        for r, s in enumerate(padded):
+            table[r][STATE_OFF], table[r][CONV_OFF] = s.state_off, s.conv_off
+        for r, (s, token) in enumerate(zip(seqs, tokens, strict=True)):
+            table[r][TOKEN], table[r][THOUGHT_LEN], table[r][LIVE] = token, s.length, 1
+        rows = torch.tensor(table, dtype=torch.int64)
         positions = torch.tensor([s.position for s in seqs] + [0] * (b - n), dtype=torch.int64)
         cos, sin = rope_rows(self.config, positions, torch.float32)
         bucket.rows.copy_(rows, non_blocking=True)

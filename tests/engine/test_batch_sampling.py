@@ -84,3 +84,16 @@ def test_batched_sampler_checks_its_inputs() -> None:
     with pytest.raises(ValueError):
         sample_tokens(torch.zeros(1, 8), [1.0], temperature=1.0, top_p=1.0, top_k=2)
     assert sample_tokens(torch.zeros(0, 8), [], temperature=1.0, top_p=1.0, top_k=2) == []
+
+
+@pytest.mark.parametrize("vocab", [4096, 4100, 640])  # two stages; 64 segments do not divide; 10 < k
+def test_two_stage_top_k_finds_the_one_stage_values(vocab: int) -> None:
+    from engine.sampling import _top_k
+
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.round(torch.randn(9, vocab, generator=gen) * 4) / 4  # ties everywhere
+    values, ids = _top_k(x, 20)
+    want = torch.topk(x, 20, dim=-1).values
+    assert torch.equal(values, want)
+    assert torch.equal(x.gather(1, ids), values)  # each id holds its value
+    assert all(len(set(row)) == 20 for row in ids.tolist())  # k distinct logits
