@@ -16,7 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prism_pipeline.backfill import (
+from prism_pipeline.core.records import build_record, decide_request, provenance
+from prism_pipeline.offline.backfill import (
     CRASH_ENV,
     BackfillError,
     BackfillOptions,
@@ -26,8 +27,7 @@ from prism_pipeline.backfill import (
     read_checkpoint,
     run_backfill,
 )
-from prism_pipeline.records import build_record, decide_request, provenance
-from prism_pipeline.replay import EngineSource, Selection, render_report, replay
+from prism_pipeline.offline.replay import EngineSource, Selection, render_report, replay
 from schemas.codec import dumps
 from schemas.deadletter import classify_invalid, parse_event
 from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET

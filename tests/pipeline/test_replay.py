@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from engine.decision_config import DecisionConfig
-from prism_pipeline.replay import (
+from prism_pipeline.offline.replay import (
     EngineSource,
     ReplayRefused,
     Selection,
@@ -25,8 +25,8 @@ from prism_pipeline.replay import (
     render_report,
     replay,
 )
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET
 from tests.pipeline.kafkautil import REPO, create_topics, encode, event, read_all, unique, wait_for
 

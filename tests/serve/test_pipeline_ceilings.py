@@ -10,10 +10,10 @@ import orjson
 
 from engine.engine import Engine
 from engine.types import DecideRequest
-from prism_pipeline.backfill import BackfillOptions, Item, decide_chunk
-from prism_pipeline.ceilings import MAX_STATE_DEPTH
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.core.ceilings import MAX_STATE_DEPTH
+from prism_pipeline.offline.backfill import BackfillOptions, Item, decide_chunk
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.deadletter import InvalidEvent, ReasonCode
 
 

@@ -15,7 +15,7 @@ from test_serve_cli import _start, _stop
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model
 from engine.types import DecideRequest
-from prism_pipeline.http_app import _event_id
+from prism_pipeline.serve.app import _event_id
 from schemas.systemone import SystemOneRequest
 
 KEY = "vision-key"

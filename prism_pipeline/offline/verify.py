@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prism_pipeline.records import DecisionEngine, build_record, decide_request, provenance
-from prism_pipeline.seeds import SeedPolicy
+from prism_pipeline.core.records import DecisionEngine, build_record, decide_request, provenance
+from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
 from schemas.deadletter import parse_event
 from schemas.record import InputRef

@@ -42,14 +42,14 @@ from typing import Any, Literal
 import orjson
 import structlog
 
-from prism_pipeline.records import (
+from prism_pipeline.core.records import (
     DecisionEngine,
     build_record,
     decide_request,
     provenance,
     run_headers,
 )
-from prism_pipeline.seeds import SeedPolicy
+from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
 from schemas.deadletter import InvalidEvent, parse_event
 from schemas.event import EvidenceEvent
@@ -720,7 +720,7 @@ async def replay(
     replay_id: str = "replay",
 ) -> ReplayReport:
     """Replay the selected input events against the records on `records_topic` (see module doc)."""
-    from prism_pipeline.explain import explain
+    from prism_pipeline.offline.explain import explain
 
     selection.check()
     t0 = time.monotonic()

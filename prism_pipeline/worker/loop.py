@@ -30,11 +30,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from engine.types import DecideRequest, DecideResult, ImageError
-from prism_pipeline.batcher import Batch, Batcher
-from prism_pipeline.ceilings import Ceilings, too_deep
-from prism_pipeline.metrics import WorkerMetrics
-from prism_pipeline.offsets import OffsetTracker
-from prism_pipeline.records import (
+from prism_pipeline.core.batching import Batch, Batcher
+from prism_pipeline.core.ceilings import Ceilings, too_deep
+from prism_pipeline.core.records import (
     MAX_DEAD_LETTER_ORIGINAL_BYTES,
     DecisionEngine,
     Outgoing,
@@ -46,7 +44,9 @@ from prism_pipeline.records import (
     record_message,
     run_headers,
 )
-from prism_pipeline.settings import WorkerSettings
+from prism_pipeline.worker.metrics import WorkerMetrics
+from prism_pipeline.worker.offsets import OffsetTracker
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
 from schemas.event import EvidenceEvent
 from schemas.record import InputRef

@@ -9,10 +9,10 @@ from typing import Any
 
 import structlog
 
+from prism_pipeline.core.records import DecisionEngine
 from prism_pipeline.logs import install_uvloop
-from prism_pipeline.records import DecisionEngine
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker, WorkerError
+from prism_pipeline.worker.loop import Worker, WorkerError
+from prism_pipeline.worker.settings import WorkerSettings
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +44,7 @@ def load_engine(settings: WorkerSettings) -> DecisionEngine:
     if not settings.model.is_file():
         raise ConfigError(f"model file not found: {settings.model}")
     from engine.engine import Engine
-    from prism_pipeline.thoughtwatch import ThoughtWatch
+    from prism_pipeline.core.thoughtwatch import ThoughtWatch
 
     engine = Engine.load(
         settings.model,

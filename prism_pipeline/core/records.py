@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from engine.types import DecideRequest, DecideResult
-from prism_pipeline.seeds import SeedPolicy, choose_seed
+from prism_pipeline.core.seeds import SeedPolicy, choose_seed
 from schemas.codec import dumps
 from schemas.deadletter import DeadLetter, ReasonCode, dead_letter
 from schemas.event import EvidenceEvent

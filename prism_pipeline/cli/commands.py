@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prism_pipeline.settings import WorkerSettings
+from prism_pipeline.worker.settings import WorkerSettings
 
 
 def _flag(name: str) -> str:
@@ -24,7 +24,7 @@ def _add_settings_flags(p: argparse.ArgumentParser, skip: frozenset[str] = froze
     """One flag per WorkerSettings field; unset flags fall back to PRISM_* variables, then defaults.
 
     Placeholders come from `prism_pipeline.helptext.METAVARS`; the description from the field."""
-    from prism_pipeline.helptext import METAVARS
+    from prism_pipeline.cli.helptext import METAVARS
 
     for name, field in WorkerSettings.model_fields.items():
         if name in skip:
@@ -71,7 +71,7 @@ def _settings_error(e: ValidationError) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from prism_pipeline.runner import ConfigError, run_worker
+    from prism_pipeline.worker.runner import ConfigError, run_worker
 
     try:
         settings = settings_from_args(args)

@@ -53,8 +53,8 @@ import orjson
 import structlog
 
 from engine.types import DecideRequest, DecideResult, ImageError
-from prism_pipeline.ceilings import Ceilings, too_deep
-from prism_pipeline.records import (
+from prism_pipeline.core.ceilings import Ceilings, too_deep
+from prism_pipeline.core.records import (
     DecisionEngine,
     build_record,
     decide_request,
@@ -62,7 +62,7 @@ from prism_pipeline.records import (
     provenance,
     run_headers,
 )
-from prism_pipeline.seeds import SeedPolicy
+from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
 from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
 from schemas.event import EvidenceEvent
@@ -184,7 +184,7 @@ class TopicSource:
             return
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        from prism_pipeline.replay import ReplayError, topic_partitions
+        from prism_pipeline.offline.replay import ReplayError, topic_partitions
 
         try:
             existing = await topic_partitions(self.bootstrap, self.topic)
@@ -775,8 +775,8 @@ def render_summary(s: BackfillSummary, output: str, dlq: str) -> str:
 
 
 def _cmd_backfill(args: argparse.Namespace) -> int:
-    from prism_pipeline.runner import ConfigError, load_engine
-    from prism_pipeline.settings import WorkerSettings
+    from prism_pipeline.worker.runner import ConfigError, load_engine
+    from prism_pipeline.worker.settings import WorkerSettings
 
     if bool(args.input) == bool(args.input_topic):
         sys.stderr.write("prism backfill: give input files or --input-topic (one of them)\n")

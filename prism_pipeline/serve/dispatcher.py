@@ -43,7 +43,7 @@ from typing import Protocol
 import structlog
 
 from engine.types import CancelToken, DecideRequest, DecideResult
-from prism_pipeline.batcher import Batch, Batcher
+from prism_pipeline.core.batching import Batch, Batcher
 
 log = structlog.get_logger(__name__)
 

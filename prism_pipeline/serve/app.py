@@ -56,10 +56,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from engine.types import INVALID_IMAGE, CancelToken, DecideRequest, DecideResult, ImageError
-from prism_pipeline.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
-from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
-from prism_pipeline.http_metrics import ServeMetrics
-from prism_pipeline.records import DecisionEngine
+from prism_pipeline.core.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
+from prism_pipeline.core.records import DecisionEngine
+from prism_pipeline.serve.dispatcher import DispatcherClosed, EngineDispatcher, Overloaded
+from prism_pipeline.serve.metrics import ServeMetrics
 from schemas.deadletter import has_duplicate_keys
 from schemas.systemone import Limits, SystemOneRequest, SystemOneResponse, Usage, validation_context
 

@@ -45,7 +45,7 @@ def build_app(args: argparse.Namespace) -> Any:
     """Load the engine named by the parsed flags and build the app (errors: `ServeError`)."""
     from engine.decision_config import DecisionConfigError
     from engine.engine import Engine
-    from prism_pipeline.http_app import CHARS_PER_TOKEN_BOUND, AppConfig, create_app
+    from prism_pipeline.serve.app import CHARS_PER_TOKEN_BOUND, AppConfig, create_app
     from schemas.systemone import Limits
 
     path = Path(args.model)

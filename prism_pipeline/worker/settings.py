@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from prism_pipeline.seeds import SeedPolicy
+from prism_pipeline.core.seeds import SeedPolicy
 
 
 def default_worker_id() -> str:
