@@ -52,21 +52,13 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from engine.types import DecideRequest, DecideResult, ImageError
-from prism_pipeline.core.ceilings import Ceilings, too_deep
-from prism_pipeline.core.records import (
-    DecisionEngine,
-    build_record,
-    decide_request,
-    engine_dead_letter,
-    provenance,
-    run_headers,
-)
+from prism_pipeline.core.batching import pack
+from prism_pipeline.core.decide import DecisionRules, Origin, Prepared, decide_batch, prepare, settle
+from prism_pipeline.core.records import DecisionEngine, provenance, run_headers
 from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
-from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
-from schemas.event import EvidenceEvent
-from schemas.record import InputRef, record_key
+from schemas.deadletter import InvalidEvent
+from schemas.record import DecisionRecord, InputRef, record_key
 from schemas.systemone import Limits
 
 log = structlog.get_logger(__name__)
@@ -92,6 +84,9 @@ class Item:
     offset: int  # line number (0-based) for file input
     key: bytes | None = None
     from_topic: bool = False
+
+    def origin(self) -> Origin:
+        return Origin(self.topic, self.partition, self.offset, self.key)
 
     def input_ref(self) -> InputRef | None:
         # Records point at their input only where replay can find it again: a topic position.
@@ -433,6 +428,9 @@ class BackfillOptions:
     overwrite: bool = False
     max_gate: float | None = None  # highest gate an event may ask for (None: any)
 
+    def rules(self) -> DecisionRules:
+        return DecisionRules(self.limits, self.seed_policy, self.fixed_seed, self.max_gate)
+
 
 @dataclass
 class BackfillSummary:
@@ -470,43 +468,6 @@ class BackfillSummary:
         }
 
 
-def batches(items: list[tuple[Any, int]], budget: int, max_events: int) -> list[list[Any]]:
-    """Consecutive groups within a token budget (an event larger than the budget goes alone)."""
-    out: list[list[Any]] = []
-    cur: list[Any] = []
-    used = 0
-    for it, tokens in items:
-        if cur and (used + tokens > budget or len(cur) >= max_events):
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(it)
-        used += tokens
-    if cur:
-        out.append(cur)
-    return out
-
-
-def _decide(
-    engine: DecisionEngine, requests: list[DecideRequest]
-) -> tuple[list[DecideResult | BaseException], bool]:
-    """Results in request order, and whether the batch had to be split into single events."""
-    try:
-        results: list[DecideResult | BaseException] = list(engine.decide(requests))
-        if len(results) != len(requests):
-            raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-        return results, False
-    except Exception as e:
-        # One poison event must not take its batch-mates down: decide each alone.
-        log.warning("backfill.batch_failed", events=len(requests), error=f"{type(e).__name__}: {e}")
-        out: list[DecideResult | BaseException] = []
-        for r in requests:
-            try:
-                out.append(engine.decide([r])[0])
-            except Exception as e1:
-                out.append(e1)
-        return out, True
-
-
 @dataclass(frozen=True)
 class _Out:
     event_id: str
@@ -528,59 +489,31 @@ class _ChunkOut:
 def decide_chunk(engine: DecisionEngine, items: list[Item], options: BackfillOptions) -> _ChunkOut:
     """Decide one chunk: outcomes in input order (pure: the same chunk gives the same bytes)."""
     model = provenance(engine)
+    rules = options.rules()
     outcome: dict[int, _Out | bytes] = {}
     reasons: Counter[str] = Counter()
-    live: list[tuple[tuple[int, EvidenceEvent, DecideRequest], int]] = []
-
-    def refuse(i: int, it: Item, e: InvalidEvent) -> None:
-        letter = e.to_dead_letter(
-            it.raw, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
-        )
-        outcome[i] = dumps(letter)
-        reasons[str(e.reason)] += 1
-
+    live: list[tuple[tuple[int, Prepared], int]] = []
     for i, it in enumerate(items):
-        try:
-            ev = parse_event(it.raw, options.limits)
-        except InvalidEvent as e:
-            refuse(i, it, e)
+        prep = prepare(it.raw, engine, rules)
+        if isinstance(prep, InvalidEvent):
+            outcome[i] = dumps(it.origin().dead_letter(it.raw, prep))
+            reasons[str(prep.reason)] += 1
             continue
-        deep = too_deep(ev.request.state)
-        if deep is not None:  # as the worker and the HTTP server refuse it
-            refuse(i, it, InvalidEvent(ReasonCode.schema_violation, deep))
-            continue
-        req = decide_request(ev, options.seed_policy, options.fixed_seed)
-        if options.max_gate is not None:
-            req = Ceilings(max_gate=options.max_gate).apply(req)
-        try:
-            tokens = engine.count_tokens(ev.request)
-        except ImageError as bad:  # as the worker refuses it: checked before any batch
-            refuse(i, it, InvalidEvent(ReasonCode.invalid_image, str(bad)[:2000]))
-            continue
-        live.append(((i, ev, req), tokens))
+        live.append(((i, prep), prep.tokens))
     questions = thought = 0
-    for b, group in enumerate(batches(live, options.batch_tokens, options.max_batch_events)):
-        results, split = _decide(engine, [req for _, _, req in group])
-        for pos, ((i, ev, req), res) in enumerate(zip(group, results, strict=True)):
+    for b, group in enumerate(pack(live, options.batch_tokens, options.max_batch_events)):
+        decided = decide_batch(engine.decide, [prep.request for _, prep in group])
+        for pos, ((i, prep), res) in enumerate(zip(group, decided.results, strict=True)):
             it = items[i]
-            if isinstance(res, DecideResult) and res.error is not None:
-                res = RuntimeError(res.error)
-            if isinstance(res, DecideResult):
-                try:
-                    rec = build_record(ev, req, res, model, it.input_ref())
-                except ValueError as e:
-                    res = e
-                else:
-                    label = (f"{b}.{pos}", 0, 1) if split else (str(b), pos, len(group))
-                    outcome[i] = _Out(ev.event_id, dumps(rec), *label)
-                    questions += len(rec.questions)
-                    thought += sum(1 for t in rec.questions.values() if t.second is not None)
-                    continue
-            letter = engine_dead_letter(
-                it.raw, res, topic=it.topic, partition=it.partition, offset=it.offset, key=it.key
-            )
-            outcome[i] = dumps(letter)
-            reasons[str(letter.reason)] += 1
+            done = settle(it.raw, prep, res, model, it.origin(), source=it.input_ref())
+            if isinstance(done, DecisionRecord):
+                label = (f"{b}.{pos}", 0, 1) if decided.alone else (str(b), pos, len(group))
+                outcome[i] = _Out(done.event_id, dumps(done), *label)
+                questions += len(done.questions)
+                thought += sum(1 for t in done.questions.values() if t.second is not None)
+            else:
+                outcome[i] = dumps(done)
+                reasons[str(done.reason)] += 1
     recs = [o for _, o in sorted(outcome.items()) if isinstance(o, _Out)]
     dead = [o for _, o in sorted(outcome.items()) if isinstance(o, bytes)]
     return _ChunkOut(recs, dead, reasons, questions, thought)

@@ -33,7 +33,7 @@ import struct
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,16 +42,12 @@ from typing import Any, Literal
 import orjson
 import structlog
 
-from prism_pipeline.core.records import (
-    DecisionEngine,
-    build_record,
-    decide_request,
-    provenance,
-    run_headers,
-)
+from prism_pipeline.core.batching import recorded_batches
+from prism_pipeline.core.decide import DecisionRules, Origin, Prepared, decide_batch, prepare, settle
+from prism_pipeline.core.records import DecisionEngine, provenance, run_headers
 from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
-from schemas.deadletter import InvalidEvent, parse_event
+from schemas.deadletter import InvalidEvent, classify_invalid
 from schemas.event import EvidenceEvent
 from schemas.record import DecisionRecord, InputRef, record_key
 from schemas.systemone import Limits
@@ -520,41 +516,14 @@ class ReplayOptions:
     fixed_seed: int = 0
     limits: Limits | None = None
     max_batch_events: int = 64  # int8 (batch invariant) events are regrouped freely, this many a call
+    max_gate: float | None = None  # as the worker's --max-gate (records do not name it)
+
+    def rules(self) -> DecisionRules:
+        return DecisionRules(self.limits, self.seed_policy, self.fixed_seed, self.max_gate)
 
 
 def _pos_text(p: Position) -> str:
     return f"{p[0]}/{p[1]}@{p[2]}"
-
-
-def _groups(
-    positions: list[Position],
-    index: RecordIndex,
-    precision_of: Callable[[Position], str | None],
-    group_size: int = 64,
-) -> list[list[Position]]:
-    """Engine calls to make: the worker's batches (with batch-mates) where they matter."""
-    groups: list[list[Position]] = []
-    seen: set[Position] = set()
-    loose: list[Position] = []
-    for pos in positions:
-        if pos in seen:
-            continue
-        copies = index.by_input.get(pos)
-        batch = copies[0].batch if copies else None
-        if batch is None or precision_of(pos) == "int8":
-            loose.append(pos)
-            seen.add(pos)
-            continue
-        members = [p for _, p in sorted(index.by_batch[batch])]
-        seen.update(members)
-        groups.append(members)
-    int8 = [p for p in loose if precision_of(p) == "int8"]
-    # Batch invariant: any grouping reproduces the records, so group for speed.
-    for i in range(0, len(int8), group_size):
-        groups.append(int8[i : i + group_size])
-    # No batch header on a reference path: decide alone (what `--max-batch-events 1` workers do).
-    groups.extend([p] for p in loose if precision_of(p) != "int8")
-    return groups
 
 
 def replay_events(
@@ -578,7 +547,17 @@ def replay_events(
         m = model_of(pos)
         return str(m.get("precision")) if m else None
 
-    groups = _groups(selected, index, precision_of, options.max_batch_events)
+    def label_of(pos: Position) -> str | None:
+        copies = index.by_input.get(pos)
+        return copies[0].batch if copies else None
+
+    groups = recorded_batches(
+        selected,
+        label_of,
+        lambda batch: [p for _, p in sorted(index.by_batch[batch])],
+        lambda pos: precision_of(pos) == "int8",
+        options.max_batch_events,
+    )
     # Resolve every engine first: a refusal must come before any work, and name the record.
     engine_of: dict[Position, DecisionEngine] = {}
     for group in groups:
@@ -592,41 +571,36 @@ def replay_events(
 
     decided: dict[Position, tuple[EvidenceEvent, bytes | str]] = {}
     invalid: dict[Position, InvalidEvent] = {}
+    rules = options.rules()
     for group in groups:
-        live: list[tuple[Position, EvidenceEvent]] = []
+        # One engine per call; records of one batch share it (split defensively if not).
+        by_engine: dict[int, list[tuple[Position, Prepared]]] = defaultdict(list)
+        engines_by_id: dict[int, DecisionEngine] = {}
         for pos in group:
             raw = inputs.get(pos)
-            if raw is None:
-                continue
-            try:
-                live.append((pos, parse_event(raw, options.limits)))
-            except InvalidEvent as e:
-                invalid[pos] = e
-        # One engine per call; records of one batch share it (split defensively if not).
-        by_engine: dict[int, list[tuple[Position, EvidenceEvent]]] = defaultdict(list)
-        engines_by_id: dict[int, DecisionEngine] = {}
-        for pos, ev in live:
             eng = engine_of.get(pos, default_engine)
-            if eng is None:
-                continue  # no record names a model to decide it with: reported as missing
-            by_engine[id(eng)].append((pos, ev))
+            if raw is None:
+                continue  # reported as missing
+            if eng is None:  # no record names a model to decide it with: missing, unless invalid
+                bad = classify_invalid(raw, rules.limits)
+                if bad is not None:
+                    invalid[pos] = bad
+                continue
+            prep = prepare(raw, eng, rules)
+            if isinstance(prep, InvalidEvent):
+                invalid[pos] = prep
+                continue
+            by_engine[id(eng)].append((pos, prep))
             engines_by_id[id(eng)] = eng
         for key, members in by_engine.items():
             eng = engines_by_id[key]
             model = provenance(eng)
-            requests = [decide_request(ev, options.seed_policy, options.fixed_seed) for _, ev in members]
-            results = eng.decide(requests)
-            for (pos, ev), req, res in zip(members, requests, results, strict=True):
-                if res.error is not None:
-                    decided[pos] = (ev, f"engine rejected the event: {res.error}")
-                    continue
-                try:
-                    rec = build_record(
-                        ev, req, res, model, InputRef(topic=pos[0], partition=pos[1], offset=pos[2])
-                    )
-                    decided[pos] = (ev, dumps(rec))
-                except ValueError as e:
-                    decided[pos] = (ev, f"engine result unusable: {e}")
+            decided_now = decide_batch(eng.decide, [prep.request for _, prep in members])
+            for (pos, prep), res in zip(members, decided_now.results, strict=True):
+                source = InputRef(topic=pos[0], partition=pos[1], offset=pos[2])
+                done = settle(inputs[pos], prep, res, model, Origin(*pos), source=source)
+                again = dumps(done) if isinstance(done, DecisionRecord) else done.message
+                decided[pos] = (prep.event, again)
 
     outcomes: list[EventOutcome] = []
     for pos in selected:

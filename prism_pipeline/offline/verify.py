@@ -13,11 +13,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prism_pipeline.core.records import DecisionEngine, build_record, decide_request, provenance
+from prism_pipeline.core.batching import recorded_batches
+from prism_pipeline.core.decide import DecisionRules, Origin, Prepared, decide_batch, prepare, settle
+from prism_pipeline.core.records import DecisionEngine, provenance
 from prism_pipeline.core.seeds import SeedPolicy
 from schemas.codec import dumps
-from schemas.deadletter import parse_event
-from schemas.record import InputRef
+from schemas.record import DecisionRecord, InputRef
 from schemas.systemone import Limits
 
 
@@ -32,14 +33,6 @@ class PublishedRecord:
     batch_pos: int
 
 
-def batch_groups(records: list[PublishedRecord]) -> list[list[PublishedRecord]]:
-    """Records grouped by the engine call that decided them, each group in batch order."""
-    groups: dict[str, list[PublishedRecord]] = defaultdict(list)
-    for r in records:
-        groups[r.batch].append(r)
-    return [sorted(g, key=lambda r: r.batch_pos) for g in groups.values()]
-
-
 def redecide(
     engine: DecisionEngine,
     records: list[PublishedRecord],
@@ -52,16 +45,30 @@ def redecide(
     """Event ids whose re-decided record differs from the published bytes (empty: all equal).
     `progress(done, total)` runs after each re-decided batch (the demo shows it)."""
     model = provenance(engine)
+    rules = DecisionRules(limits, seed_policy, fixed_seed)
+    members: dict[str, list[int]] = defaultdict(list)
+    for i in sorted(range(len(records)), key=lambda i: records[i].batch_pos):
+        members[records[i].batch].append(i)
+    # Every record is re-decided in its recorded batch, whatever the path (the demo runs fp32).
+    groups = recorded_batches(
+        range(len(records)), lambda i: records[i].batch, members.__getitem__, lambda _: False
+    )
     mismatches: list[str] = []
     done = 0
-    for group in batch_groups(records):
-        events = [parse_event(r.event_raw, limits) for r in group]
-        requests = [decide_request(e, seed_policy, fixed_seed) for e in events]
-        results = engine.decide(requests)
-        for rec, event, request, result in zip(group, events, requests, results, strict=True):
-            again = dumps(build_record(event, request, result, model, rec.input))
-            if again != rec.value:
-                mismatches.append(event.event_id)
+    for group in groups:
+        prepared: list[tuple[PublishedRecord, Prepared]] = []
+        for rec in (records[i] for i in group):
+            prep = prepare(rec.event_raw, engine, rules)
+            if isinstance(prep, Prepared):
+                prepared.append((rec, prep))
+            else:  # the worker would have dead-lettered it, not published a record
+                mismatches.append(f"{rec.input.topic}/{rec.input.partition}@{rec.input.offset}")
+        results = decide_batch(engine.decide, [p.request for _, p in prepared]).results if prepared else []
+        for (rec, prep), res in zip(prepared, results, strict=True):
+            where = Origin(rec.input.topic, rec.input.partition, rec.input.offset)
+            again = settle(rec.event_raw, prep, res, model, where, source=rec.input)
+            if not isinstance(again, DecisionRecord) or dumps(again) != rec.value:
+                mismatches.append(prep.event.event_id)
         done += len(group)
         if progress is not None:
             progress(done, len(records))

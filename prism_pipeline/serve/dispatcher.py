@@ -44,6 +44,7 @@ import structlog
 
 from engine.types import CancelToken, DecideRequest, DecideResult
 from prism_pipeline.core.batching import Batch, Batcher
+from prism_pipeline.core.decide import decide_batch
 
 log = structlog.get_logger(__name__)
 
@@ -322,25 +323,11 @@ def _decide_isolated(
     on_ready: Callable[[int, DecideResult], None] | None = None,
     between_steps: Callable[[], None] | None = None,
 ) -> list[DecideResult | Exception]:
-    """Runs on the engine thread: the whole batch, or, if it raises, each request on its own."""
-    try:
-        kw: dict[str, object] = {}
-        if on_ready is not None:
-            kw["on_ready"] = on_ready
-        if between_steps is not None:
-            kw["between_steps"] = between_steps
-        results = engine.decide(requests, **kw)  # type: ignore[call-arg]
-        if len(results) != len(requests):
-            raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-        return list(results)
-    except Exception as e:
-        if len(requests) == 1:
-            return [e]
-        log.warning("engine.batch_failed_isolating", requests=len(requests), error=f"{type(e).__name__}: {e}")
-    out: list[DecideResult | Exception] = []
-    for r in requests:
-        try:
-            out.append(engine.decide([r])[0])
-        except Exception as e:
-            out.append(e)
-    return out
+    """Runs on the engine thread: the whole batch, or, if it raises, each request on its own
+    (the pipeline's one retry rule, `core.decide.decide_batch`)."""
+    kw: dict[str, object] = {}
+    if on_ready is not None:
+        kw["on_ready"] = on_ready
+    if between_steps is not None:
+        kw["between_steps"] = between_steps
+    return decide_batch(engine.decide, requests, **kw).results

@@ -29,17 +29,13 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from engine.types import DecideRequest, DecideResult, ImageError
 from prism_pipeline.core.batching import Batch, Batcher
-from prism_pipeline.core.ceilings import Ceilings, too_deep
+from prism_pipeline.core.decide import Decided, DecisionRules, Origin, Prepared, decide_batch, prepare, settle
 from prism_pipeline.core.records import (
     MAX_DEAD_LETTER_ORIGINAL_BYTES,
     DecisionEngine,
     Outgoing,
-    build_record,
     dead_letter_message,
-    decide_request,
-    engine_dead_letter,
     provenance,
     record_message,
     run_headers,
@@ -47,9 +43,8 @@ from prism_pipeline.core.records import (
 from prism_pipeline.worker.metrics import WorkerMetrics
 from prism_pipeline.worker.offsets import OffsetTracker
 from prism_pipeline.worker.settings import WorkerSettings
-from schemas.deadletter import InvalidEvent, ReasonCode, parse_event
-from schemas.event import EvidenceEvent
-from schemas.record import InputRef
+from schemas.deadletter import InvalidEvent
+from schemas.record import DecisionRecord, InputRef
 from schemas.systemone import Limits
 
 log = structlog.get_logger(__name__)
@@ -95,9 +90,11 @@ class _Item:
 
     part: _Partition
     msg: _Msg
-    event: EvidenceEvent
-    request: DecideRequest
-    tokens: int
+    prepared: Prepared
+
+    def origin(self) -> Origin:
+        tp = self.part.tp
+        return Origin(tp.topic, tp.partition, self.msg.offset, self.msg.key)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -121,7 +118,12 @@ class Worker:
         self.s = settings
         self.engine = engine
         self.metrics = metrics or WorkerMetrics()
-        self.limits = Limits(max_questions=settings.max_questions, max_state_chars=settings.max_state_chars)
+        self.rules = DecisionRules(
+            limits=Limits(max_questions=settings.max_questions, max_state_chars=settings.max_state_chars),
+            seed_policy=settings.seed_policy,
+            fixed_seed=settings.fixed_seed,
+            max_gate=settings.max_gate,
+        )
         self._model = provenance(engine)
         self._batcher: Batcher[_Item] = Batcher(
             settings.batch_tokens, settings.max_wait_ms / 1000.0, settings.max_batch_events
@@ -314,14 +316,8 @@ class Worker:
                 continue
             self.metrics.events_in.inc()
             if isinstance(prep, InvalidEvent):
-                letter = prep.to_dead_letter(
-                    msg.value,
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    offset=msg.offset,
-                    key=msg.key,
-                    max_original_bytes=MAX_DEAD_LETTER_ORIGINAL_BYTES,
-                )
+                origin = Origin(tp.topic, tp.partition, msg.offset, msg.key)
+                letter = origin.dead_letter(msg.value, prep, MAX_DEAD_LETTER_ORIGINAL_BYTES)
                 log.info(
                     "event.invalid",
                     reason=str(prep.reason),
@@ -332,9 +328,8 @@ class Worker:
                 out = dead_letter_message(letter, self.s.dlq_topic, msg.key, run_headers(self.s.worker_id, 1))
                 await self._emit(part, msg.offset, out, msg.timestamp_ms)
                 continue
-            event, request, tokens = prep
-            item = _Item(part, msg, event, request, tokens)
-            for batch in self._batcher.add(item, tokens, now):
+            item = _Item(part, msg, prep)
+            for batch in self._batcher.add(item, prep.tokens, now):
                 self._dispatch(batch)
         self._rewind(skipped)
 
@@ -353,36 +348,8 @@ class Worker:
                 continue
             log.debug("consumer.rewind", partition=tp.partition, offset=offset)
 
-    def _prepare(self, values: list[bytes]) -> list[InvalidEvent | tuple[EvidenceEvent, DecideRequest, int]]:
-        out: list[InvalidEvent | tuple[EvidenceEvent, DecideRequest, int]] = []
-        for raw in values:
-            try:
-                event = parse_event(raw, self.limits)
-            except InvalidEvent as e:
-                out.append(e)
-                continue
-            deep = too_deep(event.request.state)
-            if deep is not None:  # every path must refuse it alike (the HTTP server answers 422)
-                out.append(InvalidEvent(ReasonCode.schema_violation, deep))
-                continue
-            request = decide_request(event, self.s.seed_policy, self.s.fixed_seed)
-            if self.s.max_gate is not None:
-                request = Ceilings(max_gate=self.s.max_gate).apply(request)
-            try:
-                tokens = self.engine.count_tokens(event.request)
-            except ImageError as e:  # corrupt, oversized or hostile: checked before any batch sees it
-                out.append(InvalidEvent(ReasonCode.invalid_image, str(e)[:2000]))
-                continue
-            except Exception as e:  # valid by the contract, yet the engine cannot render it
-                out.append(
-                    InvalidEvent(
-                        ReasonCode.engine_rejected,
-                        f"engine cannot tokenize it: {type(e).__name__}: {e}"[:2000],
-                    )
-                )
-                continue
-            out.append((event, request, tokens))
-        return out
+    def _prepare(self, values: list[bytes]) -> list[Prepared | InvalidEvent]:
+        return [prepare(raw, self.engine, self.rules) for raw in values]
 
     def _dispatch(self, batch: Batch[_Item] | None) -> None:
         if batch is None or not batch.items:
@@ -427,92 +394,64 @@ class Worker:
             if self._consumer is not None and not self._stop.is_set():
                 self._apply_backpressure()
 
-    async def _decide(self, requests: list[DecideRequest]) -> tuple[list[DecideResult], float]:
-        loop = asyncio.get_running_loop()
-        t0 = time.monotonic()
-        results = await loop.run_in_executor(self._engine_pool, self.engine.decide, requests)
-        if len(results) != len(requests):
-            raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-        return results, time.monotonic() - t0
-
     async def _run_batch(self, items: list[_Item]) -> None:
-        tokens = sum(it.tokens for it in items)
+        tokens = sum(it.prepared.tokens for it in items)
         self.metrics.batch_events.observe(len(items))
         self.metrics.batch_tokens.observe(tokens)
-        done: list[tuple[_Item, DecideResult | BaseException, int, float]] = []
-        try:
-            results, seconds = await self._decide([it.request for it in items])
+        requests = [it.prepared.request for it in items]
+        loop = asyncio.get_running_loop()
+        decided = await loop.run_in_executor(self._engine_pool, decide_batch, self.engine.decide, requests)
+        for seconds in decided.seconds if decided.alone else decided.seconds[:1]:
             self.metrics.engine_seconds.observe(seconds)
-            cache = getattr(self.engine, "cache", None)
-            if cache is not None:
-                self.metrics.observe_cache(cache.stats)
-            done = [(it, r, 1, seconds) for it, r in zip(items, results, strict=True)]
+        cache = getattr(self.engine, "cache", None)
+        if cache is not None:
+            self.metrics.observe_cache(cache.stats)
+        if not decided.alone:
             log.info(
                 "batch.decided",
                 events=len(items),
                 tokens=tokens,
-                engine_s=round(seconds, 4),
-                event_ids=[it.event.event_id for it in items],
+                engine_s=round(decided.seconds[0], 4),
+                event_ids=[it.prepared.event.event_id for it in items],
             )
-        except Exception as e:
-            # Retry each event alone: one poison event must not take its batch-mates down with it.
-            log.warning("engine.batch_failed", events=len(items), error=f"{type(e).__name__}: {e}")
-            for it in items:
-                try:
-                    (r,), seconds = await self._decide([it.request])
-                    self.metrics.engine_seconds.observe(seconds)
-                    done.append((it, r, 2, seconds))
-                except Exception as e1:
-                    done.append((it, e1, 2, 0.0))
         self._batch_seq += 1
-        outs = await asyncio.to_thread(self._outcomes, done, f"{self.s.worker_id}/{self._batch_seq}")
-        for it, out in outs:
+        outs = await asyncio.to_thread(
+            self._outcomes, items, decided, f"{self.s.worker_id}/{self._batch_seq}"
+        )
+        for it, out in zip(items, outs, strict=True):
             await self._emit(it.part, it.msg.offset, out, it.msg.timestamp_ms)
 
-    def _outcomes(
-        self, done: list[tuple[_Item, DecideResult | BaseException, int, float]], batch_id: str
-    ) -> list[tuple[_Item, Outgoing]]:
-        outs: list[tuple[_Item, Outgoing]] = []
-        for pos, (it, res, attempt, seconds) in enumerate(done):
+    def _outcomes(self, items: list[_Item], decided: Decided, batch_id: str) -> list[Outgoing]:
+        outs: list[Outgoing] = []
+        attempt = 2 if decided.alone else 1
+        for pos, (it, res, seconds) in enumerate(zip(items, decided.results, decided.seconds, strict=True)):
             tp = it.part.tp
             headers = run_headers(self.s.worker_id, attempt, {"engine": seconds})
             # Which engine call decided it, with whom: replays of a path that is not batch
             # invariant (fp32/bf16) must re-form the same batches to compare bytes.
-            if attempt == 1:
-                batch, pos_in, size = batch_id, pos, len(done)
-            else:  # decided alone after its batch failed
+            if decided.alone:  # decided alone after its batch failed
                 batch, pos_in, size = f"{batch_id}/{it.msg.offset}", 0, 1
+            else:
+                batch, pos_in, size = batch_id, pos, len(items)
             headers += [
                 ("prism-batch", batch.encode()),
                 ("prism-batch-pos", str(pos_in).encode()),
                 ("prism-batch-events", str(size).encode()),
             ]
-            if not isinstance(res, BaseException):
-                try:
-                    record = build_record(
-                        it.event,
-                        it.request,
-                        res,
-                        self._model,
-                        InputRef(topic=tp.topic, partition=tp.partition, offset=it.msg.offset),
-                    )
-                    outs.append((it, record_message(record, self.s.output_topic, headers)))
-                    continue
-                except Exception as e:  # an engine answer the contract refuses is an engine failure
-                    res = e
-            log.warning(
-                "event.engine_rejected", event_id=it.event.event_id, error=f"{type(res).__name__}: {res}"
-            )
-            letter = engine_dead_letter(
+            source = InputRef(topic=tp.topic, partition=tp.partition, offset=it.msg.offset)
+            done = settle(
                 it.msg.value,
+                it.prepared,
                 res,
-                topic=tp.topic,
-                partition=tp.partition,
-                offset=it.msg.offset,
-                key=it.msg.key,
+                self._model,
+                it.origin(),
+                source=source,
                 max_original_bytes=MAX_DEAD_LETTER_ORIGINAL_BYTES,
             )
-            outs.append((it, dead_letter_message(letter, self.s.dlq_topic, it.msg.key, headers)))
+            if isinstance(done, DecisionRecord):
+                outs.append(record_message(done, self.s.output_topic, headers))
+            else:
+                outs.append(dead_letter_message(done, self.s.dlq_topic, it.msg.key, headers))
         return outs
 
     # ---- publishing ---------------------------------------------------------------------------

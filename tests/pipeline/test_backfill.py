@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from prism_pipeline.core.batching import pack
 from prism_pipeline.core.records import build_record, decide_request, provenance
 from prism_pipeline.offline.backfill import (
     CRASH_ENV,
@@ -23,7 +24,6 @@ from prism_pipeline.offline.backfill import (
     BackfillOptions,
     FileSource,
     TopicSource,
-    batches,
     read_checkpoint,
     run_backfill,
 )
@@ -65,8 +65,8 @@ def backfill(engine, src: Path, out: Path, **kw) -> object:
 
 def test_batches_respect_the_token_budget() -> None:
     items = [("a", 5), ("b", 5), ("c", 1), ("d", 20), ("e", 2)]
-    assert batches(items, 10, 10) == [["a", "b"], ["c"], ["d"], ["e"]]
-    assert batches(items, 100, 2) == [["a", "b"], ["c", "d"], ["e"]]
+    assert pack(items, 10, 10) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert pack(items, 100, 2) == [["a", "b"], ["c", "d"], ["e"]]
 
 
 def test_records_are_the_engines_decisions_and_bad_lines_are_dead_lettered(

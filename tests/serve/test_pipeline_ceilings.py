@@ -41,7 +41,7 @@ def test_the_worker_caps_events_and_dead_letters_deep_states(engine: Engine) -> 
     assert isinstance(deep, InvalidEvent) and deep.reason == ReasonCode.schema_violation
     assert str(MAX_STATE_DEPTH) in deep.message
     assert not isinstance(poison, InvalidEvent)
-    _, request, _ = poison
+    request = poison.request
     assert isinstance(request, DecideRequest) and request.max_gate == 0.5
     result = engine.decide([request])[0]
     for trace in result.traces.values():
