@@ -257,14 +257,14 @@ def run_demo(
     timeout: float = 900.0,
 ) -> DemoResult:
     """Run the demo end to end; raises DemoError with the failing step."""
-    from prism_pipeline.worker.runner import ConfigError, load_engine
+    from prism_pipeline.core.engine_setup import ConfigError, EngineSettings, load_engine
 
     cache_dir = cache_dir.resolve()
     raw = read_events(events or sample_events_path(), limit)
     if not raw:
         raise DemoError("no events to publish")
     model_path = model if model is not None else demo_model(cache_dir)
-    settings = WorkerSettings(
+    settings = EngineSettings(
         model=model_path,
         device=device,
         precision=precision,

@@ -71,7 +71,8 @@ def _settings_error(e: ValidationError) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from prism_pipeline.worker.runner import ConfigError, run_worker
+    from prism_pipeline.core.engine_setup import ConfigError
+    from prism_pipeline.worker.runner import run_worker
 
     try:
         settings = settings_from_args(args)

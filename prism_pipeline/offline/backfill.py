@@ -708,8 +708,7 @@ def render_summary(s: BackfillSummary, output: str, dlq: str) -> str:
 
 
 def _cmd_backfill(args: argparse.Namespace) -> int:
-    from prism_pipeline.worker.runner import ConfigError, load_engine
-    from prism_pipeline.worker.settings import WorkerSettings
+    from prism_pipeline.core.engine_setup import ConfigError, EngineSettings, load_engine
 
     if bool(args.input) == bool(args.input_topic):
         sys.stderr.write("prism backfill: give input files or --input-topic (one of them)\n")
@@ -725,7 +724,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else base.with_name(base.name + ".checkpoint")
     dlq = Path(args.dlq) if args.dlq else base.with_name(base.name + ".dlq.jsonl")
     try:
-        settings = WorkerSettings(
+        settings = EngineSettings(
             model=args.model,
             decision_config=args.decision_config,
             device=args.device,

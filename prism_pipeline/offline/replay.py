@@ -410,16 +410,16 @@ class EngineSource:
             )
         path, mmproj = candidates[0]
         cfg = self._config_for(path, model, what)
-        from engine.engine import Engine
+        from prism_pipeline.core.engine_setup import EngineSettings, load_engine
 
         log.info("replay.loading_model", path=str(path), precision=precision, digest=digest)
-        engine = Engine.load(
-            path,
-            device=self.device,
-            precision=precision,
-            decision_config=cfg,
-            cache_bytes=self.cache_bytes,
+        settings = EngineSettings(model=path, device=self.device, precision=precision)  # type: ignore[arg-type]
+        engine = load_engine(
+            settings,
+            decision_config=cfg,  # the one the record names
             mmproj=mmproj or False,  # exactly the files the record names: a projector or none
+            cache_bytes=self.cache_bytes,
+            watch=False,
         )
         self._engines.append(engine)
         self._check_versions(engine, model)

@@ -44,23 +44,28 @@ def _release_date(path: Path) -> str:
 def build_app(args: argparse.Namespace) -> Any:
     """Load the engine named by the parsed flags and build the app (errors: `ServeError`)."""
     from engine.decision_config import DecisionConfigError
-    from engine.engine import Engine
+    from prism_pipeline.core.engine_setup import EngineSettings, load_engine
     from prism_pipeline.serve.app import CHARS_PER_TOKEN_BOUND, AppConfig, create_app
     from schemas.systemone import Limits
 
     path = Path(args.model)
     if not path.is_file():
         raise ServeError(f"--model {path}: no such file")
-    precision = None if args.precision == "auto" else args.precision  # None: the engine's default
     try:
-        engine = Engine.load(
-            path,
-            device=args.device,
-            precision=precision,
-            decision_config=args.decision_config,
-            tp=getattr(args, "tp", 1),
+        # --gate and --thought-budget change the decision config, as under every command (see
+        # core.engine_setup); the app then caps a request's gate at that gate by default.
+        settings = EngineSettings(
+            model=path,
             mmproj=getattr(args, "mmproj", None),  # None: an mmproj-*.gguf beside the model, or none
+            decision_config=args.decision_config,
+            device=args.device,
+            precision=args.precision,
+            tp=getattr(args, "tp", 1),
+            gate=args.gate,
+            thought_budget=args.thought_budget,
         )
+        # The server hands each result over as soon as it is final: no ThoughtWatch wrapper.
+        engine = load_engine(settings, watch=False)
     except (DecisionConfigError, ValueError, OSError) as e:
         raise ServeError(f"cannot load {path}: {e}") from None
     token_limit = engine.max_request_tokens
@@ -81,8 +86,6 @@ def build_app(args: argparse.Namespace) -> Any:
         max_body_bytes=args.max_body_bytes,
         limits=limits,
         seed=args.seed,
-        gate=args.gate,
-        thought_budget=args.thought_budget,
         batch_tokens=args.batch_tokens,
         max_wait_ms=args.max_wait_ms,
         max_batch_requests=args.max_batch_requests,
