@@ -18,16 +18,14 @@ import pytest
 
 from prism_pipeline.core.batching import pack
 from prism_pipeline.core.records import build_record, decide_request, provenance
-from prism_pipeline.offline.backfill import (
-    CRASH_ENV,
-    BackfillError,
-    BackfillOptions,
-    FileSource,
-    TopicSource,
-    read_checkpoint,
-    run_backfill,
-)
-from prism_pipeline.offline.replay import EngineSource, Selection, render_report, replay
+from prism_pipeline.offline.backfill import CRASH_ENV, BackfillOptions, run_backfill
+from prism_pipeline.offline.checkpoint import read_checkpoint
+from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.errors import BackfillError
+from prism_pipeline.offline.replay import replay
+from prism_pipeline.offline.report import render_report
+from prism_pipeline.offline.selection import Selection
+from prism_pipeline.offline.sources import FileSource, TopicSource
 from schemas.codec import dumps
 from schemas.deadletter import classify_invalid, parse_event
 from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET

@@ -11,7 +11,8 @@ import orjson
 from engine.engine import Engine
 from engine.types import DecideRequest
 from prism_pipeline.core.ceilings import MAX_STATE_DEPTH
-from prism_pipeline.offline.backfill import BackfillOptions, Item, decide_chunk
+from prism_pipeline.offline.backfill import BackfillOptions, decide_chunk
+from prism_pipeline.offline.sources import Item
 from prism_pipeline.worker.loop import Worker
 from prism_pipeline.worker.settings import WorkerSettings
 from schemas.deadletter import InvalidEvent, ReasonCode
