@@ -45,7 +45,7 @@ from prism_pipeline.offline.record_diff import FieldDiff, record_diff
 from prism_pipeline.offline.recorded import RecordIndex, read_records
 from prism_pipeline.offline.selection import Selection, range_positions
 from schemas.codec import dumps
-from schemas.deadletter import InvalidEvent, classify_invalid
+from schemas.deadletter import InvalidEvent, classify_invalid, parse_event
 from schemas.event import EvidenceEvent
 from schemas.record import DecisionRecord, InputRef, record_key
 from schemas.systemone import Limits
@@ -183,7 +183,11 @@ def replay_events(
                 continue
             prep = prepare(raw, eng, rules)
             if isinstance(prep, InvalidEvent):
-                invalid[pos] = prep
+                if classify_invalid(raw, rules.limits) is not None:
+                    invalid[pos] = prep  # not a valid event
+                else:  # a valid event the engine refuses before deciding (an image, its depth)
+                    refused = f"engine rejected the event: {prep.reason}: {prep.message}"
+                    decided[pos] = (parse_event(raw, rules.limits), refused)
                 continue
             by_engine[id(eng)].append((pos, prep))
             engines_by_id[id(eng)] = eng
