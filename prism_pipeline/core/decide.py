@@ -58,18 +58,15 @@ class Origin:
     offset: int
     key: bytes | None = None
 
+    def where(self) -> dict[str, Any]:
+        """The dead letter's position fields."""
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset, "key": self.key}
+
     def dead_letter(
         self, raw: bytes, invalid: InvalidEvent, max_original_bytes: int | None = None
     ) -> DeadLetter:
         """The dead letter of an input `prepare` refused."""
-        return invalid.to_dead_letter(
-            raw,
-            topic=self.topic,
-            partition=self.partition,
-            offset=self.offset,
-            key=self.key,
-            max_original_bytes=max_original_bytes,
-        )
+        return invalid.to_dead_letter(raw, **self.where(), max_original_bytes=max_original_bytes)
 
 
 @dataclass(frozen=True)
@@ -168,12 +165,4 @@ def settle(
         event_id=prepared.event.event_id,
         error=f"{type(result).__name__}: {result}",
     )
-    return engine_dead_letter(
-        raw,
-        result,
-        topic=origin.topic,
-        partition=origin.partition,
-        offset=origin.offset,
-        key=origin.key,
-        max_original_bytes=max_original_bytes,
-    )
+    return engine_dead_letter(raw, result, **origin.where(), max_original_bytes=max_original_bytes)

@@ -129,6 +129,16 @@ def run_headers(worker_id: str, attempt: int, timings: dict[str, float] | None =
     return headers
 
 
+def batch_headers(batch: str, position: int, size: int) -> list[Header]:
+    """Which engine call decided a record, with whom: a replay of a path that is not batch invariant
+    (fp32/bf16) re-forms the same batches from these to compare bytes (`core.batching.recorded_batches`)."""
+    return [
+        ("prism-batch", batch.encode()),
+        ("prism-batch-pos", str(position).encode()),
+        ("prism-batch-events", str(size).encode()),
+    ]
+
+
 def record_message(record: DecisionRecord, topic: str, headers: list[Header]) -> Outgoing:
     thought = sum(1 for t in record.questions.values() if t.second is not None)
     return Outgoing(

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import structlog
 
-from prism_pipeline.core.records import run_headers
+from prism_pipeline.core.records import batch_headers, run_headers
 from prism_pipeline.offline.errors import BackfillError
 from schemas.record import record_key
 
@@ -103,12 +103,7 @@ class TopicSink:
         for r in records:
             # The engine call that decided it, as the worker labels it: replay re-forms these
             # batches on the reference paths, which are not batch invariant.
-            headers = [
-                *base,
-                ("prism-batch", f"{self.job_id}/{chunk}/{r.batch}".encode()),
-                ("prism-batch-pos", str(r.batch_pos).encode()),
-                ("prism-batch-events", str(r.batch_size).encode()),
-            ]
+            headers = [*base, *batch_headers(f"{self.job_id}/{chunk}/{r.batch}", r.batch_pos, r.batch_size)]
             futs.append(
                 await self._producer.send(self.topic, r.value, key=record_key(r.event_id), headers=headers)
             )
