@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from prism_pipeline.core.engine_setup import PRECISIONS
+from prism_pipeline.cli.engine_flags import add_engine_flags, engine_settings
 from prism_pipeline.offline.backfill import BackfillOptions, BackfillSummary, run_backfill
 from prism_pipeline.offline.errors import OfflineError
 from prism_pipeline.offline.sources import FileSource, TopicSource
@@ -33,7 +33,7 @@ def render_summary(s: BackfillSummary, output: str, dlq: str) -> str:
 
 
 def _cmd_backfill(args: argparse.Namespace) -> int:
-    from prism_pipeline.core.engine_setup import ConfigError, EngineSettings, load_engine
+    from prism_pipeline.core.engine_setup import ConfigError, load_engine
 
     if bool(args.input) == bool(args.input_topic):
         sys.stderr.write("prism backfill: give input files or --input-topic (one of them)\n")
@@ -49,15 +49,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else base.with_name(base.name + ".checkpoint")
     dlq = Path(args.dlq) if args.dlq else base.with_name(base.name + ".dlq.jsonl")
     try:
-        settings = EngineSettings(
-            model=args.model,
-            decision_config=args.decision_config,
-            device=args.device,
-            precision=args.precision,
-            tp=args.tp,
-            gate=args.gate,
-            thought_budget=args.thought_budget,
-        )
+        settings = engine_settings(args)
     except ValueError as e:
         sys.stderr.write(f"prism backfill: invalid settings: {e}\n")
         return 2
@@ -131,13 +123,7 @@ def add_backfill(sub: argparse._SubParsersAction) -> None:
         "--overwrite", action="store_true", help="replace existing output when there is no checkpoint"
     )
     p.add_argument("--brokers", default="localhost:9092", help="Kafka bootstrap servers (topic input/output)")
-    p.add_argument("--model", required=True, help="GGUF model file")
-    p.add_argument("--decision-config", help="decision_config.json (default: beside the model)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
-    p.add_argument("--gate", type=float, help="AutoThink gate (default: the model's config)")
-    p.add_argument("--thought-budget", type=int, help="AutoThink thought token budget (and events' most)")
+    add_engine_flags(p, model_help="GGUF model file")
     p.add_argument(
         "--max-gate", type=float, default=None, help="highest gate an event may ask for (default any)"
     )

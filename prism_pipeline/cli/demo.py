@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prism_pipeline.core.engine_setup import PRECISIONS
+from prism_pipeline.cli.engine_flags import add_engine_flags
 
 TYPE_NAMES = {"noul": "yes/no", "choice": "choice", "score": "score"}  # `noul` is the wire name of yes/no
 
@@ -114,19 +114,16 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
             "print the decisions, verify them by re-deciding, and shut everything down."
         ),
     )
-    p.add_argument("--model", help="a StartLux-Decision GGUF (default: generate a small demo model)")
+    add_engine_flags(
+        p,
+        model_help="a StartLux-Decision GGUF (default: the bundled trained demo model)",
+        required=False,
+        files=False,
+        tp=False,
+    )
     p.add_argument("--events", help="JSON-lines evidence events (default: the bundled samples)")
     p.add_argument(
         "--cache-dir", default=".cache", help="where the generated demo model is kept (default .cache)"
     )
-    p.add_argument("--device", default="cpu", help="engine device (default cpu)")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS)
     p.add_argument("--limit", type=int, default=None, help="use only the first N events")
-    p.add_argument("--gate", type=float, default=None, help="AutoThink gate (default: the model's config)")
-    p.add_argument(
-        "--thought-budget",
-        type=int,
-        default=None,
-        help="AutoThink budget in tokens (default: the model's config; 8 for the generated demo model)",
-    )
     p.set_defaults(func=_cmd_demo)

@@ -1,10 +1,7 @@
-"""`prism serve`: load one model and serve the TypeSafe `/v1/systemone` API over HTTP.
+"""The HTTP server of `prism serve` (its flags and the app's setup are in `cli/serve.py`).
 
-    prism serve --model m.gguf [--host 127.0.0.1 --port 8090] [--precision auto|int8|bf16|fp32]
-                [--api-key KEY | PRISM_API_KEY=KEY] [--decision-config F] [--name N --alias A ...]
-
-uvicorn runs the FastAPI app (`http_app.create_app`) on uvloop; concurrent requests are batched
-into engine forests by `http_batching.EngineDispatcher` on one engine thread. `ServerThread` runs
+uvicorn runs the FastAPI app (`serve.app.create_app`) on uvloop; concurrent requests are batched
+into engine forests by `serve.dispatcher.EngineDispatcher` on one engine thread. `ServerThread` runs
 the same server on a background thread (tests, notebooks).
 
 Sockets are bounded before the app sees a byte (`SocketLimits`, enforced by a subclass of
@@ -18,83 +15,14 @@ engine (they get 503) and exits; uvicorn's own graceful timeout is only a backst
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 log = structlog.get_logger(__name__)
-
-API_KEY_ENV = "PRISM_API_KEY"
-
-
-def _release_date(path: Path) -> str:
-    """GGUF files carry no release date; the file's modification day stands in for it."""
-    return dt.datetime.fromtimestamp(path.stat().st_mtime, tz=dt.UTC).date().isoformat()
-
-
-def build_app(args: argparse.Namespace) -> Any:
-    """Load the engine named by the parsed flags and build the app (errors: `ServeError`)."""
-    from engine.decision_config import DecisionConfigError
-    from prism_pipeline.core.engine_setup import EngineSettings, load_engine
-    from prism_pipeline.serve.app import CHARS_PER_TOKEN_BOUND, AppConfig, create_app
-    from schemas.systemone import Limits
-
-    path = Path(args.model)
-    if not path.is_file():
-        raise ServeError(f"--model {path}: no such file")
-    try:
-        # --gate and --thought-budget change the decision config, as under every command (see
-        # core.engine_setup); the app then caps a request's gate at that gate by default.
-        settings = EngineSettings(
-            model=path,
-            mmproj=getattr(args, "mmproj", None),  # None: an mmproj-*.gguf beside the model, or none
-            decision_config=args.decision_config,
-            device=args.device,
-            precision=args.precision,
-            tp=getattr(args, "tp", 1),
-            gate=args.gate,
-            thought_budget=args.thought_budget,
-        )
-        # The server hands each result over as soon as it is final: no ThoughtWatch wrapper.
-        engine = load_engine(settings, watch=False)
-    except (DecisionConfigError, ValueError, OSError) as e:
-        raise ServeError(f"cannot load {path}: {e}") from None
-    token_limit = engine.max_request_tokens
-    if args.max_request_tokens is not None:
-        token_limit = min(token_limit, args.max_request_tokens)
-    names = tuple(dict.fromkeys([args.name or engine.model_name, *args.alias]))
-    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    try:
-        # The state-size ceiling by default follows the token ceiling (the cheap bound before
-        # tokenizing, see http_app.CHARS_PER_TOKEN_BOUND), so it is not 25x the tokens it can hold.
-        state_chars = args.max_state_chars or token_limit * CHARS_PER_TOKEN_BOUND
-        limits = Limits(max_questions=args.max_questions, max_state_chars=state_chars)
-    except ValueError as e:
-        raise ServeError(str(e)) from None
-    config = AppConfig(
-        model_names=names,
-        api_key=api_key,
-        max_body_bytes=args.max_body_bytes,
-        limits=limits,
-        seed=args.seed,
-        batch_tokens=args.batch_tokens,
-        max_wait_ms=args.max_wait_ms,
-        max_batch_requests=args.max_batch_requests,
-        max_pending=args.max_pending,
-        release_date=_release_date(path),
-        max_gate=args.max_gate,
-        deadline_s=args.deadline_s or None,
-        max_request_tokens=token_limit,
-        body_timeout_s=args.body_timeout_s,
-    )
-    return create_app(engine, config)
 
 
 class ServeError(RuntimeError):

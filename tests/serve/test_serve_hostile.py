@@ -85,11 +85,11 @@ def test_a_forced_thought_gets_at_most_the_operator_budget(serve: Serve) -> None
 
 def _oracle(body: dict, **kw: object):  # type: ignore[no-untyped-def]
     from engine.types import DecideRequest
-    from prism_pipeline.serve.app import _event_id
+    from prism_pipeline.serve.requests import request_event_id
     from schemas.systemone import SystemOneRequest
 
     req = SystemOneRequest.model_validate(body)
-    return DecideRequest(_event_id(req), req, **kw)  # type: ignore[arg-type]
+    return DecideRequest(request_event_id(req), req, **kw)  # type: ignore[arg-type]
 
 
 # ---- deadlines and disconnects stop thoughts in the engine ---------------------------------------
