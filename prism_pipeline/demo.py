@@ -22,11 +22,11 @@ from pathlib import Path
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from prism_pipeline.core.records import DecisionEngine
 from prism_pipeline.local_kafka import LocalKafka, LocalKafkaError, TopicSpec
-from prism_pipeline.records import DecisionEngine
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.verify import PublishedRecord, redecide
-from prism_pipeline.worker import Worker, WorkerError
+from prism_pipeline.offline.verify import PublishedRecord, redecide
+from prism_pipeline.worker.loop import Worker, WorkerError
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.codec import loads
 from schemas.deadletter import parse_event
 from schemas.record import DecisionRecord
@@ -257,14 +257,14 @@ def run_demo(
     timeout: float = 900.0,
 ) -> DemoResult:
     """Run the demo end to end; raises DemoError with the failing step."""
-    from prism_pipeline.runner import ConfigError, load_engine
+    from prism_pipeline.core.engine_setup import ConfigError, EngineSettings, load_engine
 
     cache_dir = cache_dir.resolve()
     raw = read_events(events or sample_events_path(), limit)
     if not raw:
         raise DemoError("no events to publish")
     model_path = model if model is not None else demo_model(cache_dir)
-    settings = WorkerSettings(
+    settings = EngineSettings(
         model=model_path,
         device=device,
         precision=precision,

@@ -31,7 +31,7 @@ import structlog
 from pydantic import ValidationError
 
 from engine.readout import _first_argmax as _argmax  # ties go to the earliest option, as answers do
-from prism_pipeline.seeds import derive_seed
+from prism_pipeline.core.seeds import derive_seed
 from schemas.systemone import SystemOneRequest
 
 log = structlog.get_logger(__name__)

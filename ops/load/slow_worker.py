@@ -33,9 +33,10 @@ class SlowEngine:
 
 def main(argv: list[str] | None = None) -> int:
     from prism_pipeline.cli import build_parser
-    from prism_pipeline.commands import settings_from_args
+    from prism_pipeline.cli.run import settings_from_args
+    from prism_pipeline.core.engine_setup import ConfigError, load_engine
     from prism_pipeline.logs import configure_logging, install_stack_dump
-    from prism_pipeline.runner import ConfigError, load_engine, run_worker
+    from prism_pipeline.worker.runner import run_worker
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)

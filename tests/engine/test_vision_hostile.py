@@ -123,7 +123,8 @@ def test_a_bad_image_rejects_only_its_request(engine: Engine) -> None:
 
 
 def test_backfill_dead_letters_a_hostile_image(engine: Engine) -> None:
-    from prism_pipeline.backfill import BackfillOptions, Item, decide_chunk
+    from prism_pipeline.offline.backfill import BackfillOptions, decide_chunk
+    from prism_pipeline.offline.sources import Item
     from schemas.codec import loads
     from schemas.deadletter import DeadLetter
 

@@ -16,18 +16,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prism_pipeline.backfill import (
-    CRASH_ENV,
-    BackfillError,
-    BackfillOptions,
-    FileSource,
-    TopicSource,
-    batches,
-    read_checkpoint,
-    run_backfill,
-)
-from prism_pipeline.records import build_record, decide_request, provenance
-from prism_pipeline.replay import EngineSource, Selection, render_report, replay
+from prism_pipeline.core.batching import pack
+from prism_pipeline.core.records import build_record, decide_request, provenance
+from prism_pipeline.offline.backfill import CRASH_ENV, BackfillOptions, run_backfill
+from prism_pipeline.offline.checkpoint import read_checkpoint
+from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.errors import BackfillError
+from prism_pipeline.offline.replay import replay
+from prism_pipeline.offline.report import render_report
+from prism_pipeline.offline.selection import Selection
+from prism_pipeline.offline.sources import FileSource, TopicSource
 from schemas.codec import dumps
 from schemas.deadletter import classify_invalid, parse_event
 from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET
@@ -65,8 +63,8 @@ def backfill(engine, src: Path, out: Path, **kw) -> object:
 
 def test_batches_respect_the_token_budget() -> None:
     items = [("a", 5), ("b", 5), ("c", 1), ("d", 20), ("e", 2)]
-    assert batches(items, 10, 10) == [["a", "b"], ["c"], ["d"], ["e"]]
-    assert batches(items, 100, 2) == [["a", "b"], ["c", "d"], ["e"]]
+    assert pack(items, 10, 10) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert pack(items, 100, 2) == [["a", "b"], ["c", "d"], ["e"]]
 
 
 def test_records_are_the_engines_decisions_and_bad_lines_are_dead_lettered(

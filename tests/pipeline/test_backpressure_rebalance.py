@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from tests.pipeline.kafkautil import Tail, committed, create_topics, encode, event, produce, unique, wait_for
 
 pytestmark = pytest.mark.kafka

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_pipeline.batcher import Batch, Batcher
+from prism_pipeline.core.batching import Batch, Batcher
 
 
 @settings(max_examples=300, deadline=None)

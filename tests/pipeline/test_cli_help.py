@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from prism_pipeline.cli import build_parser
-from prism_pipeline.helptext import COMMANDS
+from prism_pipeline.cli.helptext import COMMANDS
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

@@ -8,8 +8,8 @@ import base64
 
 import pytest
 
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter
 from schemas.record import DecisionRecord

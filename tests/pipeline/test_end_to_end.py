@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from prism_pipeline.seeds import derive_seed
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.verify import PublishedRecord, redecide
-from prism_pipeline.worker import Worker
+from prism_pipeline.core.seeds import derive_seed
+from prism_pipeline.offline.verify import PublishedRecord, redecide
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.codec import loads
 from schemas.record import DecisionRecord
 from tests.pipeline.kafkautil import (

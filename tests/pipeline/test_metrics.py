@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 
 from engine.cache import PrefixCache
 from engine.forest import SegmentState
-from prism_pipeline.metrics import WorkerMetrics
+from prism_pipeline.worker.metrics import WorkerMetrics
 
 
 def state(nbytes: int) -> SegmentState:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_pipeline.offsets import OffsetTracker
+from prism_pipeline.worker.offsets import OffsetTracker
 
 
 def oracle(tracked: list[int], acked: set[int]) -> int | None:

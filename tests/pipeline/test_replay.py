@@ -17,16 +17,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from engine.decision_config import DecisionConfig
-from prism_pipeline.replay import (
-    EngineSource,
-    ReplayRefused,
-    Selection,
-    record_diff,
-    render_report,
-    replay,
-)
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.errors import ReplayRefused
+from prism_pipeline.offline.record_diff import record_diff
+from prism_pipeline.offline.replay import replay
+from prism_pipeline.offline.report import render_report
+from prism_pipeline.offline.selection import Selection
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET
 from tests.pipeline.kafkautil import REPO, create_topics, encode, event, read_all, unique, wait_for
 

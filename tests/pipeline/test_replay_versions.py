@@ -9,8 +9,11 @@ import math
 import orjson
 
 from engine.engine import ENGINE_VERSION
-from prism_pipeline.records import build_record, decide_request, provenance
-from prism_pipeline.replay import EngineSource, RecordIndex, ReplayReport, render_report, replay_events
+from prism_pipeline.core.records import build_record, decide_request, provenance
+from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.recorded import RecordIndex
+from prism_pipeline.offline.replay import ReplayReport, replay_events
+from prism_pipeline.offline.report import render_report
 from schemas.codec import dumps
 from schemas.deadletter import parse_event
 from schemas.record import InputRef

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prism_pipeline.seeds import choose_seed, derive_seed
+from prism_pipeline.core.seeds import choose_seed, derive_seed
 
 
 @given(st.text(min_size=1, max_size=64))

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from prism_pipeline.cli import build_parser
-from prism_pipeline.commands import settings_from_args
+from prism_pipeline.cli.run import settings_from_args
 
 
 def parse(argv: list[str]):

@@ -6,8 +6,8 @@ import structlog
 
 from engine.types import DecideRequest
 from prism_pipeline import synth
+from prism_pipeline.core.thoughtwatch import ThoughtWatch
 from prism_pipeline.evaluate import parse_items
-from prism_pipeline.thoughtwatch import ThoughtWatch
 
 
 def test_random_model_thoughts_hit_the_budget_and_are_reported(tiny_engine) -> None:

@@ -13,8 +13,11 @@ import pytest
 from engine.decision_config import DecisionConfig
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model
-from prism_pipeline.replay import EngineSource, Selection, render_report, replay
-from prism_pipeline.verify import PublishedRecord, redecide
+from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.replay import replay
+from prism_pipeline.offline.report import render_report
+from prism_pipeline.offline.selection import Selection
+from prism_pipeline.offline.verify import PublishedRecord, redecide
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter, ReasonCode
 from schemas.record import DecisionRecord

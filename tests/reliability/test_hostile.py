@@ -14,7 +14,7 @@ import pytest
 
 from ops.load import scenarios
 from ops.load.scenarios import ScenarioConfig
-from prism_pipeline.records import MAX_DEAD_LETTER_ORIGINAL_BYTES
+from prism_pipeline.core.records import MAX_DEAD_LETTER_ORIGINAL_BYTES
 from tests.pipeline.kafkautil import read_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(240)]

@@ -16,9 +16,9 @@ import pytest
 from serve_helpers import API_KEY, Served
 
 from engine.engine import Engine
-from prism_pipeline.http_app import AppConfig, create_app
-from prism_pipeline.http_metrics import ServeMetrics
-from prism_pipeline.serve import ServerThread
+from prism_pipeline.serve.app import AppConfig, create_app
+from prism_pipeline.serve.metrics import ServeMetrics
+from prism_pipeline.serve.server import ServerThread
 from schemas.systemone import Limits
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.engine import Engine
-from prism_pipeline.http_app import AppConfig
-from prism_pipeline.http_metrics import ServeMetrics
+from prism_pipeline.serve.app import AppConfig
+from prism_pipeline.serve.metrics import ServeMetrics
 
 API_KEY = "test-key-0123456789"
 

@@ -12,7 +12,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.types import DecideRequest, DecideResult
-from prism_pipeline.http_batching import BatchStats, DispatcherClosed, EngineDispatcher, Overloaded
+from prism_pipeline.serve.dispatcher import BatchStats, DispatcherClosed, EngineDispatcher, Overloaded
 from schemas.systemone import SystemOneRequest
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 from engine.engine import Engine
 from engine.types import CancelToken, DecideRequest, DecideResult
-from prism_pipeline.http_batching import EngineDispatcher
+from prism_pipeline.serve.dispatcher import EngineDispatcher
 from schemas.systemone import SystemOneRequest
 
 

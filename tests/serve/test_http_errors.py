@@ -217,7 +217,7 @@ def test_health(open_server: Served) -> None:
 
 
 def test_models_lists_the_served_names(serve) -> None:  # noqa: ANN001 - the conftest factory
-    from prism_pipeline.http_app import AppConfig
+    from prism_pipeline.serve.app import AppConfig
 
     served = serve(AppConfig(model_names=("prism-small", "jev-latest"), release_date="2026-11-01"))
     r = httpx.get(f"{served.url}/v1/models")
@@ -239,7 +239,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_count_requests_and_batches(serve) -> None:  # noqa: ANN001
-    from prism_pipeline.http_app import AppConfig
+    from prism_pipeline.serve.app import AppConfig
 
     served = serve(AppConfig())
     for _ in range(3):

@@ -26,9 +26,9 @@ from serve_bat_cases import write_cases
 from serve_helpers import Served
 
 from engine.engine import Engine
-from prism_pipeline.http_app import AppConfig, create_app
-from prism_pipeline.http_metrics import ServeMetrics
-from prism_pipeline.serve import ServerThread
+from prism_pipeline.serve.app import AppConfig, create_app
+from prism_pipeline.serve.metrics import ServeMetrics
+from prism_pipeline.serve.server import ServerThread
 
 RELATIONS = "batch_solo,batch_order,duplicate_question,batch_content,batch_size_sweep"
 JEVBENCH = [sys.executable, "-c", "from jevbench.cli import main; main()"]

@@ -10,10 +10,11 @@ import orjson
 
 from engine.engine import Engine
 from engine.types import DecideRequest
-from prism_pipeline.backfill import BackfillOptions, Item, decide_chunk
-from prism_pipeline.ceilings import MAX_STATE_DEPTH
-from prism_pipeline.settings import WorkerSettings
-from prism_pipeline.worker import Worker
+from prism_pipeline.core.ceilings import MAX_STATE_DEPTH
+from prism_pipeline.offline.backfill import BackfillOptions, decide_chunk
+from prism_pipeline.offline.sources import Item
+from prism_pipeline.worker.loop import Worker
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.deadletter import InvalidEvent, ReasonCode
 
 
@@ -41,7 +42,7 @@ def test_the_worker_caps_events_and_dead_letters_deep_states(engine: Engine) -> 
     assert isinstance(deep, InvalidEvent) and deep.reason == ReasonCode.schema_violation
     assert str(MAX_STATE_DEPTH) in deep.message
     assert not isinstance(poison, InvalidEvent)
-    _, request, _ = poison
+    request = poison.request
     assert isinstance(request, DecideRequest) and request.max_gate == 0.5
     result = engine.decide([request])[0]
     for trace in result.traces.values():

@@ -18,9 +18,9 @@ import orjson
 import pytest
 from serve_helpers import API_KEY, Served
 
-from prism_pipeline.ceilings import MAX_STATE_DEPTH
-from prism_pipeline.http_app import AppConfig
-from prism_pipeline.serve import ServerThread, SocketLimits
+from prism_pipeline.core.ceilings import MAX_STATE_DEPTH
+from prism_pipeline.serve.app import AppConfig
+from prism_pipeline.serve.server import ServerThread, SocketLimits
 
 Serve = Callable[[AppConfig], Served]
 LONG = {"state": "disk full on db-3", "questions": {"q": {"type": "noul", "gate": 1}}}
@@ -85,11 +85,11 @@ def test_a_forced_thought_gets_at_most_the_operator_budget(serve: Serve) -> None
 
 def _oracle(body: dict, **kw: object):  # type: ignore[no-untyped-def]
     from engine.types import DecideRequest
-    from prism_pipeline.http_app import _event_id
+    from prism_pipeline.serve.requests import request_event_id
     from schemas.systemone import SystemOneRequest
 
     req = SystemOneRequest.model_validate(body)
-    return DecideRequest(_event_id(req), req, **kw)  # type: ignore[arg-type]
+    return DecideRequest(request_event_id(req), req, **kw)  # type: ignore[arg-type]
 
 
 # ---- deadlines and disconnects stop thoughts in the engine ---------------------------------------
@@ -163,8 +163,8 @@ def test_a_state_nested_too_deep_is_422_not_500(open_server: Served) -> None:
 
 @pytest.fixture(scope="module")
 def guarded(engine) -> Served:  # type: ignore[no-untyped-def]
-    from prism_pipeline.http_app import create_app
-    from prism_pipeline.http_metrics import ServeMetrics
+    from prism_pipeline.serve.app import create_app
+    from prism_pipeline.serve.metrics import ServeMetrics
 
     limits = SocketLimits(max_header_bytes=2048, max_headers=20, header_timeout_s=0.5, max_connections=4)
     config = AppConfig(gate=0.0, body_timeout_s=0.5)

@@ -15,7 +15,7 @@ from test_serve_cli import _start, _stop
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model
 from engine.types import DecideRequest
-from prism_pipeline.http_app import _event_id
+from prism_pipeline.serve.requests import request_event_id
 from schemas.systemone import SystemOneRequest
 
 KEY = "vision-key"
@@ -69,10 +69,10 @@ def test_prism_serve_answers_images_and_refuses_hostile_ones(model_path: Path) -
     engine = Engine.load(model_path)
     assert engine.vision is not None
     request = SystemOneRequest.model_validate(body)
-    (direct,) = engine.decide([DecideRequest(_event_id(request), request, seed=0, gate=0.0)])
+    (direct,) = engine.decide([DecideRequest(request_event_id(request), request, seed=0, gate=0.0)])
     answers = ok.json()["answers"]
     assert answers["down"]["noul"] == direct.answers["down"].noul
     assert answers["team"]["probabilities"] == direct.answers["team"].probabilities
     text_only = SystemOneRequest.model_validate({**body, "images": None})
-    (blind,) = engine.decide([DecideRequest(_event_id(text_only), text_only, seed=0, gate=0.0)])
+    (blind,) = engine.decide([DecideRequest(request_event_id(text_only), text_only, seed=0, gate=0.0)])
     assert blind.answers["down"].noul != answers["down"]["noul"]  # the images were seen

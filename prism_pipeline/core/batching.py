@@ -1,4 +1,6 @@
-"""Group events into engine batches by a token budget and a maximum wait.
+"""Group events into engine batches: by a token budget and a maximum wait (`Batcher`: the worker
+and the HTTP server; `pack`: offline jobs), or as the records say they were (`recorded_batches`:
+replay and the demo's verify).
 
 Pure and clock-free: the caller passes `now` (monotonic seconds), so the rules are testable
 without sleeping. Rules:
@@ -11,10 +13,12 @@ without sleeping. Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -75,3 +79,50 @@ class Batcher(Generic[T]):
     @property
     def pending_items(self) -> int:
         return 0 if self._open is None else len(self._open.items)
+
+
+def pack(items: Iterable[tuple[T, int]], max_tokens: int, max_items: int | None = None) -> list[list[T]]:
+    """`items` (each with its token count) cut into consecutive batches by the same rules, with no
+    clock: offline jobs (backfill) pack for throughput and never wait."""
+    batcher: Batcher[T] = Batcher(max_tokens, 0.0, max_items)
+    out = [b.items for item, tokens in items for b in batcher.add(item, tokens, 0.0)]
+    last = batcher.flush()
+    if last is not None:
+        out.append(last.items)
+    return out
+
+
+def recorded_batches(
+    keys: Sequence[K],
+    label_of: Callable[[K], str | None],
+    members_of: Callable[[str], list[K]],
+    invariant: Callable[[K], bool],
+    free_size: int = 64,
+) -> list[list[K]]:
+    """The engine calls that re-decide recorded events: where a record was decided matters, its batch.
+
+    `label_of` names the engine call a key's record says decided it (the `prism-batch` header),
+    `members_of` every key of that call in batch order. On a batch-invariant path (`invariant`:
+    int8) any grouping reproduces a record, so those keys go `free_size` a call; on a reference path
+    (fp32/bf16) a recorded batch is re-formed whole, batch-mates included, and a key with no label
+    is decided alone (what a worker with one event a batch would have done).
+    """
+    groups: list[list[K]] = []
+    seen: set[K] = set()
+    loose: list[K] = []
+    for key in keys:
+        if key in seen:
+            continue
+        label = label_of(key)
+        if label is None or invariant(key):
+            loose.append(key)
+            seen.add(key)
+            continue
+        members = members_of(label)
+        seen.update(members)
+        groups.append(members)
+    free = [k for k in loose if invariant(k)]
+    for i in range(0, len(free), free_size):
+        groups.append(free[i : i + free_size])
+    groups.extend([k] for k in loose if not invariant(k))
+    return groups

@@ -25,127 +25,72 @@ budget, requests at `deadline_s`. A response whose thoughts hit the budget says 
 while its request is decided has its thoughts stopped; that is logged as one line
 (`serve.client_gone`) and counted under status 499, never as a server error.
 
-The body is parsed and validated here rather than by FastAPI, so it is checked exactly like a
-Kafka event (strict pydantic under the server's `Limits`, orjson, duplicate keys refused); the
-OpenAPI document still declares the request schema (see `_openapi`).
+The body is read and checked by `serve.requests` rather than by FastAPI, so it is checked exactly
+like a Kafka event (strict pydantic under the server's `Limits`, orjson, duplicate keys refused);
+`serve.openapi` still declares the request schema, and `serve.wire` holds the error shapes. What
+stays here (about 400 lines) is the routes and the order each request goes through, kept in one
+place because that order (auth, bounds, tokens, ceilings, deadline, answer) is the contract.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 import structlog
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from engine.types import INVALID_IMAGE, CancelToken, DecideRequest, DecideResult, ImageError
-from prism_pipeline.ceilings import MAX_STATE_DEPTH, Ceilings, nesting_depth, too_deep
-from prism_pipeline.http_batching import DispatcherClosed, EngineDispatcher, Overloaded
-from prism_pipeline.http_metrics import ServeMetrics
-from prism_pipeline.records import DecisionEngine
-from schemas.deadletter import has_duplicate_keys
-from schemas.systemone import Limits, SystemOneRequest, SystemOneResponse, Usage, validation_context
+from prism_pipeline.core.ceilings import Ceilings
+from prism_pipeline.core.records import DecisionEngine
+from prism_pipeline.serve.dispatcher import DispatcherClosed, EngineDispatcher, Overloaded
+from prism_pipeline.serve.metrics import ServeMetrics
+from prism_pipeline.serve.openapi import openapi_document
+from prism_pipeline.serve.requests import (
+    check_bearer,
+    check_cheap_bounds,
+    parse_request,
+    read_body,
+    request_event_id,
+    validation_error,
+)
+from prism_pipeline.serve.wire import (
+    JSON_TYPE,
+    REQUEST_ID_HEADER,
+    APIError,
+    ClientGone,
+    ErrorBody,
+    Health,
+    ModelInfo,
+    ModelList,
+    api_error,
+    error_response,
+)
+from schemas.systemone import Limits, SystemOneResponse, Usage
 
 log = structlog.get_logger(__name__)
 
-REQUEST_ID_HEADER = "x-typesafe-request-id"
 THOUGHTS_CUT_HEADER = "x-prism-thoughts-cut"
 CLIENT_GONE_STATUS = 499  # nginx's "client closed request": logged and counted, never a 5xx
 # Answering a request waits this much past its deadline for the engine's own stop (one thought
 # step) before the handler gives up on it (the engine still stops it at its next step).
 DEADLINE_GRACE_S = 0.5
-# Characters per token above which a state is refused before it is tokenized: byte-level BPE on
-# text and JSON runs 2-5 characters per token, so a state longer than 8 per token of the limit is
-# over the limit in practice; the exact count still decides everything under this bound.
-CHARS_PER_TOKEN_BOUND = 8
 _PROTECTED = frozenset({"/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-JSON_TYPE = "application/json"
 API_VERSION = "1.0.0"
 # Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
 _BEARER = HTTPBearer(auto_error=False, description="The server's API key as a bearer token")
-
-
-# ---- wire models of this server's own responses ----------------------------------------------------
-
-
-class ErrorDetail(BaseModel):
-    loc: list[str | int]
-    msg: str
-    type: str
-
-
-class ErrorBody(BaseModel):
-    error: str
-    detail: list[ErrorDetail] = []
-
-
-class ModelInfo(BaseModel):
-    name: str
-    description: str
-    release_date: str  # YYYY-MM-DD
-
-
-class ModelList(BaseModel):
-    models: list[ModelInfo]
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    model: str
-    precision: str
-    pending: int
-
-
-class ClientGone(Exception):
-    """The client disconnected (mid-body, or while its request was decided): nobody reads a reply."""
-
-
-class APIError(Exception):
-    """An error response: status, message and field details (rendered by `_error_response`)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        detail: list[ErrorDetail] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.detail = detail or []
-        self.headers = headers or {}
-
-
-def _error(
-    status: int, code: str, message: str, loc: list[str | int] | None = None, **headers: str
-) -> APIError:
-    return APIError(status, message, [ErrorDetail(loc=loc or ["body"], msg=message, type=code)], headers)
-
-
-def _error_response(e: APIError, request_id: str) -> Response:
-    body = ErrorBody(error=e.message, detail=e.detail)
-    headers = {**e.headers, REQUEST_ID_HEADER: request_id}
-    return Response(
-        orjson.dumps(body.model_dump()), status_code=e.status, media_type=JSON_TYPE, headers=headers
-    )
 
 
 # ---- configuration ---------------------------------------------------------------------------------
@@ -247,7 +192,7 @@ def create_app(
         given = creds.credentials if creds is not None else ""
         # compare_digest on bytes: constant time, and no TypeError for non-ASCII tokens.
         if not hmac.compare_digest(given.encode(), (cfg.api_key or "").encode()):
-            raise _error(
+            raise api_error(
                 401,
                 "unauthorized",
                 "missing or invalid API key: send it as 'Authorization: Bearer <key>'",
@@ -267,13 +212,13 @@ def create_app(
         t0 = time.perf_counter()
         try:
             if cfg.api_key is not None and request.url.path in _PROTECTED:
-                _check_header_key(request.headers.get("authorization"), cfg.api_key)
+                check_bearer(request.headers.get("authorization"), cfg.api_key)
             response: Response = await call_next(request)
         except APIError as e:
-            response = _error_response(e, request_id)
+            response = error_response(e, request_id)
         except Exception as e:  # a bug: answer with the error shape, never a bare traceback
             log.exception("serve.unhandled", request_id=request_id, error=f"{type(e).__name__}: {e}")
-            response = _error_response(_error(500, "internal_error", "internal server error"), request_id)
+            response = error_response(api_error(500, "internal_error", "internal server error"), request_id)
         response.headers[REQUEST_ID_HEADER] = request_id
         metrics.latency.labels(route).observe(time.perf_counter() - t0)
         metrics.requests.labels(route, str(response.status_code)).inc()
@@ -281,7 +226,7 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, e: APIError) -> Response:
-        return _error_response(e, _request_id(request))
+        return error_response(e, _request_id(request))
 
     @app.exception_handler(ClientGone)
     async def on_client_gone(request: Request, e: ClientGone) -> Response:
@@ -291,12 +236,12 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        err = _error(e.status_code, code, str(e.detail), ["path"], **(e.headers or {}))
-        return _error_response(err, _request_id(request))
+        err = api_error(e.status_code, code, str(e.detail), ["path"], **(e.headers or {}))
+        return error_response(err, _request_id(request))
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, e: RequestValidationError) -> Response:
-        return _error_response(_validation_error(e.errors()), _request_id(request))
+        return error_response(validation_error(e.errors()), _request_id(request))
 
     # ---- routes ----
 
@@ -315,31 +260,31 @@ def create_app(
     )
     async def systemone(request: Request) -> Response:
         arrived = time.monotonic()
-        raw = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
-        req = _parse_request(raw, cfg.limits)
+        raw = await read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
+        req = parse_request(raw, cfg.limits)
         if req.model is not None and req.model not in names:
-            raise _error(
+            raise api_error(
                 404,
                 "model_not_found",
                 f"model {req.model!r} is not served here (serving: {', '.join(names)})",
                 ["body", "model"],
             )
-        _check_cheap_bounds(req, token_limit)
+        check_cheap_bounds(req, token_limit)
         loop = asyncio.get_running_loop()
         try:
             tokens = await loop.run_in_executor(token_pool, engine.count_tokens, req)
         except ImageError as e:  # checks every image (header bounds first) before it is batched
-            raise _error(422, "invalid_image", f"unusable image: {e}", ["body", "images"]) from None
+            raise api_error(422, "invalid_image", f"unusable image: {e}", ["body", "images"]) from None
         except ValueError as e:
-            raise _error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
+            raise api_error(422, "engine_rejected", f"the model cannot take this request: {e}") from None
         if tokens > token_limit:
-            raise _error(
+            raise api_error(
                 422,
                 "too_many_tokens",
                 f"request needs {tokens} tokens, more than this server's {token_limit}",
             )
         decide_req = DecideRequest(
-            request_id=_event_id(req),
+            request_id=request_event_id(req),
             request=req,
             seed=cfg.seed,
             gate=cfg.gate,
@@ -351,18 +296,18 @@ def create_app(
         try:
             result = await _decide_unless_stopped(request, dispatcher, decide_req, tokens)
         except Overloaded as e:
-            raise _error(503, "overloaded", f"server busy: {e}", **{"retry-after": "1"}) from None
+            raise api_error(503, "overloaded", f"server busy: {e}", **{"retry-after": "1"}) from None
         except DispatcherClosed as e:
-            raise _error(503, "shutting_down", str(e), **{"retry-after": "1"}) from None
+            raise api_error(503, "shutting_down", str(e), **{"retry-after": "1"}) from None
         except ValueError as e:
-            raise _error(422, "engine_rejected", f"the model cannot answer this request: {e}") from None
+            raise api_error(422, "engine_rejected", f"the model cannot answer this request: {e}") from None
         finally:
             metrics.in_flight.dec()
         if result.stopped == "deadline":
             raise _deadline_error(cfg.deadline_s)
         if result.stopped == "cancelled":
             if dispatcher.draining:
-                raise _error(503, "shutting_down", "the server stopped this request to shut down")
+                raise api_error(503, "shutting_down", "the server stopped this request to shut down")
             raise ClientGone("while its request was decided")
         return _answer(result, served, metrics)
 
@@ -397,56 +342,12 @@ def create_app(
     async def prometheus() -> Response:  # with an API key, the middleware asks for it first
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.openapi = lambda: _openapi(app, cfg.limits, names)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi_document(app, cfg.limits, names)  # type: ignore[method-assign]
     return app
 
 
-def _check_header_key(header: str | None, key: str) -> None:
-    """The bearer check for routes outside FastAPI's dependencies (docs, schema, metrics)."""
-    scheme, _, given = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-        raise _error(
-            401,
-            "unauthorized",
-            "missing or invalid API key: send it as 'Authorization: Bearer <key>'",
-            ["header", "authorization"],
-            **{"www-authenticate": "Bearer"},
-        )
-
-
-def _check_depth(obj: Any) -> None:
-    """Refuse a body nested deeper than every path can take, before pydantic recurses into it.
-
-    The state may nest MAX_STATE_DEPTH levels (the body adds one); the instructions, a JSON value
-    too, no deeper than that.
-    """
-    if nesting_depth(obj, MAX_STATE_DEPTH + 2) <= MAX_STATE_DEPTH + 1:
-        return
-    state = obj.get("state") if isinstance(obj, dict) else None
-    why = too_deep(state)
-    if why is not None:
-        raise _error(422, "state_too_deep", why, ["body", "state"])
-    raise _error(422, "body_too_deep", f"the body nests more than {MAX_STATE_DEPTH + 1} levels deep")
-
-
-def _check_cheap_bounds(req: SystemOneRequest, token_limit: int) -> None:
-    """What can be refused before tokenizing: a state far too long for the token limit."""
-    chars = len(req.state) if isinstance(req.state, str) else 0
-    if not isinstance(req.state, str) and req.state is not None:
-        chars = len(orjson.dumps(req.state))
-    bound = token_limit * CHARS_PER_TOKEN_BOUND
-    if chars > bound:
-        raise _error(
-            422,
-            "too_many_tokens",
-            f"state has {chars} characters: more than {CHARS_PER_TOKEN_BOUND} per token of this "
-            f"server's {token_limit}-token limit, so it is refused before tokenizing",
-            ["body", "state"],
-        )
-
-
 def _deadline_error(deadline_s: float | None) -> APIError:
-    return _error(
+    return api_error(
         504,
         "deadline_exceeded",
         f"the request was not decided within the server's deadline of {deadline_s} s; its thoughts "
@@ -495,199 +396,11 @@ def _request_id(request: Request) -> str:
     return getattr(request.state, "request_id", None) or "req_" + uuid.uuid4().hex
 
 
-_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
-
-
-def _openapi(app: FastAPI, limits: Limits, names: tuple[str, ...]) -> dict[str, Any]:
-    """FastAPI's document plus the request schema, which FastAPI cannot see (the body is read raw).
-
-    The schema is the wire contract's, with this server's model names and size limits written in,
-    so a client (or a fuzzer) reading the document knows what the server accepts.
-    """
-    if app.openapi_schema:
-        return app.openapi_schema
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    schema = SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    components = doc.setdefault("components", {}).setdefault("schemas", {})
-    for name, sub in schema.pop("$defs", {}).items():
-        components.setdefault(name, _typed_question(sub) if name == "Question" else sub)
-    props = schema["properties"]
-    props["model"] = {
-        "anyOf": [{"type": "string", "enum": list(names)}, {"type": "null"}],
-        "default": None,
-        "description": "a model name from GET /v1/models (null: the served model)",
-    }
-    props["questions"].update(minProperties=1, maxProperties=limits.max_questions)
-    props["questions"]["description"] = f"question id -> question; 1..{limits.max_questions}"
-    for branch in props["images"]["anyOf"]:
-        if branch.get("type") == "array":
-            branch["maxItems"] = limits.max_images
-            branch["items"]["pattern"] = rf"^(?:data:image/[A-Za-z0-9.+-]+;base64,)?{_BASE64}$"
-    props["images"]["description"] = f"at most {limits.max_images} images, base64 or data: URIs"
-    components["SystemOneRequest"] = schema
-    app.openapi_schema = doc
-    return doc
-
-
-def _typed_question(question: dict[str, Any]) -> dict[str, Any]:
-    """The contract's Question schema, split by `type` so each type names the criteria it takes.
-
-    The pydantic schema lists every criteria shape for every type (the coupling lives in a
-    validator, which JSON Schema cannot see); one variant per type says what the server accepts.
-    The contract's schema is returned unchanged if its criteria shapes are not the expected three.
-    """
-    props = question.get("properties", {})
-    shapes: dict[str, dict[str, Any]] = {}
-    for branch in props.get("criteria", {}).get("anyOf", []):
-        if branch.get("type") == "array":
-            shapes["score"] = branch
-        elif branch.get("type") == "object" and "properties" in branch:
-            shapes["noul"] = {"anyOf": [branch, {"type": "null"}]}
-        elif branch.get("type") == "object":
-            shapes["choice"] = branch
-    if set(shapes) != {"noul", "choice", "score"}:
-        return question
-    variants = []
-    for qtype in ("noul", "choice", "score"):
-        variant_props = {**props, "type": {"type": "string", "const": qtype}, "criteria": shapes[qtype]}
-        variants.append({
-            "title": f"{qtype.capitalize()}Question",
-            "type": "object",
-            "additionalProperties": False,
-            "properties": variant_props,
-            "required": ["type"] if qtype == "noul" else ["type", "criteria"],
-        })  # fmt: skip
-    return {"title": "Question", "oneOf": variants}
-
-
-# ---- request handling ------------------------------------------------------------------------------
-
-
-async def _read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise _error(
-            415,
-            "unsupported_encoding",
-            f"content-encoding {encoding!r} is not supported; send plain JSON",
-            ["header", "content-encoding"],
-        )
-    ctype = request.headers.get("content-type")
-    if ctype is None:
-        raise _error(
-            415,
-            "missing_media_type",
-            f"a content-type header is required; send {JSON_TYPE}",
-            ["header", "content-type"],
-        )
-    if ctype is not None:
-        mime = ctype.split(";", 1)[0].strip().lower()
-        if mime != JSON_TYPE and not mime.endswith("+json"):
-            raise _error(
-                415,
-                "unsupported_media_type",
-                f"content-type {mime!r} is not supported; send {JSON_TYPE}",
-                ["header", "content-type"],
-            )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _error(413, "body_too_large", f"body of {int(declared)} bytes is larger than the limit {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    deadline = time.monotonic() + timeout_s
-    stream = request.stream().__aiter__()
-    while True:
-        try:
-            chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - time.monotonic()))
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            raise _error(
-                408, "body_timeout", f"the body did not arrive within {timeout_s} s", connection="close"
-            ) from None
-        except ClientDisconnect:
-            raise ClientGone(f"mid-body, after {size} bytes") from None
-        size += len(chunk)
-        if size > limit:
-            raise _error(413, "body_too_large", f"body is larger than the limit {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-_LONG_DIGITS = re.compile(rb"\d{19}")  # only bodies with such a run can hold an int beyond 64 bits
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _check_int(text: str) -> int:
-    value = int(text)
-    if not _INT_MIN <= value <= _INT_MAX:
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise _error(
-            400,
-            "integer_out_of_range",
-            f"integer {shown} does not fit in 64 bits (signed); send it as a string",
-        )
-    return value
-
-
-def _json_error(raw: bytes, e: orjson.JSONDecodeError) -> APIError:
-    """orjson's message, or for bad UTF-8 (which it reports at 'column 1') the real byte offset."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as u:
-        bad = raw[u.start : u.end].hex()
-        return _error(
-            400, "invalid_utf8", f"body is not valid UTF-8: byte(s) 0x{bad} at byte offset {u.start}"
-        )
-    return _error(400, "json_invalid", f"body is not valid JSON: {e}")
-
-
-def _parse_request(raw: bytes, limits: Limits) -> SystemOneRequest:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise _json_error(raw, e) from None
-    if _LONG_DIGITS.search(raw):  # orjson turns integers beyond 64 bits into floats, silently
-        json.loads(raw, parse_int=_check_int)
-    _check_depth(obj)
-    if has_duplicate_keys(raw, obj):
-        raise _error(
-            400, "duplicate_keys", "an object in the body repeats a key (question ids must be unique)"
-        )
-    try:
-        return SystemOneRequest.model_validate(obj, context=validation_context(limits))
-    except ValidationError as e:
-        raise _validation_error(e.errors(include_url=False)) from None
-
-
-def _validation_error(errors: Any) -> APIError:
-    detail = []
-    for err in errors:
-        loc = [p if isinstance(p, int) else str(p) for p in err.get("loc", ())]
-        if not loc or loc[0] != "body":
-            loc = ["body", *loc]
-        detail.append(
-            ErrorDetail(loc=loc, msg=str(err.get("msg", "invalid")), type=str(err.get("type", "invalid")))
-        )
-    if not detail:
-        detail = [ErrorDetail(loc=["body"], msg="invalid request", type="invalid")]
-    first = detail[0]
-    where = ".".join(str(p) for p in first.loc[1:]) or "body"
-    more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
-    return APIError(400, f"invalid request: {where}: {first.msg}{more}", detail)
-
-
-def _event_id(req: SystemOneRequest) -> str:
-    """The id that keys thought sampling: a digest of the evidence alone, so the same state gets the
-    same thoughts whatever its companions, its arrival time or its request id."""
-    return "http-" + hashlib.sha256(orjson.dumps([req.state, req.images])).hexdigest()[:32]
-
-
 def _answer(result: DecideResult, served: str, metrics: ServeMetrics) -> Response:
     if result.error is not None and result.error.startswith(INVALID_IMAGE):
-        raise _error(422, "invalid_image", f"unusable image: {result.error}", ["body", "images"])
+        raise api_error(422, "invalid_image", f"unusable image: {result.error}", ["body", "images"])
     if result.error is not None:
-        raise _error(422, "engine_rejected", f"the model cannot answer this request: {result.error}")
+        raise api_error(422, "engine_rejected", f"the model cannot answer this request: {result.error}")
     body = SystemOneResponse(
         model=served,
         answers=result.answers,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from engine.types import DecideRequest, DecideResult
-from prism_pipeline.seeds import SeedPolicy, choose_seed
+from prism_pipeline.core.seeds import SeedPolicy, choose_seed
 from schemas.codec import dumps
 from schemas.deadletter import DeadLetter, ReasonCode, dead_letter
 from schemas.event import EvidenceEvent
@@ -127,6 +127,16 @@ def run_headers(worker_id: str, attempt: int, timings: dict[str, float] | None =
     for name, seconds in sorted((timings or {}).items()):
         headers.append((f"prism-t-{name}-ms", f"{seconds * 1000:.3f}".encode()))
     return headers
+
+
+def batch_headers(batch: str, position: int, size: int) -> list[Header]:
+    """Which engine call decided a record, with whom: a replay of a path that is not batch invariant
+    (fp32/bf16) re-forms the same batches from these to compare bytes (`core.batching.recorded_batches`)."""
+    return [
+        ("prism-batch", batch.encode()),
+        ("prism-batch-pos", str(position).encode()),
+        ("prism-batch-events", str(size).encode()),
+    ]
 
 
 def record_message(record: DecisionRecord, topic: str, headers: list[Header]) -> Outgoing:

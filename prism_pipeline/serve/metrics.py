@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from prism_pipeline.http_batching import BatchStats
+from prism_pipeline.serve.dispatcher import BatchStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

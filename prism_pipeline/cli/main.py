@@ -7,12 +7,14 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from prism_pipeline.backfill import add_backfill
-from prism_pipeline.commands import add_demo, add_eval, add_run
-from prism_pipeline.helptext import polish
+from prism_pipeline.cli.backfill import add_backfill
+from prism_pipeline.cli.demo import add_demo
+from prism_pipeline.cli.eval import add_eval
+from prism_pipeline.cli.helptext import polish
+from prism_pipeline.cli.replay import add_replay
+from prism_pipeline.cli.run import add_run
+from prism_pipeline.cli.serve import add_serve
 from prism_pipeline.logs import configure_logging, install_stack_dump
-from prism_pipeline.replay import add_replay
-from prism_pipeline.serve import add_serve
 
 
 def package_version() -> str:

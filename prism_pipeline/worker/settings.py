@@ -1,23 +1,28 @@
-"""Worker configuration: CLI flags win over `PRISM_*` environment variables, which win over defaults."""
+"""Worker configuration: CLI flags win over `PRISM_*` environment variables, which win over defaults.
+
+The engine's part (model, device, precision, tp, decision config, gate) is `EngineSettings`, the
+one settings model every command loads its engine from."""
 
 from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from prism_pipeline.seeds import SeedPolicy
+from prism_pipeline.core.engine_setup import EngineSettings
+from prism_pipeline.core.seeds import SeedPolicy
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(EngineSettings):
+    """`prism run`'s settings: the engine's (`core.engine_setup.EngineSettings`), then the worker's."""
+
     model_config = SettingsConfigDict(env_prefix="PRISM_", extra="forbid")
 
     brokers: str = Field("localhost:9092", description="Kafka bootstrap servers, comma separated")
@@ -28,32 +33,11 @@ class WorkerSettings(BaseSettings):
         "prism-workers", description="Kafka consumer group (workers of one group share the partitions)"
     )
 
-    model: Path | None = Field(None, description="StartLux-Decision GGUF model file")
-    mmproj: Path | None = Field(
-        None, description="vision projector GGUF for images (default: an mmproj-*.gguf beside the model)"
-    )
-    decision_config: Path | None = Field(None, description="decision_config.json (default: beside the model)")
-    device: str = Field("cpu", description="engine device: cpu, cuda or cuda:N")
-    precision: Literal["auto", "int8", "bf16", "fp32"] = Field(
-        "auto", description="precision path; auto is int8 on CUDA and fp32 on CPU"
-    )
-    tp: int = Field(1, ge=1, description="tensor-parallel devices (int8; cuda -> cuda:0..N-1)")
-
     batch_tokens: int = Field(8192, ge=1, description="token budget of one engine batch")
     max_wait_ms: float = Field(20.0, ge=0, description="longest an event waits for its batch to fill")
     max_batch_events: int = Field(64, ge=1, description="events in one engine batch at most")
     max_queued_batches: int = Field(4, ge=1, description="batches waiting for the engine before pausing")
 
-    gate: float | None = Field(None, ge=0, le=1, description="AutoThink gate (default: the model's config)")
-    thought_budget: int | None = Field(
-        None,
-        ge=0,
-        description=(
-            "AutoThink thought token budget (unset: the decision config's, 4096 by default), also the "
-            "most an event may ask for; a thinking batch logs engine.thinking every 10 s, and a "
-            "thought that never closes is reported (engine.thought_unclosed)"
-        ),
-    )
     max_gate: float | None = Field(
         None,
         ge=0,
@@ -100,11 +84,6 @@ class WorkerSettings(BaseSettings):
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ValueError("input, output and dead-letter topics must be three different topics")
         return self
-
-    def resolved_precision(self) -> str:
-        if self.precision != "auto":
-            return self.precision
-        return "int8" if self.device.startswith("cuda") else "fp32"
 
     def bootstrap_servers(self) -> list[str]:
         return [s.strip() for s in self.brokers.split(",") if s.strip()]

@@ -36,14 +36,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
 
 from engine.types import CancelToken, DecideRequest, DecideResult
-from prism_pipeline.batcher import Batch, Batcher
+from prism_pipeline.core.batching import Batch, Batcher
+from prism_pipeline.core.decide import decide_batch
+from prism_pipeline.core.engine_lane import EngineLane
 
 log = structlog.get_logger(__name__)
 
@@ -118,10 +119,7 @@ class EngineDispatcher:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.engine = engine
         self.max_pending = max_pending
-        self._batcher: Batcher[_Pending] = Batcher(max_tokens, max_wait_s, max_requests)
-        self._ready: deque[Batch[_Pending]] = deque()
-        self._wake = asyncio.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-engine")
+        self._lane: EngineLane[_Pending] = EngineLane(Batcher(max_tokens, max_wait_s, max_requests))
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._pending = 0
@@ -158,13 +156,13 @@ class EngineDispatcher:
     async def stop(self) -> None:
         """Answer everything already accepted, then stop the engine thread."""
         self._closing = True
-        self._wake.set()
+        self._lane.wake()
         if self._drain is not None:
             self._drain.cancel()
         if self._task is not None:
             await self._task
             self._task = None
-        self._pool.shutdown(wait=True)
+        self._lane.shutdown()
 
     async def decide(self, request: DecideRequest, tokens: int) -> DecideResult:
         if self._closing:
@@ -181,8 +179,7 @@ class EngineDispatcher:
             if side and _never_thinks(request, self._side_gate):  # type: ignore[arg-type]
                 with self._claim:
                     self._side.append(pending)
-            self._ready.extend(self._batcher.add(pending, tokens, time.monotonic()))
-            self._wake.set()
+            self._lane.add(pending, tokens)
             return await fut
         finally:
             self._pending -= 1
@@ -195,7 +192,7 @@ class EngineDispatcher:
             return
         log.info("serve.draining", pending=self._pending, drain_s=drain_s)
         self._closing = True
-        self._wake.set()
+        self._lane.wake()
         self._drain = asyncio.get_running_loop().call_later(drain_s, self.cancel_all)
 
     def cancel_all(self) -> None:
@@ -209,24 +206,10 @@ class EngineDispatcher:
 
     async def _run(self) -> None:
         while True:
-            batch = self._next_batch()
-            if batch is not None:
-                await self._execute(batch)
-                continue
-            if self._closing:
+            batch = await self._lane.next(deadlines=True, drain=lambda: self._closing)
+            if batch is None:
                 return
-            deadline = self._batcher.deadline()
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-
-    def _next_batch(self) -> Batch[_Pending] | None:
-        if self._ready:
-            return self._ready.popleft()
-        if self._closing:
-            return self._batcher.flush()
-        return self._batcher.due(time.monotonic())
+            await self._execute(batch)
 
     def _between_steps(self) -> None:
         """On the engine thread, between two thought steps: run the waiting requests that cannot
@@ -272,8 +255,8 @@ class EngineDispatcher:
 
         try:
             side = self._between_steps if self._side_gate is not None else None
-            results = await loop.run_in_executor(
-                self._pool, _decide_isolated, self.engine, [p.request for p in items], on_ready, side
+            results = await self._lane.call(
+                _decide_isolated, self.engine, [p.request for p in items], on_ready, side
             )
         except BaseException as e:  # the thread itself failed: every waiter learns why
             for p in items:
@@ -322,25 +305,11 @@ def _decide_isolated(
     on_ready: Callable[[int, DecideResult], None] | None = None,
     between_steps: Callable[[], None] | None = None,
 ) -> list[DecideResult | Exception]:
-    """Runs on the engine thread: the whole batch, or, if it raises, each request on its own."""
-    try:
-        kw: dict[str, object] = {}
-        if on_ready is not None:
-            kw["on_ready"] = on_ready
-        if between_steps is not None:
-            kw["between_steps"] = between_steps
-        results = engine.decide(requests, **kw)  # type: ignore[call-arg]
-        if len(results) != len(requests):
-            raise RuntimeError(f"engine returned {len(results)} results for {len(requests)} requests")
-        return list(results)
-    except Exception as e:
-        if len(requests) == 1:
-            return [e]
-        log.warning("engine.batch_failed_isolating", requests=len(requests), error=f"{type(e).__name__}: {e}")
-    out: list[DecideResult | Exception] = []
-    for r in requests:
-        try:
-            out.append(engine.decide([r])[0])
-        except Exception as e:
-            out.append(e)
-    return out
+    """Runs on the engine thread: the whole batch, or, if it raises, each request on its own
+    (the pipeline's one retry rule, `core.decide.decide_batch`)."""
+    kw: dict[str, object] = {}
+    if on_ready is not None:
+        kw["on_ready"] = on_ready
+    if between_steps is not None:
+        kw["between_steps"] = between_steps
+    return decide_batch(engine.decide, requests, **kw).results

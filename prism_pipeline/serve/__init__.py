@@ -1,0 +1,1 @@
+"""`prism serve`: the TypeSafe `/v1/systemone` HTTP API over one engine."""

@@ -1,0 +1,1 @@
+"""`prism run`: the Kafka worker (evidence topic in, decision records and dead letters out)."""

@@ -1,0 +1,274 @@
+"""How the worker's outcomes reach Kafka and its offsets get committed: two delivery strategies
+behind one small interface, so the worker itself has no delivery branches.
+
+Every consumed offset yields exactly one outcome (a record or a dead letter). A partition's offset
+is committed only up to the first offset whose outcome is not yet acknowledged (`OffsetTracker`),
+so a crash re-delivers, never skips.
+
+- `AtLeastOnce` (default): one producer; outcomes are sent as soon as they exist; offsets are
+  committed every `commit_interval_ms`, on revoke and on shutdown. A redelivered event produces a
+  byte-identical value under the same key (records are pure functions of the event), so a
+  compacted topic keeps one.
+- `ExactlyOnce` (`--exactly-once`): one transactional producer per input partition (transactional
+  id `{prefix}-{topic}-{partition}`: aiokafka has no KIP-447 group-metadata fencing, so zombies are
+  fenced by the stable per-partition id). Outcomes are published in offset order, each contiguous
+  run of them in one transaction together with its offset commit (`send_offsets_to_transaction`);
+  the consumer reads `read_committed`.
+
+The worker calls, in a partition's life: `assigned`, then `publish` for each outcome, `commit`
+when it is revoked, `released`; at shutdown `finish` (everything published and committed), then
+`stop`. `Published` is the worker's hook for an acknowledged outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from prism_pipeline.core.records import Outgoing
+from prism_pipeline.worker.offsets import OffsetTracker
+from prism_pipeline.worker.settings import WorkerSettings
+
+log = structlog.get_logger(__name__)
+
+# Longest wait at shutdown for the final commit, then for each client to close: a client
+# stuck in a broker round trip must not keep a drained worker from exiting.
+CLOSE_S = 20.0
+
+
+class Partition:
+    """Per assigned input partition: which offsets have their outcome acknowledged."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.tracker = OffsetTracker()
+        self.active = True  # False once revoked: late outcomes are dropped, never committed
+        self.revoking = False  # new messages are ignored (re-delivered to the next owner)
+        self.committed: int | None = None
+
+
+Published = Callable[[Partition, int, Outgoing, int], None]  # (partition, offset, outcome, input ts)
+Fail = Callable[[BaseException], None]
+
+
+class Delivery:
+    """The interface; see the module docstring for when each is called."""
+
+    read_committed = False  # the consumer's isolation level
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        parts: Callable[[], Iterable[Partition]],
+        published: Published,
+        fail: Fail,
+    ) -> None:
+        self.s = settings
+        self._parts = parts  # the partitions the worker owns now
+        self._published = published
+        self._fail = fail
+        self._setup()
+
+    def _setup(self) -> None:
+        """The strategy's own state."""
+
+    async def start(self, consumer: AIOKafkaConsumer) -> None: ...
+
+    async def background(self) -> None:
+        """What runs beside the worker's loops until they are cancelled (at-least-once: commits)."""
+
+    async def assigned(self, part: Partition) -> None: ...
+
+    async def publish(self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int) -> None:
+        raise NotImplementedError
+
+    async def commit(self, parts: Iterable[Partition]) -> None: ...
+
+    async def finish(self) -> None: ...
+
+    async def released(self, part: Partition) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class AtLeastOnce(Delivery):
+    def _setup(self) -> None:
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._commit_lock = asyncio.Lock()
+
+    async def start(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.s.bootstrap_servers(), client_id=f"prism-{self.s.worker_id}", acks="all"
+        )
+        await self._producer.start()
+
+    async def background(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.commit_interval_ms / 1000.0)
+            await self.commit(self._parts())
+
+    async def publish(self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int) -> None:
+        assert self._producer is not None
+        try:
+            fut = await self._producer.send(out.topic, out.value, key=out.key, headers=out.headers)
+        except Exception as e:
+            self._fail(e)
+            return
+        fut.add_done_callback(lambda f: self._delivered(part, offset, out, timestamp_ms, f))
+
+    def _delivered(
+        self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int, fut: asyncio.Future
+    ) -> None:
+        if fut.cancelled():
+            self._fail(asyncio.CancelledError("send cancelled"))
+            return
+        if fut.exception() is not None:
+            self._fail(fut.exception())  # type: ignore[arg-type]
+            return
+        self._published(part, offset, out, timestamp_ms)
+
+    async def commit(self, parts: Iterable[Partition]) -> None:
+        assert self._consumer is not None
+        async with self._commit_lock:
+            offsets: dict[TopicPartition, int] = {}
+            by_tp: dict[TopicPartition, Partition] = {}
+            for p in parts:
+                c = p.tracker.committable
+                if p.active and c is not None and c != p.committed:
+                    offsets[p.tp] = c
+                    by_tp[p.tp] = p
+            if not offsets:
+                return
+            try:
+                await self._consumer.commit(offsets)
+            except KafkaError as e:
+                # The group moved on (rebalance): the new owner re-decides from the last commit.
+                log.warning("offsets.commit_failed", error=f"{type(e).__name__}: {e}")
+                return
+            for tp, c in offsets.items():
+                by_tp[tp].committed = c
+            log.debug(
+                "offsets.committed", offsets={f"{tp.topic}/{tp.partition}": c for tp, c in offsets.items()}
+            )
+
+    async def finish(self) -> None:
+        try:
+            await asyncio.wait_for(self.commit(self._parts()), CLOSE_S)
+        except TimeoutError:
+            # Published but not committed: a restart decides them again, to the same bytes.
+            log.warning("offsets.final_commit_timeout", seconds=CLOSE_S)
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await close_client("producer", self._producer.stop())
+
+
+@dataclass
+class _Txn:
+    """Exactly-once, per partition: its producer, the outcomes waiting for their turn, the publisher."""
+
+    producer: AIOKafkaProducer
+    ready: dict[int, tuple[Outgoing, int]] = field(default_factory=dict)  # offset -> outcome, input ts
+    task: asyncio.Task[None] | None = None
+
+
+class ExactlyOnce(Delivery):
+    read_committed = True
+
+    def _setup(self) -> None:
+        self._txns: dict[TopicPartition, _Txn] = {}
+        self._early: dict[TopicPartition, dict[int, tuple[Outgoing, int]]] = {}  # before the producer
+
+    async def assigned(self, part: Partition) -> None:
+        # Starting a producer with this id fences any zombie still holding the partition.
+        tp = part.tp
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.s.bootstrap_servers(),
+            client_id=f"prism-{self.s.worker_id}-{tp.partition}",
+            transactional_id=f"{self.s.transactional_id_prefix}-{tp.topic}-{tp.partition}",
+            acks="all",
+        )
+        await producer.start()
+        txn = self._txns[tp] = _Txn(producer, self._early.pop(tp, {}))
+        if txn.ready:
+            self._schedule(part, txn)
+
+    async def publish(self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int) -> None:
+        txn = self._txns.get(part.tp)
+        if txn is None:  # outcomes of a dead letter may come before the producer has started
+            self._early.setdefault(part.tp, {})[offset] = (out, timestamp_ms)
+            return
+        txn.ready[offset] = (out, timestamp_ms)
+        self._schedule(part, txn)
+
+    def _schedule(self, part: Partition, txn: _Txn) -> None:
+        if txn.task is None or txn.task.done():
+            txn.task = asyncio.create_task(self._publish_runs(part, txn))
+
+    async def _publish_runs(self, part: Partition, txn: _Txn) -> None:
+        """Publish ready outcomes in offset order, one transaction per contiguous run."""
+        while part.active and self._txns.get(part.tp) is txn:
+            run: list[int] = []
+            for off in part.tracker.pending_in_order():
+                if off not in txn.ready:
+                    break
+                run.append(off)
+            if not run:
+                return
+            try:
+                async with txn.producer.transaction():
+                    for off in run:
+                        out = txn.ready[off][0]
+                        await txn.producer.send(out.topic, out.value, key=out.key, headers=out.headers)
+                    await txn.producer.send_offsets_to_transaction({part.tp: run[-1] + 1}, self.s.group_id)
+            except Exception as e:
+                if part.active:
+                    self._fail(e)
+                return
+            part.committed = run[-1] + 1
+            for off in run:
+                out, ts = txn.ready.pop(off)
+                self._published(part, off, out, ts)
+
+    async def finish(self) -> None:
+        while not all(t.task is None or t.task.done() for t in self._txns.values()):
+            await asyncio.sleep(0.005)
+
+    async def released(self, part: Partition) -> None:
+        self._early.pop(part.tp, None)
+        txn = self._txns.pop(part.tp, None)
+        if txn is None:
+            return
+        if txn.task is not None and not txn.task.done():
+            txn.task.cancel()
+            with contextlib.suppress(BaseException):
+                await txn.task
+        await close_client("transactional_producer", txn.producer.stop())
+
+    async def stop(self) -> None:
+        for tp in list(self._txns):
+            await self.released(Partition(tp))
+
+
+def delivery_for(
+    settings: WorkerSettings, parts: Callable[[], Iterable[Partition]], published: Published, fail: Fail
+) -> Delivery:
+    return (ExactlyOnce if settings.exactly_once else AtLeastOnce)(settings, parts, published, fail)
+
+
+async def close_client(what: str, stopping: Awaitable[None]) -> None:
+    """Await a Kafka client's stop, at most `CLOSE_S`; a failure or a timeout is logged, not raised."""
+    try:
+        await asyncio.wait_for(stopping, CLOSE_S)
+    except TimeoutError:
+        log.warning("worker.close_timeout", client=what, seconds=CLOSE_S)
+    except Exception as e:
+        log.warning("worker.close_failed", client=what, error=f"{type(e).__name__}: {e}")
