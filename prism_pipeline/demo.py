@@ -139,6 +139,8 @@ async def _publish(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 async def _read(bootstrap: str, topics: list[str], expected: int, timeout: float = 60.0) -> list:
+    """The first `expected` messages of `topics` as the worker writes them: a live tail while the
+    outputs still arrive, not a read of known offsets (`offline.kafka_range` does those)."""
     consumer = AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,

@@ -311,20 +311,15 @@ def evaluate(
         raise EvalError(f"precision paths must be some of {', '.join(PATHS)}, got {list(paths)}")
     if len(set(paths)) != len(paths):
         raise EvalError(f"a precision path is named twice: {list(paths)}")
-    from engine.decision_config import load_decision_config
+    from prism_pipeline.core.engine_setup import EngineSettings, decision_config_for, load_engine
 
-    config = load_decision_config(model)
-    changes: dict[str, Any] = {}
-    if gate is not None:
-        changes["gate"] = gate
-    if thought_budget is not None:
-        changes["thought_budget"] = thought_budget
-    config = dataclasses.replace(config, **changes) if changes else config
+    settings = EngineSettings(model=model, gate=gate, thought_budget=thought_budget)
+    config = decision_config_for(settings)  # the gate and budget as every command applies them
     if load is None:
-        from engine.engine import Engine
 
         def load(path: Path, precision: str, dc: Any) -> Any:
-            return Engine.load(path, precision=precision, decision_config=dc)
+            path_settings = settings.model_copy(update={"model": path, "precision": precision})
+            return load_engine(path_settings, decision_config=dc, mmproj=False, watch=False)
 
     report = EvalReport(model=str(model), set_name=set_name, events=len(items))
     engines: dict[str, Any] = {}
