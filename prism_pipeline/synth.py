@@ -1,7 +1,8 @@
 """A seeded generator of synthetic AIOps alerts and tickets with ground-truth labels.
 
 Why: the demo model is trained on these and `prism eval` scores any model on them, so the rules
-that decide each label live here, in one place, readable by a person checking a decision by eye.
+that decide each label live here, in one place, readable by a person checking a decision by eye
+(the module's length is those rules and their wording tables, kept together on purpose).
 The event families and their questions are the ones of the bundled `sample_events.jsonl` (same
 instructions, same options), so the trained model answers the demo's events in its own domain.
 
