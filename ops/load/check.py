@@ -263,6 +263,11 @@ class Checker:
             return
         self._outcomes[(partition, offset)].append(out)
 
+    def outcome_timestamps(self) -> list[int]:
+        """Kafka timestamps (ms) of every outcome read so far, sorted: the pipeline's progress over
+        time, from which the scenarios measure pauses (failovers, rebalances) and throughput."""
+        return sorted(o.timestamp_ms for outs in self._outcomes.values() for o in outs)
+
     def report(self) -> CheckReport:
         r = CheckReport(inputs=len(self._inputs), records=self._records, dead_letters=self._dead_letters)
         r.orphans = (
