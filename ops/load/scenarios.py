@@ -27,7 +27,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -659,13 +659,18 @@ def _wall(doc: dict[str, Any]) -> float:
 
 
 async def _wait_settled(
-    members: list[WorkerProc], marks: dict[str, int], partitions: int, timeout_s: float
+    members: list[WorkerProc],
+    marks: dict[str, int],
+    partitions: int,
+    timeout_s: float,
+    on_poll: Callable[[], Awaitable[None]],
 ) -> tuple[float, float | None]:
     """Until every member logged an assignment since its mark and those assignments cover each
     input partition once. Returns (the wall time of the last assignment, the first revoke's or
-    None): the rebalance as the workers saw it."""
+    None): the rebalance as the workers saw it. `on_poll` runs at every look (the backlog top-up)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        await on_poll()
         last: dict[str, dict[str, Any]] = {}
         revokes: list[float] = []
         for w in members:
@@ -699,7 +704,11 @@ async def scale(
     A phase starts when every member has its assignment; its throughput is the outcomes
     published from 1 s after that to the phase's end. A change's pause is the longest time without
     any outcome, from the change (a worker started or told to stop) to 2 s after the group settled.
+    The input is topped up throughout so that at least `horizon_s` of the members' nominal work
+    waits (a new worker's model load takes 15-60 s on a busy machine, and a backlog that ran dry
+    meanwhile would read as a pause): a gap in outcomes is the group's, never a lack of input.
     """
+    horizon_s = 6.0
     if cfg.partitions < max(phases):
         raise ValueError(f"{max(phases)} workers need at least as many partitions, not {cfg.partitions}")
     name = f"scale{'_eos' if cfg.exactly_once else ''}"
@@ -708,13 +717,29 @@ async def scale(
         *("--max-poll-records", "8", "--max-queued-batches", "2", "--commit-interval-ms", "500"),
     ]
     per_worker = 1000.0 / delay_ms
-    backlog = max(cfg.events, int(phase_s * sum(phases) * per_worker * 1.1) + 4 * 8)
     bootstrap = cluster.bootstrap
+    mix = _mix(cfg, name)
+    loads: list[LoadReport] = []
     async with Pipeline(cfg, bootstrap, name, replicas=cluster.replication_factor) as p:
-        load = await generate(
-            bootstrap, p.input_topic, count=backlog, producers=cfg.producers, messages=_mix(cfg, name)
-        )
         active: list[WorkerProc] = []
+
+        async def top_up(at_least: int = 0) -> None:
+            have = sum(len(r.produced) for r in loads)
+            want = max(at_least - have, int(max(1, len(active)) * per_worker * horizon_s) + 8)
+            lag = have - await p.outcomes()
+            if lag < want:
+                lo = have
+
+                def shifted(i: int) -> Message:
+                    return mix(lo + i)
+
+                loads.append(
+                    await generate(
+                        bootstrap, p.input_topic, count=want - lag, producers=cfg.producers, messages=shifted
+                    )
+                )
+
+        await top_up()
         spawned = 0
         marks: dict[str, int] = {}
         timeline: list[dict[str, Any]] = []
@@ -732,8 +757,10 @@ async def scale(
                 for w, rc in zip(leaving, rcs, strict=True):
                     if rc != 0:
                         p.exits[f"{w.name}.stop"] = rc
-            settled, first_revoke = await _wait_settled(active, marks, cfg.partitions, cfg.timeout_s)
-            await asyncio.sleep(max(0.0, settled + phase_s - time.time()))
+            settled, first_revoke = await _wait_settled(active, marks, cfg.partitions, cfg.timeout_s, top_up)
+            while time.time() < settled + phase_s:
+                await top_up()
+                await asyncio.sleep(min(0.5, max(0.0, settled + phase_s - time.time())))
             timeline.append(
                 {
                     "workers": k,
@@ -743,8 +770,14 @@ async def scale(
                     "rebalance_s": None if first_revoke is None else round(settled - first_revoke, 2),
                 }
             )
+        await top_up(cfg.events)
         await p.update()
         stamps = p.checker.outcome_timestamps()
+        load = LoadReport(
+            [x for r in loads for x in r.produced],
+            sum(r.seconds for r in loads),
+            sum(r.send_retries for r in loads),
+        )
         result = await p.finish(load)
     phases_out = []
     for i, ph in enumerate(timeline):
@@ -765,7 +798,7 @@ async def scale(
         **result.notes,
         "phases": phases_out,
         "delay_ms": delay_ms,
-        "backlog": backlog,
+        "backlog_horizon_s": horizon_s,
         "nominal_per_worker_events_per_s": per_worker,
         "exactly_once": cfg.exactly_once,
     }

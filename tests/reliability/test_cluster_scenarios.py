@@ -14,7 +14,6 @@ own topics and group. Numbers of full runs are in ops/bench/RESULTS.md.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -75,15 +74,17 @@ async def test_rolling_restart_of_all_three_nodes_under_load(
     assert sum(r["outcomes_during"] for r in restarts) > 0, restarts
 
 
-async def test_workers_scaled_1_2_4_2_under_a_backlog(
-    cluster: LocalCluster, cluster_config: ScenarioConfig, tmp_path: Path
+async def test_workers_scaled_up_and_down_under_a_backlog(
+    cluster: LocalCluster, cluster_config: ScenarioConfig
 ) -> None:
-    result = await scenarios.scale(cluster_config, cluster, (1, 2, 4, 2), phase_s=3.0, delay_ms=300.0)
+    # CI's bounded version: 1 -> 2 -> 1, one rebalance each way (every new worker loads the model,
+    # 15-60 s on a busy 2-core machine); the full 1 -> 2 -> 4 -> 2 run is in ops/bench/RESULTS.md.
+    result = await scenarios.scale(cluster_config, cluster, (1, 2, 1), phase_s=3.0, delay_ms=300.0)
     assert_reconciled(result)
     phases = result.notes["phases"]
-    assert [p["workers"] for p in phases] == [1, 2, 4, 2], phases
-    assert [p.get("change") for p in phases[1:]] == ["1->2", "2->4", "4->2"], phases
+    assert [p["workers"] for p in phases] == [1, 2, 1], phases
+    assert [p.get("change") for p in phases[1:]] == ["1->2", "2->1"], phases
     # Every change was followed by progress: a pause was measured (outcomes resumed) each time.
     assert all(p["pause_s"] is not None and p["pause_s"] > 0 for p in phases[1:]), phases
     assert all(p["events_per_s"] for p in phases), phases
-    assert result.worker_starts == 4
+    assert result.worker_starts == 2
