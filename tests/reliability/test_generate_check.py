@@ -162,3 +162,13 @@ async def test_checker_ignores_aborted_transactions_under_read_committed(kafka_b
     common = ["--brokers", kafka_bootstrap, "--input-topic", tin, "--output-topic", tout, "--dlq-topic", tdlq]
     assert await asyncio.to_thread(check_mod.main, common) == 0
     assert await asyncio.to_thread(check_mod.main, [*common, "--isolation", "read_uncommitted"]) == 1
+
+
+def test_max_gap_is_the_longest_silence_around_a_window() -> None:
+    from ops.load.scenarios import _max_gap_s
+
+    stamps = [1000, 2000, 2500, 6500, 7000]  # outcome timestamps, ms
+    # From the last outcome before the window (2.0 s) through those inside: 2.5 -> 6.5 s is longest.
+    assert _max_gap_s(stamps, 2.2, 7.0) == 4.0
+    assert _max_gap_s(stamps, 0.0, 2.1) == 1.0
+    assert _max_gap_s(stamps, 10.0, 11.0) is None  # nothing published: no progress to measure from
