@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import socket
 import sys
 import time
@@ -699,7 +700,7 @@ async def scale(
     The workers' engine is the tiny model behind `ops.load.slow_worker`'s declared stand-in cost
     (`delay_ms` of sleep per event), so one worker saturates at about 1000 / delay_ms events/s
     and more workers can add throughput on a machine with few cores. Small fetches and batches
-    (8 records a poll, batches of 4) keep what a revoked worker must finish small.
+    (4 records a poll, batches of 2) keep what a revoked worker must finish small.
 
     A phase starts when every member has its assignment; its throughput is the outcomes
     published from 1 s after that to the phase's end. A change's pause is the longest time without
@@ -712,9 +713,15 @@ async def scale(
     if cfg.partitions < max(phases):
         raise ValueError(f"{max(phases)} workers need at least as many partitions, not {cfg.partitions}")
     name = f"scale{'_eos' if cfg.exactly_once else ''}"
+    # What a revoked member must finish before it rejoins is what it holds in flight: at most a
+    # poll (4), one queued batch and the engine's (2 each) and a partial batch, about 10 events, so
+    # a revoke takes about 10 x delay_ms. The session timeout is the worker's default (10 s, not the
+    # 6 s the other scenarios use): with aiokafka's 3 s heartbeat a 6 s session expired members of a
+    # 4-worker group on 2 loaded cores in turn, a rebalance storm that never settled (RESULTS.md).
     extra = [
-        *("--engine-delay-ms", str(delay_ms), "--max-batch-events", "4"),
-        *("--max-poll-records", "8", "--max-queued-batches", "2", "--commit-interval-ms", "500"),
+        *("--engine-delay-ms", str(delay_ms), "--max-batch-events", "2"),
+        *("--max-poll-records", "4", "--max-queued-batches", "1", "--commit-interval-ms", "500"),
+        *("--session-timeout-ms", "10000"),
     ]
     per_worker = 1000.0 / delay_ms
     bootstrap = cluster.bootstrap
@@ -906,6 +913,13 @@ def main(argv: list[str] | None = None) -> int:
     from prism_pipeline.logs import configure_logging
 
     configure_logging("INFO", None)
+
+    def _interrupt(signum: int, frame: object) -> None:
+        # SIGTERM as Ctrl-C: asyncio cancels the scenario, whose finally blocks stop the workers
+        # and the broker or cluster it started (the default action would leave them running).
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     cfg = ScenarioConfig(
         model=a.model,
         workdir=a.workdir.resolve(),
