@@ -634,8 +634,13 @@ async def rolling_restart(cfg: ScenarioConfig, cluster: LocalCluster, down_s: fl
         return result
 
 
+_REVOKE_START = "Revoking previously assigned partitions"  # aiokafka's line as a rebalance begins
+
+
 def _log_events(w: WorkerProc, after: int, names: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The worker's JSON log lines (from byte `after`) whose event is one of `names`."""
+    """The worker's JSON log lines (from byte `after`) whose event is one of `names`, and the
+    revoke starts aiokafka logs (as "revoke.start"; the worker's own `partitions.revoked` comes
+    once its in-flight work is done)."""
     try:
         data = w.log_path.read_bytes()[after:]
     except OSError:
@@ -648,7 +653,10 @@ def _log_events(w: WorkerProc, after: int, names: tuple[str, ...]) -> list[dict[
             doc = orjson.loads(line)
         except orjson.JSONDecodeError:
             continue
-        if doc.get("event") in names:
+        event = str(doc.get("event", ""))
+        if event.startswith(_REVOKE_START) and "set()" not in event:
+            out.append({**doc, "event": "revoke.start"})
+        elif event in names:
             out.append(doc)
     return out
 
@@ -667,8 +675,8 @@ async def _wait_settled(
     on_poll: Callable[[], Awaitable[None]],
 ) -> tuple[float, float | None]:
     """Until every member logged an assignment since its mark and those assignments cover each
-    input partition once. Returns (the wall time of the last assignment, the first revoke's or
-    None): the rebalance as the workers saw it. `on_poll` runs at every look (the backlog top-up)."""
+    input partition once. Returns (the wall time of the last assignment, the first revoke's start
+    or None): the rebalance as the workers saw it. `on_poll` runs at every look (the backlog top-up)."""
     deadline = time.monotonic() + timeout_s
     while True:
         await on_poll()
@@ -676,7 +684,8 @@ async def _wait_settled(
         revokes: list[float] = []
         for w in members:
             evs = _log_events(w, marks.get(w.name, 0), ("partitions.assigned", "partitions.revoked"))
-            revokes += [_wall(e) for e in evs if e["event"] == "partitions.revoked"]
+            revokes += [_wall(e) for e in evs if e["event"] == "revoke.start"]
+            evs = [e for e in evs if e["event"] != "revoke.start"]
             if evs and evs[-1]["event"] == "partitions.assigned":
                 last[w.name] = evs[-1]
         owned = sorted(q for e in last.values() for q in e.get("partitions", []))
@@ -704,10 +713,11 @@ async def scale(
 
     A phase starts when every member has its assignment; its throughput is the outcomes
     published from 1 s after that to the phase's end. A change's pause is the longest time without
-    any outcome, from the change (a worker started or told to stop) to 2 s after the group settled.
-    The input is topped up throughout so that at least `horizon_s` of the members' nominal work
-    waits (a new worker's model load takes 15-60 s on a busy machine, and a backlog that ran dry
-    meanwhile would read as a pause): a gap in outcomes is the group's, never a lack of input.
+    any outcome, from the change (a worker started or told to stop) to 2 s after the group settled;
+    its rebalance runs from the first member's revoke to the last member's assignment. The input
+    is topped up throughout so that at least `horizon_s` of the members' nominal work waits (a
+    new worker's model load takes 15-60 s on a busy machine, and a backlog that ran dry meanwhile
+    would read as a pause): a gap in outcomes is the group's, never a lack of input.
     """
     horizon_s = 6.0
     if cfg.partitions < max(phases):
