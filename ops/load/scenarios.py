@@ -10,7 +10,7 @@ has an outcome, stops the workers gracefully and returns the checker's report.
 
     python -m ops.load.scenarios leader_kill --model m.gguf --target output [--exactly-once]
     python -m ops.load.scenarios rolling_restart --model m.gguf --rate 8 --events 300
-    python -m ops.load.scenarios scale --model m.gguf --phases 1,2,4,2 --phase-s 20 --engine-delay-ms 50
+    python -m ops.load.scenarios scale --model m.gguf --phases 1,2,4,2 --phase-s 30 --engine-delay-ms 400
 
 Scenarios: worker_kill, broker_restart, rebalance, poison_burst, slow_engine, hostile, soak, and on a
 3-node replicated cluster (`ops/load/cluster.py`; topics with replication factor 3 and
@@ -701,7 +701,7 @@ async def scale(
     cluster: LocalCluster,
     phases: tuple[int, ...] = (1, 2, 4, 2),
     phase_s: float = 10.0,
-    delay_ms: float = 50.0,
+    delay_ms: float = 400.0,
 ) -> ScenarioResult:
     """Workers of one group scaled through `phases` (1 -> 2 -> 4 -> 2) over a backlog, measuring
     the group's throughput in each phase and the pause every membership change costs.
@@ -858,7 +858,7 @@ async def _on_cluster(name: str, cfg: ScenarioConfig, cluster: LocalCluster, **k
         cluster,
         tuple(kw.get("phases", (1, 2, 4, 2))),
         kw.get("phase_s", 10.0),
-        kw.get("delay_ms", 50.0),
+        kw.get("delay_ms", 400.0),
     )
 
 
@@ -915,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--engine-delay-ms",
         type=float,
-        default=50.0,
+        default=400.0,
         help="scale: the engine stand-in's declared cost per event (ops.load.slow_worker)",
     )
     p.add_argument("--out", type=Path, default=None, help="write the result summary (JSON) here")
