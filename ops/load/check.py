@@ -12,8 +12,15 @@ Across offsets, records sharing a key whose decision content (the value without 
 are divergent keys. Outcomes that name an offset the evidence topic does not hold are orphans.
 Latency is the first outcome's Kafka timestamp minus the input's.
 
+The topics are read with read-committed isolation (`--isolation read_committed`, the default): in
+exactly-once mode an aborted transaction's records stay in the log, and a worker killed mid
+transaction leaves exactly such records behind; counted, they would be duplicates (or conflicts)
+the pipeline never published. Records written without a transaction (at-least-once) are read
+the same under either level. `--isolation read_uncommitted` counts everything in the log.
+
     python -m ops.load.check --brokers 127.0.0.1:9092 --input-topic prism.evidence \
-        --output-topic prism.decisions --dlq-topic prism.dead-letters [--manifest produced.jsonl] [--wait 60]
+        --output-topic prism.decisions --dlq-topic prism.dead-letters [--manifest produced.jsonl] \
+        [--wait 60] [--isolation read_committed]
 
 Exit status 0 when nothing is lost, conflicting, divergent, wrong or orphaned; 1 otherwise.
 """
@@ -39,6 +46,7 @@ from ops.load.generate import LoadError, Produced, read_manifest, require_loopba
 log = structlog.get_logger(__name__)
 
 Offset = tuple[int, int]  # (partition, offset) in the evidence topic
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 
 @dataclass
@@ -130,9 +138,12 @@ class CheckReport:
 
 
 class _TopicReader:
-    """Reads one topic from the beginning, incrementally, without a consumer group."""
+    """Reads one topic from the beginning, incrementally, without a consumer group.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    Under read_committed the end offsets are the last stable offsets: an open transaction's
+    records are read once it commits, an aborted one's never."""
+
+    def __init__(self, bootstrap: str, topic: str, isolation_level: str = "read_committed") -> None:
         self.topic = topic
         # Subscribed without a group: the consumer assigns itself every partition, from the start.
         self._c = AIOKafkaConsumer(
@@ -141,6 +152,7 @@ class _TopicReader:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level=isolation_level,
             fetch_max_bytes=64 * 1024 * 1024,
             max_partition_fetch_bytes=32 * 1024 * 1024,
         )
@@ -182,13 +194,18 @@ class Checker:
         output_topic: str,
         dlq_topic: str,
         manifest: Sequence[Produced] | None = None,
+        *,
+        isolation_level: str = "read_committed",
     ) -> None:
         require_loopback(bootstrap)
+        if isolation_level not in ISOLATION_LEVELS:
+            raise LoadError(f"isolation level must be one of {ISOLATION_LEVELS}, got {isolation_level!r}")
         self.input_topic = input_topic
+        self.isolation_level = isolation_level
         self._readers = {
-            "in": _TopicReader(bootstrap, input_topic),
-            "out": _TopicReader(bootstrap, output_topic),
-            "dlq": _TopicReader(bootstrap, dlq_topic),
+            "in": _TopicReader(bootstrap, input_topic, isolation_level),
+            "out": _TopicReader(bootstrap, output_topic, isolation_level),
+            "dlq": _TopicReader(bootstrap, dlq_topic, isolation_level),
         }
         self._inputs: dict[Offset, tuple[bytes | None, int]] = {}  # -> (key, timestamp)
         self._outcomes: dict[Offset, list[_Outcome]] = defaultdict(list)
@@ -245,6 +262,11 @@ class Checker:
             self._orphans.append(out)
             return
         self._outcomes[(partition, offset)].append(out)
+
+    def outcome_timestamps(self) -> list[int]:
+        """Kafka timestamps (ms) of every outcome read so far, sorted: the pipeline's progress over
+        time, from which the scenarios measure pauses (failovers, rebalances) and throughput."""
+        return sorted(o.timestamp_ms for outs in self._outcomes.values() for o in outs)
 
     def report(self) -> CheckReport:
         r = CheckReport(inputs=len(self._inputs), records=self._records, dead_letters=self._dead_letters)
@@ -310,9 +332,12 @@ async def check(
     manifest: Sequence[Produced] | None = None,
     wait_s: float = 0.0,
     settle_s: float = 1.0,
+    isolation_level: str = "read_committed",
 ) -> CheckReport:
     """One-shot reconciliation; waits up to `wait_s` for outcomes, then `settle_s` for late duplicates."""
-    async with Checker(bootstrap, input_topic, output_topic, dlq_topic, manifest) as c:
+    async with Checker(
+        bootstrap, input_topic, output_topic, dlq_topic, manifest, isolation_level=isolation_level
+    ) as c:
         await c.wait_complete(wait_s)
         await asyncio.sleep(settle_s)
         await c.update()
@@ -327,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dlq-topic", required=True)
     p.add_argument("--manifest", type=Path, default=None, help="what ops.load.generate produced")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for missing outcomes")
+    p.add_argument(
+        "--isolation",
+        choices=ISOLATION_LEVELS,
+        default="read_committed",
+        help="read_committed (default): aborted transactions' records are not outcomes",
+    )
     a = p.parse_args(argv)
     from prism_pipeline.logs import configure_logging
 
@@ -334,7 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = read_manifest(a.manifest) if a.manifest else None
         rep = asyncio.run(
-            check(a.brokers, a.input_topic, a.output_topic, a.dlq_topic, manifest=manifest, wait_s=a.wait)
+            check(
+                a.brokers,
+                a.input_topic,
+                a.output_topic,
+                a.dlq_topic,
+                manifest=manifest,
+                wait_s=a.wait,
+                isolation_level=a.isolation,
+            )
         )
     except (LoadError, OSError) as e:
         sys.stderr.write(f"check: {e}\n")

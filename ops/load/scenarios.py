@@ -8,9 +8,14 @@ has an outcome, stops the workers gracefully and returns the checker's report.
     python -m ops.load.scenarios soak --model small.gguf --duration 600 --rate 6 \
         --faults kill@180,bounce@360 --out soak.json
 
-Scenarios: worker_kill, broker_restart, rebalance, poison_burst, slow_engine, hostile, soak.
-broker_restart and soak start their own broker (they bounce it); the others use --brokers or
-start one.
+    python -m ops.load.scenarios leader_kill --model m.gguf --target output [--exactly-once]
+    python -m ops.load.scenarios rolling_restart --model m.gguf --rate 8 --events 300
+    python -m ops.load.scenarios scale --model m.gguf --phases 1,2,4,2 --phase-s 30 --engine-delay-ms 400
+
+Scenarios: worker_kill, broker_restart, rebalance, poison_burst, slow_engine, hostile, soak, and on a
+3-node replicated cluster (`ops/load/cluster.py`; topics with replication factor 3 and
+min.insync.replicas 2) leader_kill, rolling_restart and scale. broker_restart, soak and the
+cluster scenarios start their own broker or cluster; the others use --brokers or start one.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +37,11 @@ from urllib.request import urlopen
 import orjson
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops.load.check import Checker, CheckReport
+from ops.load.cluster import LocalCluster
 from ops.load.events import EventMix, Message, control_event, hostile_cases
 from ops.load.generate import MAX_MESSAGE_BYTES, LoadReport, generate, require_loopback
 from ops.load.procs import BounceableBroker, WorkerProc
@@ -56,6 +64,7 @@ class ScenarioConfig:
     worker_args: list[str] = field(default_factory=list)
     timeout_s: float = 180.0  # longest wait for all outcomes after the load ends
     seed: int = 0
+    exactly_once: bool = False  # workers run --exactly-once (the checker reads read_committed)
 
 
 @dataclass
@@ -86,16 +95,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    """Create topics that take the hostile sizes (10 MB events, their dead letters)."""
+async def create_topics(bootstrap: str, topics: dict[str, int], replicas: int = 1) -> None:
+    """Create topics that take the hostile sizes (10 MB events, their dead letters); on a cluster
+    `replicas` copies each, of which min(2, replicas) must hold a write before it is acknowledged."""
+    configs = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    if replicas > 1:
+        configs["min.insync.replicas"] = str(min(2, replicas))
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
-            [
-                NewTopic(t, n, 1, topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)})
-                for t, n in topics.items()
-            ]
+            [NewTopic(t, n, replicas, topic_configs=configs) for t, n in topics.items()]
         )
     finally:
         await admin.close()
@@ -114,9 +124,10 @@ def scrape(port: int) -> dict[str, float]:
 class Pipeline:
     """Topics, workers and a checker for one scenario run."""
 
-    def __init__(self, cfg: ScenarioConfig, bootstrap: str, name: str) -> None:
+    def __init__(self, cfg: ScenarioConfig, bootstrap: str, name: str, replicas: int = 1) -> None:
         require_loopback(bootstrap)
         self.cfg = cfg
+        self.replicas = replicas
         self.bootstrap = bootstrap
         self.name = name
         tag = f"{name}.{uuid.uuid4().hex[:8]}"
@@ -131,7 +142,9 @@ class Pipeline:
 
     async def __aenter__(self) -> Pipeline:
         await create_topics(
-            self.bootstrap, {self.input_topic: self.cfg.partitions, self.output_topic: 1, self.dlq_topic: 1}
+            self.bootstrap,
+            {self.input_topic: self.cfg.partitions, self.output_topic: 1, self.dlq_topic: 1},
+            self.replicas,
         )
         await self.checker.__aenter__()
         return self
@@ -150,6 +163,7 @@ class Pipeline:
             *("--brokers", self.bootstrap, "--input-topic", self.input_topic),
             *("--output-topic", self.output_topic, "--dlq-topic", self.dlq_topic, "--group-id", self.group),
             *("--session-timeout-ms", "6000", "--max-wait-ms", "20"),
+            *(("--exactly-once", "--transactional-id-prefix", self.group) if c.exactly_once else ()),
             *c.worker_args,
             *(extra or []),
         ]
@@ -170,11 +184,34 @@ class Pipeline:
                 self.exits[w.name] = w.proc.returncode
                 log.warning("load.worker_died", name=w.name, rc=w.proc.returncode, log=w.log_tail(1500))
 
-    async def outcomes(self) -> int:
-        await self.checker.update()
+    @property
+    def topics(self) -> list[str]:
+        return [self.input_topic, self.output_topic, self.dlq_topic]
+
+    async def update(self) -> None:
+        """Read what arrived; a read that fails while a node is down is retried at the next call."""
+        try:
+            await self.checker.update()
+        except KafkaError as e:
+            log.warning("load.check_read_retry", error=f"{type(e).__name__}: {e}")
         self.watch()
+
+    async def outcomes(self) -> int:
+        await self.update()
         r = self.checker.report()
         return r.inputs - len(r.lost)
+
+    async def wait_inputs(self, n: int, timeout_s: float) -> int:
+        """Until the input topic holds at least `n` messages (the load has produced them)."""
+        deadline = time.monotonic() + timeout_s
+        got = 0
+        while time.monotonic() < deadline:
+            await self.update()
+            got = self.checker.report().inputs
+            if got >= n:
+                break
+            await asyncio.sleep(0.3)
+        return got
 
     async def wait_outcomes(self, n: int, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
@@ -191,8 +228,7 @@ class Pipeline:
         self.checker.set_manifest(load.produced)
         deadline = time.monotonic() + self.cfg.timeout_s
         while time.monotonic() < deadline:
-            await self.checker.update()
-            self.watch()
+            await self.update()
             rep = self.checker.report()
             if rep.complete and rep.inputs >= len(load.produced):
                 break
@@ -204,7 +240,7 @@ class Pipeline:
                     self.exits[f"{w.name}.stop"] = rc
                     log.warning("load.worker_stop_failed", name=w.name, rc=rc, log=w.log_tail(6000))
         await asyncio.sleep(1.0)  # late duplicates from the drain
-        await self.checker.update()
+        await self.update()
         notes = {**(notes or {}), "topics": [self.input_topic, self.output_topic, self.dlq_topic]}
         return ScenarioResult(
             self.name,
@@ -470,7 +506,335 @@ async def soak(
         await asyncio.to_thread(broker.stop)
 
 
-SCENARIOS = ("worker_kill", "broker_restart", "rebalance", "poison_burst", "slow_engine", "hostile", "soak")
+# ---- on a replicated cluster ----------------------------------------------------------------------
+
+CLUSTER_RATE = 8.0  # messages/s of the paced load under the cluster faults, when --rate is not given
+
+
+def _max_gap_s(stamps_ms: list[int], lo_s: float, hi_s: float) -> float | None:
+    """The longest time without a new outcome between wall-clock times lo_s and hi_s: the last
+    outcome before lo_s (or lo_s itself), every outcome in the window, then hi_s close it off.
+    None when nothing was published in the window at all."""
+    lo, hi = lo_s * 1000.0, hi_s * 1000.0
+    inside = [t for t in stamps_ms if lo <= t <= hi]
+    if not inside:
+        return None
+    before = [t for t in stamps_ms if t < lo]
+    points = [float(before[-1]) if before else lo, *map(float, inside)]
+    return round(max(b - a for a, b in zip(points, points[1:], strict=False)) / 1000.0, 2)
+
+
+def _background_load(
+    cfg: ScenarioConfig, bootstrap: str, topic: str, make: Callable[[int], Message]
+) -> tuple[asyncio.Task[LoadReport], asyncio.Event]:
+    """Paced load that runs until the returned event is set: the faults decide how long it lasts,
+    so every fault lands while events keep arriving."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        generate(
+            bootstrap,
+            topic,
+            producers=cfg.producers,
+            rate=cfg.rate or CLUSTER_RATE,
+            messages=make,
+            stop=stop,
+        )
+    )
+    return task, stop
+
+
+async def _led_by(cluster: LocalCluster, topics: list[str], node: int) -> dict[str, list[int]]:
+    """{topic: partitions node leads} for the given topics."""
+    out: dict[str, list[int]] = {}
+    for (topic, part), d in sorted((await cluster.describe(topics)).items()):
+        if d["leader"] == node:
+            out.setdefault(topic, []).append(part)
+    return out
+
+
+async def leader_kill(cfg: ScenarioConfig, cluster: LocalCluster, target: str = "output") -> ScenarioResult:
+    """SIGKILL the node leading partition 0 of the output topic (`target` "output") or of the
+    input topic ("input") while paced load runs; the cluster elects new leaders from the in-sync
+    replicas, the node comes back and catches up, the load goes on.
+
+    With 4 input partitions led round-robin by 3 nodes every node leads input and, for one of them,
+    output partitions, so one kill hits both; `notes["led"]` says what the victim led."""
+    if target not in ("input", "output"):
+        raise ValueError(f"target must be input or output, got {target!r}")
+    name = f"leader_kill_{target}{'_eos' if cfg.exactly_once else ''}"
+    bootstrap = cluster.bootstrap
+    async with Pipeline(cfg, bootstrap, name, replicas=cluster.replication_factor) as p:
+        p.worker("w", ["--commit-interval-ms", "1000"])
+        load, stop = _background_load(cfg, bootstrap, p.input_topic, _mix(cfg, name))
+        seen = await p.wait_outcomes(max(1, cfg.events // 3), cfg.timeout_s)
+        topic = p.input_topic if target == "input" else p.output_topic
+        victim = await cluster.leader(topic, 0)
+        led = await _led_by(cluster, p.topics, victim)
+        t_kill = time.time()
+        await asyncio.to_thread(cluster.node_kill, victim)
+        failover = await cluster.wait_leader(topic, 0, victim, timeout=cfg.timeout_s)
+        # Progress with the node still down: outcomes for events produced after the kill.
+        after = await p.wait_outcomes(seen + max(1, cfg.events // 3), cfg.timeout_s)
+        t_back = time.time()
+        await asyncio.to_thread(cluster.node_start, victim)
+        in_sync = await cluster.wait_in_sync(p.topics, timeout=cfg.timeout_s)
+        await p.wait_inputs(cfg.events, cfg.timeout_s)
+        stop.set()
+        result = await p.finish(
+            await load,
+            {
+                "victim": victim,
+                "led": led,
+                "outcomes_at_kill": seen,
+                "outcomes_before_restart": after,
+                "failover_s": round(failover, 2),
+                "resync_s": round(in_sync, 2),
+                "exactly_once": cfg.exactly_once,
+            },
+        )
+        result.notes["max_outcome_gap_s"] = _max_gap_s(p.checker.outcome_timestamps(), t_kill, t_back)
+        return result
+
+
+async def rolling_restart(cfg: ScenarioConfig, cluster: LocalCluster, down_s: float = 1.0) -> ScenarioResult:
+    """Every node in turn: controlled shutdown (SIGTERM), `down_s` down, start, and the next only
+    once every replica is back in sync (as an operator's rolling upgrade does), under paced load."""
+    name = f"rolling_restart{'_eos' if cfg.exactly_once else ''}"
+    bootstrap = cluster.bootstrap
+    async with Pipeline(cfg, bootstrap, name, replicas=cluster.replication_factor) as p:
+        p.worker("w", ["--commit-interval-ms", "1000"])
+        load, stop = _background_load(cfg, bootstrap, p.input_topic, _mix(cfg, name))
+        await p.wait_outcomes(max(1, cfg.events // 4), cfg.timeout_s)
+        steps: list[dict[str, Any]] = []
+        for node in sorted(await asyncio.to_thread(cluster.status)):
+            before = await p.outcomes()
+            t0 = time.time()
+            stop_s = await asyncio.to_thread(cluster.node_stop, node)
+            await asyncio.sleep(down_s)
+            start_s = await asyncio.to_thread(cluster.node_start, node)
+            sync_s = await cluster.wait_in_sync(p.topics, timeout=cfg.timeout_s)
+            steps.append(
+                {
+                    "node": node,
+                    "t0": t0,
+                    "t1": time.time(),
+                    "stop_s": round(stop_s, 2),
+                    "start_s": round(start_s, 2),
+                    "resync_s": round(sync_s, 2),
+                    "outcomes_during": await p.outcomes() - before,
+                }
+            )
+        await p.wait_inputs(cfg.events, cfg.timeout_s)
+        stop.set()
+        result = await p.finish(await load, {"exactly_once": cfg.exactly_once})
+        stamps = p.checker.outcome_timestamps()
+        for s in steps:
+            s["max_outcome_gap_s"] = _max_gap_s(stamps, s.pop("t0"), s.pop("t1"))
+        result.notes["restarts"] = steps
+        return result
+
+
+_REVOKE_START = "Revoking previously assigned partitions"  # aiokafka's line as a rebalance begins
+
+
+def _log_events(w: WorkerProc, after: int, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The worker's JSON log lines (from byte `after`) whose event is one of `names`, and the
+    revoke starts aiokafka logs (as "revoke.start"; the worker's own `partitions.revoked` comes
+    once its in-flight work is done)."""
+    try:
+        data = w.log_path.read_bytes()[after:]
+    except OSError:
+        return []
+    out = []
+    for line in data.splitlines():
+        if not line.startswith(b"{"):
+            continue
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        event = str(doc.get("event", ""))
+        if event.startswith(_REVOKE_START) and "set()" not in event:
+            out.append({**doc, "event": "revoke.start"})
+        elif event in names:
+            out.append(doc)
+    return out
+
+
+def _wall(doc: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(doc["timestamp"])).timestamp()
+
+
+async def _wait_settled(
+    members: list[WorkerProc],
+    marks: dict[str, int],
+    partitions: int,
+    timeout_s: float,
+    on_poll: Callable[[], Awaitable[None]],
+) -> tuple[float, float | None]:
+    """Until every member logged an assignment since its mark and those assignments cover each
+    input partition once. Returns (the wall time of the last assignment, the first revoke's start
+    or None): the rebalance as the workers saw it. `on_poll` runs at every look (the backlog top-up)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await on_poll()
+        last: dict[str, dict[str, Any]] = {}
+        revokes: list[float] = []
+        for w in members:
+            evs = _log_events(w, marks.get(w.name, 0), ("partitions.assigned", "partitions.revoked"))
+            revokes += [_wall(e) for e in evs if e["event"] == "revoke.start"]
+            evs = [e for e in evs if e["event"] != "revoke.start"]
+            if evs and evs[-1]["event"] == "partitions.assigned":
+                last[w.name] = evs[-1]
+        owned = sorted(q for e in last.values() for q in e.get("partitions", []))
+        if len(last) == len(members) and owned == list(range(partitions)):
+            return max(_wall(e) for e in last.values()), (min(revokes) if revokes else None)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the group did not settle within {timeout_s:.0f}s: {owned} over {len(last)}")
+        await asyncio.sleep(0.3)
+
+
+async def scale(
+    cfg: ScenarioConfig,
+    cluster: LocalCluster,
+    phases: tuple[int, ...] = (1, 2, 4, 2),
+    phase_s: float = 10.0,
+    delay_ms: float = 400.0,
+) -> ScenarioResult:
+    """Workers of one group scaled through `phases` (1 -> 2 -> 4 -> 2) over a backlog, measuring
+    the group's throughput in each phase and the pause every membership change costs.
+
+    The workers' engine is the tiny model behind `ops.load.slow_worker`'s declared stand-in cost
+    (`delay_ms` of sleep per event), so one worker saturates at about 1000 / delay_ms events/s
+    and more workers can add throughput on a machine with few cores. Small fetches and batches
+    (4 records a poll, batches of 2) keep what a revoked worker must finish small.
+
+    A phase starts when every member has its assignment; its throughput is the outcomes
+    published from 1 s after that to the phase's end. A change's pause is the longest time without
+    any outcome, from the change (a worker started or told to stop) to 2 s after the group settled;
+    its rebalance runs from the first member's revoke to the last member's assignment. The input
+    is topped up throughout so that at least `horizon_s` of the members' nominal work waits (a
+    new worker's model load takes 15-60 s on a busy machine, and a backlog that ran dry meanwhile
+    would read as a pause): a gap in outcomes is the group's, never a lack of input.
+    """
+    horizon_s = 6.0
+    if cfg.partitions < max(phases):
+        raise ValueError(f"{max(phases)} workers need at least as many partitions, not {cfg.partitions}")
+    name = f"scale{'_eos' if cfg.exactly_once else ''}"
+    # What a revoked member must finish before it rejoins is what it holds in flight: at most a
+    # poll (4), one queued batch and the engine's (2 each) and a partial batch, about 10 events, so
+    # a revoke takes about 10 x delay_ms. The session timeout is the worker's default (10 s, not the
+    # 6 s the other scenarios use): with aiokafka's 3 s heartbeat a 6 s session expired members of a
+    # 4-worker group on 2 loaded cores in turn, a rebalance storm that never settled (RESULTS.md).
+    extra = [
+        *("--engine-delay-ms", str(delay_ms), "--max-batch-events", "2"),
+        *("--max-poll-records", "4", "--max-queued-batches", "1", "--commit-interval-ms", "500"),
+        *("--session-timeout-ms", "10000"),
+    ]
+    per_worker = 1000.0 / delay_ms
+    bootstrap = cluster.bootstrap
+    mix = _mix(cfg, name)
+    loads: list[LoadReport] = []
+    async with Pipeline(cfg, bootstrap, name, replicas=cluster.replication_factor) as p:
+        active: list[WorkerProc] = []
+
+        async def top_up(at_least: int = 0) -> None:
+            have = sum(len(r.produced) for r in loads)
+            want = max(at_least - have, int(max(1, len(active)) * per_worker * horizon_s) + 8)
+            lag = have - await p.outcomes()
+            if lag < want:
+                lo = have
+
+                def shifted(i: int) -> Message:
+                    return mix(lo + i)
+
+                loads.append(
+                    await generate(
+                        bootstrap, p.input_topic, count=want - lag, producers=cfg.producers, messages=shifted
+                    )
+                )
+
+        await top_up()
+        spawned = 0
+        marks: dict[str, int] = {}
+        timeline: list[dict[str, Any]] = []
+        for k in phases:
+            t_change = time.time()
+            marks = {w.name: w.log_size() for w in active}
+            if k > len(active):
+                for _ in range(k - len(active)):
+                    spawned += 1
+                    active.append(p.worker(f"w{spawned}", extra, module="ops.load.slow_worker"))
+            elif k < len(active):
+                leaving, active = active[k:], active[:k]
+                marks = {w.name: w.log_size() for w in active}
+                rcs = await asyncio.gather(*(asyncio.to_thread(w.stop) for w in leaving))
+                for w, rc in zip(leaving, rcs, strict=True):
+                    if rc != 0:
+                        p.exits[f"{w.name}.stop"] = rc
+            settled, first_revoke = await _wait_settled(active, marks, cfg.partitions, cfg.timeout_s, top_up)
+            while time.time() < settled + phase_s:
+                await top_up()
+                await asyncio.sleep(min(0.5, max(0.0, settled + phase_s - time.time())))
+            timeline.append(
+                {
+                    "workers": k,
+                    "t_change": t_change,
+                    "t_settled": max(settled, t_change),
+                    "t_end": time.time(),
+                    "rebalance_s": None if first_revoke is None else round(settled - first_revoke, 2),
+                }
+            )
+        await top_up(cfg.events)
+        await p.update()
+        stamps = p.checker.outcome_timestamps()
+        load = LoadReport(
+            [x for r in loads for x in r.produced],
+            sum(r.seconds for r in loads),
+            sum(r.send_retries for r in loads),
+        )
+        result = await p.finish(load)
+    phases_out = []
+    for i, ph in enumerate(timeline):
+        lo, hi = ph["t_settled"] + 1.0, ph["t_end"]
+        n = sum(1 for t in stamps if lo * 1000 <= t <= hi * 1000)
+        entry: dict[str, Any] = {
+            "workers": ph["workers"],
+            "events_per_s": round(n / (hi - lo), 2) if hi > lo else None,
+            "window_s": round(hi - lo, 1),
+        }
+        if i > 0:  # the first phase starts the group: a cold start, not a rebalance
+            entry["change"] = f"{timeline[i - 1]['workers']}->{ph['workers']}"
+            entry["pause_s"] = _max_gap_s(stamps, ph["t_change"], ph["t_settled"] + 2.0)
+            entry["rebalance_s"] = ph["rebalance_s"]
+            entry["change_to_settled_s"] = round(ph["t_settled"] - ph["t_change"], 2)
+        phases_out.append(entry)
+    result.notes = {
+        **result.notes,
+        "phases": phases_out,
+        "delay_ms": delay_ms,
+        "backlog_horizon_s": horizon_s,
+        "nominal_per_worker_events_per_s": per_worker,
+        "exactly_once": cfg.exactly_once,
+    }
+    return result
+
+
+CLUSTER_SCENARIOS = ("leader_kill", "rolling_restart", "scale")
+
+
+SCENARIOS = (
+    "worker_kill",
+    "broker_restart",
+    "rebalance",
+    "poison_burst",
+    "slow_engine",
+    "hostile",
+    "soak",
+    *CLUSTER_SCENARIOS,
+)
 
 
 def parse_faults(text: str) -> list[tuple[str, float]]:
@@ -484,7 +848,30 @@ def parse_faults(text: str) -> list[tuple[str, float]]:
     return out
 
 
+async def _on_cluster(name: str, cfg: ScenarioConfig, cluster: LocalCluster, **kw: Any) -> ScenarioResult:
+    if name == "leader_kill":
+        return await leader_kill(cfg, cluster, kw.get("target", "output"))
+    if name == "rolling_restart":
+        return await rolling_restart(cfg, cluster)
+    return await scale(
+        cfg,
+        cluster,
+        tuple(kw.get("phases", (1, 2, 4, 2))),
+        kw.get("phase_s", 10.0),
+        kw.get("delay_ms", 400.0),
+    )
+
+
 async def run_scenario(name: str, cfg: ScenarioConfig, bootstrap: str | None, **kw: Any) -> ScenarioResult:
+    if name in CLUSTER_SCENARIOS:
+        if kw.get("cluster") is not None:
+            return await _on_cluster(name, cfg, kw["cluster"], **kw)
+        cluster = LocalCluster(cfg.workdir / "cluster")
+        await asyncio.to_thread(cluster.start)
+        try:
+            return await _on_cluster(name, cfg, cluster, **kw)
+        finally:
+            await asyncio.to_thread(cluster.stop)
     if name == "broker_restart":
         return await broker_restart(cfg, cfg.workdir)
     if name == "soak":
@@ -519,11 +906,30 @@ def main(argv: list[str] | None = None) -> int:
         "--faults", default="kill@200,bounce@400", help="soak: KIND@SECONDS,... (kill, bounce, leave)"
     )
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for outcomes after the load")
+    p.add_argument("--exactly-once", action="store_true", help="workers run --exactly-once")
+    p.add_argument(
+        "--target", choices=["input", "output"], default="output", help="leader_kill: whose leader dies"
+    )
+    p.add_argument("--phases", default="1,2,4,2", help="scale: group sizes in turn")
+    p.add_argument("--phase-s", type=float, default=10.0, help="scale: seconds each group size runs")
+    p.add_argument(
+        "--engine-delay-ms",
+        type=float,
+        default=400.0,
+        help="scale: the engine stand-in's declared cost per event (ops.load.slow_worker)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the result summary (JSON) here")
     a = p.parse_args(argv)
     from prism_pipeline.logs import configure_logging
 
     configure_logging("INFO", None)
+
+    def _interrupt(signum: int, frame: object) -> None:
+        # SIGTERM as Ctrl-C: asyncio cancels the scenario, whose finally blocks stop the workers
+        # and the broker or cluster it started (the default action would leave them running).
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     cfg = ScenarioConfig(
         model=a.model,
         workdir=a.workdir.resolve(),
@@ -534,10 +940,21 @@ def main(argv: list[str] | None = None) -> int:
         poison_fraction=a.poison_fraction,
         precision=a.precision,
         timeout_s=a.timeout,
+        exactly_once=a.exactly_once,
     )
     try:
         result = asyncio.run(
-            run_scenario(a.scenario, cfg, a.brokers, duration_s=a.duration, faults=parse_faults(a.faults))
+            run_scenario(
+                a.scenario,
+                cfg,
+                a.brokers,
+                duration_s=a.duration,
+                faults=parse_faults(a.faults),
+                target=a.target,
+                phases=[int(x) for x in a.phases.split(",") if x.strip()],
+                phase_s=a.phase_s,
+                delay_ms=a.engine_delay_ms,
+            )
         )
     except ValueError as e:
         sys.stderr.write(f"scenarios: {e}\n")

@@ -121,3 +121,54 @@ def test_percentile_is_nearest_rank() -> None:
         percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0 and percentile(values, 100) == 100.0
     )
     assert percentile([7.0], 1) == 7.0 and percentile([], 50) is None
+
+
+async def test_checker_ignores_aborted_transactions_under_read_committed(kafka_bootstrap: str) -> None:
+    """An exactly-once worker killed mid transaction leaves aborted records in the output log;
+    they were never published, so the checker (read_committed, its default) must not count them,
+    while a read_uncommitted view of the same topics shows they really are there."""
+    from aiokafka import AIOKafkaProducer
+
+    tin, tout, tdlq = unique("in"), unique("out"), unique("dlq")
+    await create_topics(kafka_bootstrap, {tin: 1, tout: 1, tdlq: 1})
+    await produce(kafka_bootstrap, tin, [(f"e{i}".encode(), b"{}", 0) for i in range(3)])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=unique("tx"))
+    await producer.start()
+    try:
+        async with producer.transaction():  # the published outcomes, one per input
+            for i in range(3):
+                await producer.send_and_wait(tout, record(tin, i, "yes"), key=f"e{i}".encode())
+        with pytest.raises(RuntimeError, match="abort"):
+            async with producer.transaction():  # a zombie's outcomes: decided differently, aborted
+                await producer.send_and_wait(tout, record(tin, 1, "no"), key=b"e1")
+                await producer.send_and_wait(tdlq, letter(tin, 2, "invalid_json"), key=b"e2")
+                raise RuntimeError("abort")
+    finally:
+        await producer.stop()
+
+    async with Checker(kafka_bootstrap, tin, tout, tdlq) as c:
+        committed = await c.wait_complete(10, expected_inputs=3)
+    assert c.isolation_level == "read_committed"
+    assert committed.ok and committed.records == 3 and committed.dead_letters == 0, committed.summary()
+    assert committed.duplicates == 0 and committed.divergent == [] and committed.conflicting == []
+
+    async with Checker(kafka_bootstrap, tin, tout, tdlq, isolation_level="read_uncommitted") as c:
+        everything = await c.wait_complete(10, expected_inputs=3)
+    assert everything.records == 4 and everything.dead_letters == 1, everything.summary()
+    assert everything.divergent == [(0, 1)] and everything.conflicting == [(0, 2)]
+    assert everything.divergent_keys == ["e1"] and everything.duplicates == 2 and not everything.ok
+
+    # The CLI reads committed data by default too.
+    common = ["--brokers", kafka_bootstrap, "--input-topic", tin, "--output-topic", tout, "--dlq-topic", tdlq]
+    assert await asyncio.to_thread(check_mod.main, common) == 0
+    assert await asyncio.to_thread(check_mod.main, [*common, "--isolation", "read_uncommitted"]) == 1
+
+
+def test_max_gap_is_the_longest_silence_around_a_window() -> None:
+    from ops.load.scenarios import _max_gap_s
+
+    stamps = [1000, 2000, 2500, 6500, 7000]  # outcome timestamps, ms
+    # From the last outcome before the window (2.0 s) through those inside: 2.5 -> 6.5 s is longest.
+    assert _max_gap_s(stamps, 2.2, 7.0) == 4.0
+    assert _max_gap_s(stamps, 0.0, 2.1) == 1.0
+    assert _max_gap_s(stamps, 10.0, 11.0) is None  # nothing published: no progress to measure from

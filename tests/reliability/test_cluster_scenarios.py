@@ -1,0 +1,100 @@
+"""Bounded fault scenarios on a real 3-node KRaft cluster (`ops/kafka/kafka.sh cluster`): topics
+replicated 3 times with min.insync.replicas 2, and the faults a replicated deployment meets - a
+partition leader SIGKILLed under load, every node restarted in turn, workers added and removed.
+
+Acceptance as in test_scenarios.py (nothing lost, conflicting or divergent, no worker crash), and
+under exactly-once no duplicate either: the checker reads read_committed, so an aborted
+transaction's records do not count, and a committed one is never repeated. The workers run the
+int8 path, whose records are byte-identical however events are re-batched.
+
+One cluster serves the module (about 12 s to start on 2 busy cores); each scenario makes its
+own topics and group. Numbers of full runs are in ops/bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ops.load import scenarios
+from ops.load.cluster import LocalCluster
+from ops.load.scenarios import ScenarioConfig
+from tests.reliability.test_scenarios import assert_reconciled
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def cluster_config(scenario_config: ScenarioConfig) -> ScenarioConfig:
+    # A pace the tiny model keeps up with on 2 shared cores, so the run ends soon after its faults.
+    scenario_config.rate = 4.0
+    scenario_config.events = 48
+    return scenario_config
+
+
+@pytest.mark.parametrize(("target", "exactly_once"), [("output", False), ("input", True)])
+async def test_partition_leader_sigkilled_under_load(
+    cluster: LocalCluster, cluster_config: ScenarioConfig, target: str, exactly_once: bool
+) -> None:
+    cluster_config.exactly_once = exactly_once
+    result = await scenarios.leader_kill(cluster_config, cluster, target)
+    # A graceful stop that had to be SIGKILLed is told apart from a crash: see below.
+    stuck = {k: v for k, v in result.worker_exits.items() if k.endswith(".stop")}
+    result.worker_exits = {k: v for k, v in result.worker_exits.items() if k not in stuck}
+    rep = assert_reconciled(result)
+    notes = result.notes
+    if exactly_once:
+        assert rep.duplicates == 0, result.summary()
+    inp, out, _ = notes["topics"]
+    # The victim led the partition named, and (4 input partitions over 3 nodes) input partitions.
+    assert 0 in notes["led"][out if target == "output" else inp], notes
+    assert notes["led"].get(inp), notes
+    assert notes["failover_s"] > 0
+    # The pipeline went on deciding while the node was down, and kept every acknowledged input.
+    assert notes["outcomes_before_restart"] > notes["outcomes_at_kill"] > 0, notes
+    # ...and the node came back into every in-sync replica set.
+    assert all(d["isr"] == [1, 2, 3] for d in (await cluster.describe([inp, out])).values())
+    if stuck and exactly_once:
+        # Seen once in four runs on 2 loaded cores (2026-12-01): after the node holding the group
+        # coordinator was killed, an exactly-once worker's SIGTERM drain never went idle (no log
+        # line for 90 s, then SIGKILL), though every outcome was committed and reconciled above.
+        # A worker finding (prism_pipeline, issue #23), not a data one: kept visible as xfail.
+        pytest.xfail(f"exactly-once worker hung in its graceful stop after the leader kill: {stuck}")
+    assert stuck == {}, result.summary()
+
+
+async def test_rolling_restart_of_all_three_nodes_under_load(
+    cluster: LocalCluster, cluster_config: ScenarioConfig
+) -> None:
+    result = await scenarios.rolling_restart(cluster_config, cluster)
+    assert_reconciled(result)
+    restarts = result.notes["restarts"]
+    assert [r["node"] for r in restarts] == [1, 2, 3], restarts
+    assert sum(r["outcomes_during"] for r in restarts) > 0, restarts
+
+
+async def test_workers_scaled_up_and_down_under_a_backlog(
+    cluster: LocalCluster, cluster_config: ScenarioConfig
+) -> None:
+    # CI's bounded version: 1 -> 2 -> 1, one rebalance each way (every new worker loads the model,
+    # 15-60 s on a busy 2-core machine); the full 1 -> 2 -> 4 -> 2 run is in ops/bench/RESULTS.md.
+    result = await scenarios.scale(cluster_config, cluster, (1, 2, 1), phase_s=3.0, delay_ms=300.0)
+    assert_reconciled(result)
+    phases = result.notes["phases"]
+    assert [p["workers"] for p in phases] == [1, 2, 1], phases
+    assert [p.get("change") for p in phases[1:]] == ["1->2", "2->1"], phases
+    # Every change was followed by progress: a pause was measured (outcomes resumed) each time.
+    assert all(p["pause_s"] is not None and p["pause_s"] > 0 for p in phases[1:]), phases
+    assert all(p["events_per_s"] for p in phases), phases
+    assert result.worker_starts == 2
