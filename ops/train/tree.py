@@ -19,10 +19,13 @@ row's real end; the conv inputs handed on are taken at the real end; padded keys
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+if TYPE_CHECKING:  # transformers is imported when a forward runs (it comes with `.[test]`)
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 # The delta rule's chunk length. HF's default (64) pads a 73-token evidence segment to 128 and pays
 # a 64x64 triangular solve per chunk; 16 is about twice as fast here for the same result.
@@ -50,6 +53,8 @@ def _gdn(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`Qwen3_5GatedDeltaNet.forward` continued from (conv tail, recurrent state); returns the
     output and the (tail, state) after each row's real end."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
     n, length, _ = x.shape
     mixed = m.in_proj_qkv(x).transpose(1, 2)  # [N, C, L]
     z = m.in_proj_z(x).reshape(n, length, -1, m.head_v_dim)
@@ -95,6 +100,8 @@ def _attention(
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """`Qwen3_5Attention.forward` (eager) after the keys/values of the prefix; returns the output
     and the keys, values and key mask through this segment."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
     n, length, _ = x.shape
     shape = (n, length, -1, m.head_dim)
     q, gate = torch.chunk(m.q_proj(x).view(n, length, -1, m.head_dim * 2), 2, dim=-1)
