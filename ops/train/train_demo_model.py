@@ -18,7 +18,7 @@ the engine's tests already hold the engine's forward against (`engine.testing.hf
 maps its parameters back to canonical `Weights` (the inverse of `engine.testing.hf`).
 
 How it is fast enough (one run from scratch, within 15 minutes of one core): a profile of the
-old step (cProfile and torch.profiler, 16 + 4 independent rows of about 130 tokens) put nearly all
+old step (torch.profiler and timings, 16 + 4 independent rows of about 130 tokens) put nearly all
 of the time in the token mixers and linear layers over every prompt token (batched matmuls, HF's
 triangular solves, elementwise ops), not in the LM head or the loss, which already ran only at
 the counted positions over the trained rows. So the step now runs fewer tokens:
