@@ -64,7 +64,7 @@ def bundled_model_path() -> Path:
 def demo_model(cache_dir: Path) -> Path:
     """The trained demo decision model: the bundled file (`ops/train/train_demo_model.py` made it;
     README "The demo model"), or, when a checkout lacks it, the same file rebuilt into
-    `cache_dir` by the same deterministic commands (`RECIPE`: several runs of 8-20 minutes each)."""
+    `cache_dir` by the same deterministic command (`RECIPE`: one run, about 12 minutes on a core)."""
     bundled = bundled_model_path()
     if bundled.is_file():
         return bundled
