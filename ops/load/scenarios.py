@@ -323,6 +323,11 @@ async def rebalance(cfg: ScenarioConfig, bootstrap: str) -> ScenarioResult:
     async with Pipeline(cfg, bootstrap, "rebalance") as p:
         p.worker("a")
         b = p.worker("b")
+        # The leave must hand partitions over: b holds some before the load starts. (Without
+        # this wait a fast "a" could reach the third before b joined, and b's SIGTERM would land
+        # during its join - another case: on 2026-12-01 such a stop hung until SIGKILL.)
+        if not await asyncio.to_thread(b.wait_log, "partitions.assigned", cfg.timeout_s):
+            raise RuntimeError(f"worker b did not join the group:\n{b.log_tail()}")
         make, half = _mix(cfg, "rebalance"), cfg.events // 2
         first = await _part(cfg, bootstrap, p.input_topic, make, 0, half)
         seen = await p.wait_outcomes(cfg.events // 3, cfg.timeout_s)
