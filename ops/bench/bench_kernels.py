@@ -47,6 +47,13 @@ DECODE_CANDIDATES = [
     GemmConfig(16, 64, 512, 4, 3, split_k=4),
     GemmConfig(16, 64, 256, 4, 4, split_k=4, split_fused=False),
     GemmConfig(64, 64, 256, 4, 4, split_k=2),
+    # M = 64 (64 decode rows): deeper pipelines and wider tiles over the stacked shapes, whose
+    # 16,480-34,816 columns give enough tiles without split K
+    GemmConfig(64, 128, 256, 4, 3),
+    GemmConfig(64, 128, 128, 4, 6),
+    GemmConfig(64, 256, 128, 8, 3),
+    GemmConfig(64, 64, 256, 4, 5),
+    GemmConfig(64, 128, 128, 4, 4, persistent=True),
     # the dp4a GEMV (M <= block_m rows; a candidate only there): weight rows per program, K step
     GemmConfig(1, 8, 1024, 4, 1, gemv=True),
     GemmConfig(1, 4, 1024, 2, 1, gemv=True),
@@ -163,9 +170,10 @@ def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]
 
 
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
-    """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.int8_rows`
-    callers: GDN in/z/out projections, attention q+gate/k/v/o, MLP gate/up/down, LM head).
-    The GDN b/a projections (N = value heads, < 100 KB each) are launch-bound and left out.
+    """(name, N, K, uses per decode step) of every int8 GEMM of `model` as the engine launches
+    it: the linears that read one input run as one GEMM over their stacked rows
+    (`engine.int8_rows.INPUT_GROUPS`: GDN qkv+z+b+a, attention q+gate+k+v, MLP gate+up), so
+    those stacked shapes, not the separate linears, are what the table must be set for.
     Names ending in "+res" add the residual in the epilogue, as the model does."""
     from bench_engine import shape_config
 
@@ -173,19 +181,14 @@ def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     n_attn = len(c.full_attention_layers)
     n_gdn = c.num_layers - n_attn
     h, inter = c.hidden_size, c.intermediate_size
-    q_gate, kv, attn_in = (
-        c.num_attention_heads * 2 * c.head_dim,
-        c.num_kv_heads * c.head_dim,
-        c.num_attention_heads * c.head_dim,
-    )
+    gdn_in = c.conv_dim + c.linear_value_dim + 2 * c.linear_num_value_heads
+    attn_in = c.num_attention_heads * 2 * c.head_dim + 2 * c.num_kv_heads * c.head_dim
     return [
-        ("gdn_qkv", c.conv_dim, h, n_gdn),
-        ("gdn_z", c.linear_value_dim, h, n_gdn),
+        ("gdn_in", gdn_in, h, n_gdn),
         ("gdn_out+res", h, c.linear_value_dim, n_gdn),
-        ("attn_q_gate", q_gate, h, n_attn),
-        ("attn_kv", kv, h, 2 * n_attn),
-        ("attn_out+res", h, attn_in, n_attn),
-        ("mlp_gate_up", inter, h, 2 * c.num_layers),
+        ("attn_in", attn_in, h, n_attn),
+        ("attn_out+res", h, c.num_attention_heads * c.head_dim, n_attn),
+        ("mlp_gate_up", 2 * inter, h, c.num_layers),
         ("mlp_down+res", h, inter, c.num_layers),
         ("lm_head", c.vocab_size, h, 1),
     ]  # fmt: skip

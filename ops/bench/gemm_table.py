@@ -21,7 +21,7 @@ import re
 import sys
 
 _CFG = re.compile(
-    r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/g(\d+))?(?:/split(\d+)(\+pass)?)?(/tma)?(?:/e(\d+))?(/ws)?$"
+    r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/g(\d+))?(?:/split(\d+)(\+pass)?)?(/tma)?(?:/e(\d+))?(/ws)?(/gemv)?$"
 )
 
 
@@ -30,7 +30,7 @@ def config_source(name: str) -> str:
     m = _CFG.match(name)
     if m is None:
         raise ValueError(f"not a GemmConfig string: {name!r}")
-    bm, bn, bk, w, s, g, split, unfused, tma, epi, ws = m.groups()
+    bm, bn, bk, w, s, g, split, unfused, tma, epi, ws, gemv = m.groups()
     args = [bm, bn, bk, w, s]
     if g:
         args.append(f"group_m={g}")
@@ -44,6 +44,8 @@ def config_source(name: str) -> str:
         args.append(f"epilogue_split={epi}")
     if ws:
         args.append("warp_specialize=True")
+    if gemv:
+        args.append("gemv=True")
     return f"GemmConfig({', '.join(args)})"
 
 
