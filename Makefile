@@ -26,6 +26,7 @@ schemas: install
 
 test: install kafka-jars
 	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests
+	@df -h . "$${TMPDIR:-/tmp}" | sed 's/^/disk before the tests: /'
 	$(PY) -m pytest
 
 test-fast: install kafka-jars
