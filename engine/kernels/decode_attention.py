@@ -176,6 +176,33 @@ def _reduce_piece(
     return m_p, sum_p, acc_p
 
 
+def _fold(m, total, acc, m_p, sum_p, acc_p):
+    """The online softmax's merge: a partial (max m_p, sum, unnormalised output) folded into the
+    running (m, total, acc) of the same query rows. Every attention kernel here folds with these
+    exact operations, so a row's result depends only on its partials' order, never on the kernel."""
+    m_new = tl.maximum(m, m_p)
+    old_scale = tl.exp(m - m_new)
+    new_scale = tl.exp(m_p - m_new)
+    return m_new, total * old_scale + sum_p * new_scale, acc * old_scale[:, None] + acc_p * new_scale[:, None]
+
+
+def _fold_where(has, m, total, acc, m_p, sum_p, acc_p):
+    """`_fold` where `has` (a partial that saw keys), the running result unchanged elsewhere:
+    for partials that may be empty (their max is -inf, which `_fold` would turn into NaN)."""
+    m_new = tl.where(has, tl.maximum(m, m_p), m)
+    old_scale = tl.where(has, tl.exp(m - m_new), 1.0)
+    new_scale = tl.where(has, tl.exp(m_p - m_new), 0.0)
+    return m_new, total * old_scale + sum_p * new_scale, acc * old_scale[:, None] + acc_p * new_scale[:, None]
+
+
+def _gated(acc, total, gate):
+    """A row's attention output: the folded sum normalised (rows that saw no key stay 0), times
+    the gated-attention gate sigmoid(gate)."""
+    safe = tl.where(total > 0, total, 1.0)
+    o = acc / safe[:, None]
+    return o * (1.0 / (1.0 + tl.exp(-gate)))
+
+
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
@@ -208,22 +235,14 @@ def _attention_kernel(
         last = tl.full((GP,), 0, tl.int64) + n - 1  # every key of the piece (the own one ends here)
         m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, GP, HD, BL, DOTS, ON_GPU)
         # fold the piece into the running result (an empty piece changes nothing)
-        has = n > 0
-        m_new = tl.where(has, tl.maximum(m, m_p), m)
-        old_scale = tl.where(has, tl.exp(m - m_new), 1.0)
-        new_scale = tl.where(has, tl.exp(m_p - m_new), 0.0)
-        total = total * old_scale + sum_p * new_scale
-        acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
-        m = m_new
+        m, total, acc = _fold_where(n > 0, m, total, acc, m_p, sum_p, acc_p)
 
-    safe = tl.where(total > 0, total, 1.0)
-    o = acc / safe[:, None]
     gate = tl.load(
         qg_ptr + row * stride_qg + heads[:, None] * 2 * HD + HD + offs_d[None, :],
         mask=gmask[:, None],
         other=0.0,
     )
-    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    o = _gated(acc, total, gate)
     o = tl.where((offs_g[:, None] * 0 + offs_d[None, :] * 0 + live) != 0, o, 0.0)
     tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
 
@@ -277,12 +296,7 @@ def _attention_split_kernel(
             m_p, sum_p, acc_p = _reduce_piece(
                 q, k_base + j * BL * HD, v_base + j * BL * HD, count, last, scale, GP, HD, BL, DOTS, ON_GPU
             )
-            m_new = tl.maximum(m, m_p)
-            old_scale = tl.exp(m - m_new)
-            new_scale = tl.exp(m_p - m_new)
-            total = total * old_scale + sum_p * new_scale
-            acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
-            m = m_new
+            m, total, acc = _fold(m, total, acc, m_p, sum_p, acc_p)
         first += chunks
     at = ((row * NKV + kvh) * S + split) * G + offs_g
     tl.store(ws_m_ptr + at, m, mask=gmask)
@@ -315,20 +329,13 @@ def _attention_combine_kernel(
         has = sum_p > 0.0
         m_p = tl.load(ws_m_ptr + at, mask=has, other=float("-inf"))
         acc_p = tl.load(ws_acc_ptr + at[:, None] * HD + offs_d[None, :], mask=has[:, None], other=0.0)
-        m_new = tl.where(has, tl.maximum(m, m_p), m)
-        old_scale = tl.where(has, tl.exp(m - m_new), 1.0)
-        new_scale = tl.where(has, tl.exp(m_p - m_new), 0.0)
-        total = total * old_scale + sum_p * new_scale
-        acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
-        m = m_new
-    safe = tl.where(total > 0, total, 1.0)
-    o = acc / safe[:, None]
+        m, total, acc = _fold_where(has, m, total, acc, m_p, sum_p, acc_p)
     gate = tl.load(
         qg_ptr + row * stride_qg + heads[:, None] * 2 * HD + HD + offs_d[None, :],
         mask=gmask[:, None],
         other=0.0,
     )
-    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    o = _gated(acc, total, gate)
     o = tl.where((offs_g[:, None] * 0 + offs_d[None, :] * 0 + live) != 0, o, 0.0)
     tl.store(out_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], o, mask=gmask[:, None])
 
@@ -336,6 +343,9 @@ def _attention_combine_kernel(
 _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
 _bf16_operand = helper(_bf16_operand)  # type: ignore[assignment]
 _reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
+_fold = helper(_fold)  # type: ignore[assignment]
+_fold_where = helper(_fold_where)  # type: ignore[assignment]
+_gated = helper(_gated)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 _attn_split = kernel(_attention_split_kernel)
@@ -468,6 +478,69 @@ def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Te
     return torch.as_strided(base, shape, (r * d, d, 1), base.storage_offset() + off)
 
 
+def prep_row_reference(
+    qg_row: torch.Tensor,
+    k_row: torch.Tensor,
+    v_row: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope_row: torch.Tensor,
+    nh: int,
+    nkv: int,
+    hd: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's q [nh, hd] and k [nkv, hd] normed and rotated, and v [nkv, hd], by
+    `engine.reference`'s ops: the oracle of both attention preps (decode and forest)."""
+    cos, sin = rope_row[0:1], rope_row[1:2]
+    q = apply_partial_rope(rms_norm(qg_row.float().view(nh, 2 * hd)[:, :hd], q_norm, eps)[None], cos, sin)[0]
+    k = apply_partial_rope(rms_norm(k_row.float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
+    return q, k, v_row.float().view(nkv, hd)
+
+
+def store_kv_reference(
+    base: torch.Tensor, own: torch.Tensor, index: int, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write a row's k and v [nkv, hd] at `index` of its own piece (record `own`) inside base."""
+    nkv, hd = k.shape
+    shape = (nkv, int(own[HEAD_ROWS]), hd)
+    _view(base, int(own[K_OFF]), shape)[:, index] = k
+    _view(base, int(own[V_OFF]), shape)[:, index] = v
+
+
+def attend_row_reference(
+    q_row: torch.Tensor,
+    qg_row: torch.Tensor,
+    base: torch.Tensor,
+    records: torch.Tensor,
+    own_keys: int,
+    nkv: int,
+) -> torch.Tensor:
+    """One row's gated attention [nh * hd]: the cascade of `fold_attention_piece` over its pieces
+    (`records`, the piece table's rows, oldest first; all of each ancestor's keys, the first
+    `own_keys` of the own piece, which is last), then the sigmoid gate. Both attention
+    kernels' oracle: a decode row and a forest row differ only in how many own keys they see."""
+    nh, hd = q_row.shape
+    group = nh // nkv
+    qh = q_row.float()[:, None, :]  # [nh, 1, hd]
+    m = torch.full((nh, 1, 1), float("-inf"), device=q_row.device)
+    total = torch.zeros(nh, 1, 1, device=q_row.device)
+    o = torch.zeros(nh, 1, hd, device=q_row.device)
+    n_pieces = records.shape[0]
+    for p in range(n_pieces):
+        rec = records[p]
+        n = own_keys if p == n_pieces - 1 else int(rec[LENGTH])
+        if n == 0:
+            continue
+        shape = (nkv, int(rec[HEAD_ROWS]), hd)
+        keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+        values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
+        scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
+        m, total, o = fold_attention_piece(m, total, o, scores, values)
+    gate = qg_row.float().view(nh, 2 * hd)[:, hd:]
+    return ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
+
+
 def attention_prep_reference(
     qg: torch.Tensor,
     k: torch.Tensor,
@@ -487,17 +560,9 @@ def attention_prep_reference(
     b = qg.shape[0]
     q_out = torch.zeros(b, nh, hd, dtype=torch.float32, device=qg.device)
     for r in range(b):
-        cos, sin = rope[r, 0:1], rope[r, 1:2]
-        q = rms_norm(qg[r].float().view(nh, 2 * hd)[:, :hd], q_norm, eps)
-        q_out[r] = apply_partial_rope(q[None], cos, sin)[0]
-        if not int(rows[r, LIVE]):
-            continue
-        kr = apply_partial_rope(rms_norm(k[r].float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
-        own = pieces[r, -1]
-        t = int(rows[r, THOUGHT_LEN])
-        rows_per_head = int(own[HEAD_ROWS])
-        _view(base, int(own[K_OFF]), (nkv, rows_per_head, hd))[:, t] = kr
-        _view(base, int(own[V_OFF]), (nkv, rows_per_head, hd))[:, t] = v[r].float().view(nkv, hd)
+        q_out[r], kr, vr = prep_row_reference(qg[r], k[r], v[r], q_norm, k_norm, rope[r], nh, nkv, hd, eps)
+        if int(rows[r, LIVE]):
+            store_kv_reference(base, pieces[r, -1], int(rows[r, THOUGHT_LEN]), kr, vr)
     return q_out
 
 
@@ -511,26 +576,8 @@ def decode_attention_reference(
 ) -> torch.Tensor:
     """Per row: the cascade of `engine.executor._cascade` over the pieces, then the sigmoid gate."""
     b, nh, hd = q.shape
-    group = nh // nkv
     out = torch.zeros(b, nh * hd, dtype=torch.float32, device=q.device)
     for r in range(b):
-        if not int(rows[r, LIVE]):
-            continue
-        qh = q[r].float()[:, None, :]  # [nh, 1, hd]
-        m = torch.full((nh, 1, 1), float("-inf"), device=q.device)
-        total = torch.zeros(nh, 1, 1, device=q.device)
-        o = torch.zeros(nh, 1, hd, device=q.device)
-        n_pieces = pieces.shape[1]
-        for p in range(n_pieces):
-            rec = pieces[r, p]
-            n = int(rows[r, THOUGHT_LEN]) + 1 if p == n_pieces - 1 else int(rec[LENGTH])
-            if n == 0:
-                continue
-            shape = (nkv, int(rec[HEAD_ROWS]), hd)
-            keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
-            values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
-            scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
-            m, total, o = fold_attention_piece(m, total, o, scores, values)
-        gate = qg[r].float().view(nh, 2 * hd)[:, hd:]
-        out[r] = ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
+        if int(rows[r, LIVE]):
+            out[r] = attend_row_reference(q[r], qg[r], base, pieces[r], int(rows[r, THOUGHT_LEN]) + 1, nkv)
     return out

@@ -48,8 +48,17 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, helper, interpreting, kernel, use_triton
-from engine.kernels.decode_attention import _bf16_operand, _norm_rope, _reduce_piece, _view
-from engine.kernels.decode_rows import HEAD_ROWS, K_OFF, LENGTH, PIECE_FIELDS, V_OFF
+from engine.kernels.decode_attention import (
+    _bf16_operand,
+    _fold,
+    _gated,
+    _norm_rope,
+    _reduce_piece,
+    attend_row_reference,
+    prep_row_reference,
+    store_kv_reference,
+)
+from engine.kernels.decode_rows import PIECE_FIELDS
 from engine.kernels.forest_tables import (
     BLOCK_M,
     QB_LIVE,
@@ -64,7 +73,6 @@ from engine.kernels.forest_tables import (
     SEG_LENGTH,
     SEG_TOK_LO,
 )
-from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -226,19 +234,13 @@ def _attention_kernel(
         last = local if p == P - 1 else tl.full((BM,), 0, tl.int64) + n - 1
         m_p, sum_p, acc_p = _reduce_piece(q, k_base, v_base, n, last, scale, BM, HD, BL, DOTS, ON_GPU)
         if n > 0:  # fold the piece into the running result (an empty piece is skipped)
-            m_new = tl.maximum(m, m_p)  # m_p is finite: every row sees the piece's first key
-            old_scale = tl.exp(m - m_new)
-            new_scale = tl.exp(m_p - m_new)
-            total = total * old_scale + sum_p * new_scale
-            acc = acc * old_scale[:, None] + acc_p * new_scale[:, None]
-            m = m_new
+            # m_p is finite: every row sees the piece's first key
+            m, total, acc = _fold(m, total, acc, m_p, sum_p, acc_p)
 
-    safe = tl.where(total > 0, total, 1.0)
-    o = acc / safe[:, None]
     gate = tl.load(
         qg_ptr + rows[:, None] * stride_qg + h * 2 * HD + HD + offs_d[None, :], mask=valid[:, None], other=0.0
     )
-    o = o * (1.0 / (1.0 + tl.exp(-gate)))
+    o = _gated(acc, total, gate)
     tl.store(out_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], o, mask=valid[:, None])
 
 
@@ -626,17 +628,9 @@ def forest_attention_prep_reference(
     t = qg.shape[0]
     q_out = torch.zeros(t, nh, hd, dtype=torch.float32, device=qg.device)
     for r in range(t):
-        cos, sin = rope[r, 0:1], rope[r, 1:2]
-        q = rms_norm(qg[r].float().view(nh, 2 * hd)[:, :hd], q_norm, eps)
-        q_out[r] = apply_partial_rope(q[None], cos, sin)[0]
-        if not int(rows[r, ROW_LIVE]):
-            continue
-        kr = apply_partial_rope(rms_norm(k[r].float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
-        own = pieces[int(rows[r, ROW_SEG]), -1]
-        local = int(rows[r, ROW_LOCAL])
-        shape = (nkv, int(own[HEAD_ROWS]), hd)
-        _view(base, int(own[K_OFF]), shape)[:, local] = kr
-        _view(base, int(own[V_OFF]), shape)[:, local] = v[r].float().view(nkv, hd)
+        q_out[r], kr, vr = prep_row_reference(qg[r], k[r], v[r], q_norm, k_norm, rope[r], nh, nkv, hd, eps)
+        if int(rows[r, ROW_LIVE]):
+            store_kv_reference(base, pieces[int(rows[r, ROW_SEG]), -1], int(rows[r, ROW_LOCAL]), kr, vr)
     return q_out
 
 
@@ -653,9 +647,7 @@ def forest_attention_reference(
     """Per row of each live query block: the cascade of `fold_attention_piece` over its segment's
     pieces (the own block causally), then the sigmoid gate; uncovered rows stay zero."""
     t, nh, hd = q.shape
-    group = nh // nkv
     out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
-    n_pieces = pieces.shape[1]
     for qb in qblocks.tolist():
         if not qb[QB_LIVE]:
             continue
@@ -663,20 +655,5 @@ def forest_attention_reference(
         tok_lo, length = int(segs[seg, SEG_TOK_LO]), int(segs[seg, SEG_LENGTH])
         for local in range(qb[QB_LOCAL], min(qb[QB_LOCAL] + BLOCK_M, length)):
             r = tok_lo + local
-            qh = q[r].float()[:, None, :]  # [nh, 1, hd]
-            m = torch.full((nh, 1, 1), float("-inf"), device=q.device)
-            total = torch.zeros(nh, 1, 1, device=q.device)
-            o = torch.zeros(nh, 1, hd, device=q.device)
-            for p in range(n_pieces):
-                rec = pieces[seg, p]
-                n = local + 1 if p == n_pieces - 1 else int(rec[LENGTH])
-                if n == 0:
-                    continue
-                shape = (nkv, int(rec[HEAD_ROWS]), hd)
-                keys = _view(base, int(rec[K_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
-                values = _view(base, int(rec[V_OFF]), shape)[:, :n].repeat_interleave(group, dim=0)
-                scores = (qh @ keys.transpose(1, 2)) * hd**-0.5
-                m, total, o = fold_attention_piece(m, total, o, scores, values)
-            gate = qg[r].float().view(nh, 2 * hd)[:, hd:]
-            out[r] = ((o / total)[:, 0] * torch.sigmoid(gate)).reshape(nh * hd)
+            out[r] = attend_row_reference(q[r], qg[r], base, pieces[seg], local + 1, nkv)
     return out
