@@ -529,6 +529,30 @@ def _forest_gdn_tc_prep_kernel(
         tl.store(u_ptr + at3[:, None] * DV + offs_v[None, :], y3.to(op), mask=v3[:, None])
 
 
+def _walk_start(
+    base_ptr, segs_ptr, slot, h, offs_k, offs_v, level, layer_off, DK: tl.constexpr, DV: tl.constexpr
+):
+    """A chunk walk's start for one (segment slot, value head, value block): whether the slot
+    holds a live segment of `level`, its first row and length, where its final state goes, the
+    state block's offsets, and the block S [DK, BV] it starts from (zeros without a state in)."""
+    rec = segs_ptr + slot.to(tl.int64) * 8
+    run = (tl.load(rec + 7) != 0) & (tl.load(rec + 2) == level)
+    blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    has_in = tl.where(run, tl.load(rec + 4), 0)  # a slot of another level reads no state
+    imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
+    s = tl.load(base_ptr + tl.load(rec + 3) + blk, mask=imask, other=0.0)
+    return run, tl.load(rec), tl.load(rec + 1), tl.load(rec + 5), blk, s
+
+
+def _walk_step(s, w, u, kd, g_last, BF16: tl.constexpr, ON_GPU: tl.constexpr):
+    """One 64-token chunk of the walk, shared by the fused and the split form so both carry the
+    same state bits: the start state in the operand dtype S_op, the delta-rule updates
+    U = u - w S_op (operand dtype), and the next state exp(gam_last) S + (k exp(gam_last - gam))^T U."""
+    s_op = s.to(w.dtype)
+    un_op = (u.to(tl.float32) - _mm(w, s_op, BF16, ON_GPU)).to(w.dtype)
+    return s_op, un_op, s * tl.exp(g_last) + _mm(tl.trans(kd), un_op, BF16, ON_GPU)
+
+
 def _forest_gdn_tc_kernel(
     base_ptr, segs_ptr, o_ptr, w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, level, layer_off,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
@@ -543,18 +567,10 @@ def _forest_gdn_tc_kernel(
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, DK)
     offs_c = tl.arange(0, 64)
-    rec = segs_ptr + slot.to(tl.int64) * 8
-    live = tl.load(rec + 7)
-    seg_level = tl.load(rec + 2)
-    if (live != 0) & (seg_level == level):
-        tok_lo = tl.load(rec)
-        length = tl.load(rec + 1)
-        state_in = tl.load(rec + 3)
-        has_in = tl.load(rec + 4)
-        state_out = tl.load(rec + 5)
-        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        imask = (offs_k[:, None] * 0 + offs_v[None, :] * 0 + has_in) != 0  # block-shaped (interpreter)
-        s = tl.load(base_ptr + state_in + blk, mask=imask, other=0.0)
+    run, tok_lo, length, state_out, blk, s = _walk_start(
+        base_ptr, segs_ptr, slot, h, offs_k, offs_v, level, layer_off, DK, DV
+    )
+    if run:
         for c0 in range(0, length, 64):
             valid = (c0 + offs_c) < length
             at = (tok_lo + c0 + offs_c) * HV + h
@@ -565,12 +581,9 @@ def _forest_gdn_tc_kernel(
             u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
             last = tl.minimum(length - c0, 64) - 1
             g_last = tl.load(g_ptr + (tok_lo + c0 + last) * HV + h)
-            s_op = s.to(w.dtype)
-            un = u.to(tl.float32) - _mm(w, s_op, BF16, ON_GPU)  # the chunk's delta-rule updates
-            un_op = un.to(w.dtype)
+            s_op, un_op, s = _walk_step(s, w, u, kd, g_last, BF16, ON_GPU)
             o = _mm(qg, s_op, BF16, ON_GPU) + _mm(aqk, un_op, BF16, ON_GPU)
             tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
-            s = s * tl.exp(g_last) + _mm(tl.trans(kd), un_op, BF16, ON_GPU)
         tl.store(base_ptr + state_out + blk, s)
 
 
@@ -589,33 +602,24 @@ def _forest_gdn_tc_walk_kernel(
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, DK)
     offs_c = tl.arange(0, 64)
-    rec = segs_ptr + slot.to(tl.int64) * 8
-    live = tl.load(rec + 7)
-    seg_level = tl.load(rec + 2)
-    if (live != 0) & (seg_level == level):
-        tok_lo = tl.load(rec)
-        length = tl.load(rec + 1)
-        state_in = tl.load(rec + 3)
-        has_in = tl.load(rec + 4)
-        state_out = tl.load(rec + 5)
-        blk = layer_off + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        zero = offs_k[:, None] * 0 + offs_v[None, :] * 0  # block-shaped masks (interpreter)
-        s = tl.load(base_ptr + state_in + blk, mask=(zero + has_in) != 0, other=0.0)
+    run, tok_lo, length, state_out, blk, s = _walk_start(
+        base_ptr, segs_ptr, slot, h, offs_k, offs_v, level, layer_off, DK, DV
+    )
+    if run:
         hblk = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        zero = offs_k[:, None] * 0 + offs_v[None, :] * 0  # block-shaped masks (interpreter)
         for c0 in range(0, length, 64):
             valid = (c0 + offs_c) < length
             at = (tok_lo + c0 + offs_c) * HV + h
             idx = tl.load(hidx_ptr + tok_lo + c0).to(tl.int64)
-            s_op = s.to(w_ptr.dtype.element_ty)
-            tl.store(hs_ptr + idx * HV * DK * DV + hblk, s_op, mask=(zero + idx) < NH)
             w = tl.load(w_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
             u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
-            un_op = (u.to(tl.float32) - _mm(w, s_op, BF16, ON_GPU)).to(w.dtype)  # delta-rule updates
-            tl.store(vn_ptr + at[:, None] * DV + offs_v[None, :], un_op, mask=valid[:, None])
             kd = tl.load(kd_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
             last = tl.minimum(length - c0, 64) - 1
             g_last = tl.load(g_ptr + (tok_lo + c0 + last) * HV + h)
-            s = s * tl.exp(g_last) + _mm(tl.trans(kd), un_op, BF16, ON_GPU)
+            s_op, un_op, s = _walk_step(s, w, u, kd, g_last, BF16, ON_GPU)
+            tl.store(hs_ptr + idx * HV * DK * DV + hblk, s_op, mask=(zero + idx) < NH)
+            tl.store(vn_ptr + at[:, None] * DV + offs_v[None, :], un_op, mask=valid[:, None])
         tl.store(base_ptr + state_out + blk, s)
 
 
@@ -660,6 +664,8 @@ _conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
 _gdn_prep = kernel(_forest_gdn_prep_kernel)
 _mm = helper(_mm)  # type: ignore[assignment]
+_walk_start = helper(_walk_start)  # type: ignore[assignment]
+_walk_step = helper(_walk_step)  # type: ignore[assignment]
 _tc_rows = helper(_tc_rows)  # type: ignore[assignment]
 _tc_q = helper(_tc_q)  # type: ignore[assignment]
 _inv16 = helper(_inv16)  # type: ignore[assignment]
