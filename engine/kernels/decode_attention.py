@@ -103,6 +103,21 @@ def _prep_kernel(
     # row record (engine.kernels.decode_rows): token, thought_len, state_off, conv_off, live
     tlen = tl.load(rows_ptr + row * 5 + 1)
     live = tl.load(rows_ptr + row * 5 + 4)
+    _prep_head(
+        qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + row * P * 4, q_out_ptr,
+        stride_qg, stride_k, stride_v, eps, row, j, tlen, live, NH, HD, RD, P,
+    )  # fmt: skip
+
+
+def _prep_head(
+    qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, row_pieces, q_out_ptr,
+    stride_qg, stride_k, stride_v, eps, row, j, index, live,
+    NH: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
+):  # fmt: skip
+    """Head j of a row (j < NH: a query head, else KV head j - NH): RMSNorm and RoPE; a query
+    head goes to q_out, a KV head's k and v to position `index` of the row's own piece (the
+    last of its P piece records at row_pieces) when the row is live. The decode prep and the
+    forest prep differ only in where a row's pieces and own position come from."""
     offs = tl.arange(0, HD)
     is_q = j < NH
     if is_q:
@@ -116,11 +131,11 @@ def _prep_kernel(
         tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
     else:
         kv = j - NH
-        own = pieces_ptr + (row * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
+        own = row_pieces + (P - 1) * 4  # piece record: k_off, v_off, length, rows_per_head
         k_off = tl.load(own)
         v_off = tl.load(own + 1)
         head_rows = tl.load(own + 3)
-        at = (kv * head_rows + tlen) * HD + offs
+        at = (kv * head_rows + index) * HD + offs
         m = (offs * 0 + live) != 0  # block-shaped: the interpreter rejects scalar masks
         tl.store(base_ptr + k_off + at, out, mask=m)
         v = tl.load(v_ptr + row * stride_v + kv * HD + offs).to(tl.float32)
@@ -203,13 +218,11 @@ def _gated(acc, total, gate):
     return o * (1.0 / (1.0 + tl.exp(-gate)))
 
 
-def _attention_kernel(
-    q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
-    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    P: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    kvh = tl.program_id(1)
+def _decode_row(
+    q_ptr, rows_ptr, row, kvh, NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr
+):
+    """A decode row's record (thought length, live) and the G query heads [GP, HD] of KV head kvh
+    (rows past G masked), as both decode attention kernels start."""
     tlen = tl.load(rows_ptr + row * 5 + 1)
     live = tl.load(rows_ptr + row * 5 + 4)
     offs_g = tl.arange(0, GP)
@@ -217,7 +230,17 @@ def _attention_kernel(
     gmask = offs_g < G
     heads = kvh * G + offs_g
     q = tl.load(q_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], mask=gmask[:, None], other=0.0)
+    return tlen, live, offs_g, offs_d, gmask, heads, q
 
+
+def _attention_kernel(
+    q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    tlen, live, offs_g, offs_d, gmask, heads, q = _decode_row(q_ptr, rows_ptr, row, kvh, NH, HD, G, GP)
     m = tl.full((GP,), float("-inf"), tl.float32)
     total = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, HD), dtype=tl.float32)
@@ -259,14 +282,7 @@ def _attention_split_kernel(
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    tlen = tl.load(rows_ptr + row * 5 + 1)
-    live = tl.load(rows_ptr + row * 5 + 4)
-    offs_g = tl.arange(0, GP)
-    offs_d = tl.arange(0, HD)
-    gmask = offs_g < G
-    heads = kvh * G + offs_g
-    q = tl.load(q_ptr + (row * NH + heads[:, None]) * HD + offs_d[None, :], mask=gmask[:, None], other=0.0)
-
+    tlen, live, offs_g, offs_d, gmask, heads, q = _decode_row(q_ptr, rows_ptr, row, kvh, NH, HD, G, GP)
     m = tl.full((GP,), float("-inf"), tl.float32)
     total = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, HD), dtype=tl.float32)
@@ -344,6 +360,8 @@ _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
 _bf16_operand = helper(_bf16_operand)  # type: ignore[assignment]
 _reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
 _fold = helper(_fold)  # type: ignore[assignment]
+_prep_head = helper(_prep_head)  # type: ignore[assignment]
+_decode_row = helper(_decode_row)  # type: ignore[assignment]
 _fold_where = helper(_fold_where)  # type: ignore[assignment]
 _gated = helper(_gated)  # type: ignore[assignment]
 _prep = kernel(_prep_kernel)

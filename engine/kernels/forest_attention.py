@@ -52,7 +52,7 @@ from engine.kernels.decode_attention import (
     _bf16_operand,
     _fold,
     _gated,
-    _norm_rope,
+    _prep_head,
     _reduce_piece,
     attend_row_reference,
     prep_row_reference,
@@ -169,28 +169,10 @@ def _prep_kernel(
     live = tl.load(rows_ptr + row * 4 + 2)
     seg = tl.where(live != 0, tl.load(rows_ptr + row * 4), 0)  # padding: read slot 0, write nothing
     local = tl.load(rows_ptr + row * 4 + 1)
-    offs = tl.arange(0, HD)
-    is_q = j < NH
-    if is_q:
-        src = qg_ptr + row * stride_qg + j * 2 * HD  # attn_q interleaves [q_h | gate_h] per head
-        w_ptr = qn_ptr
-    else:
-        src = k_ptr + row * stride_k + (j - NH) * HD
-        w_ptr = kn_ptr
-    out = _norm_rope(src, w_ptr, rope_ptr + row * 2 * RD, eps, HD, RD)  # the decode prep's math
-    if is_q:
-        tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
-    else:
-        kv = j - NH
-        own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
-        k_off = tl.load(own)
-        v_off = tl.load(own + 1)
-        head_rows = tl.load(own + 3)
-        at = (kv * head_rows + local) * HD + offs
-        m = (offs * 0 + live) != 0  # block-shaped: the interpreter rejects scalar masks
-        tl.store(base_ptr + k_off + at, out, mask=m)
-        v = tl.load(v_ptr + row * stride_v + kv * HD + offs).to(tl.float32)
-        tl.store(base_ptr + v_off + at, v, mask=m)
+    _prep_head(
+        qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + seg * P * 4, q_out_ptr,
+        stride_qg, stride_k, stride_v, eps, row, j, local, live, NH, HD, RD, P,
+    )  # fmt: skip
 
 
 def _attention_kernel(
