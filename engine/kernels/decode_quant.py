@@ -16,11 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
-from engine.kernels.quant import quantize_rows_reference
+from engine.kernels._triton import Backend, helper, kernel, next_pow2, use_triton
+from engine.kernels.quant import _round_int8, quantize_rows_reference
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
-libdevice: Any = None
 
 MAX_BLOCK = 4096
 # SwiGLU + quantization: its row passes (K = 17,408 at 27B: five blocks) unrolled this many blocks,
@@ -31,7 +30,6 @@ MAX_BLOCK = 4096
 UNROLL = 4
 SWIGLU_BLOCK = 4096
 SWIGLU_WARPS = 16
-_RINT_MAGIC = 12582912.0  # 1.5 * 2^23: rounds an fp32 |r| < 2^22 to an integer, ties to even
 
 
 def _gated_norm_quant_kernel(
@@ -55,9 +53,7 @@ def _gated_norm_quant_kernel(
     scale = tl.math.div_rn(tl.max(tl.max(tl.abs(y), axis=1), axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
     r = tl.math.div_rn(y, tl.full((HP, DV), 1.0, tl.float32) * safe)
-    r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
-    r = tl.minimum(tl.maximum(r, -127.0), 127.0)
-    tl.store(q_ptr + row * HV * DV + idx, r.to(tl.int8), mask=m)
+    tl.store(q_ptr + row * HV * DV + idx, _round_int8(r, ON_GPU), mask=m)
     tl.store(s_ptr + row, scale)
 
 
@@ -69,29 +65,30 @@ def _swiglu_quant_kernel(
     offs = tl.arange(0, BLOCK)
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        m = k0 + offs < K
-        g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        v = (g / (1.0 + tl.exp(-g))) * u
-        if HAS_DIV:
-            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
         amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        m = k0 + offs < K
-        g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        v = (g / (1.0 + tl.exp(-g))) * u
-        if HAS_DIV:
-            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
         r = tl.math.div_rn(v, tl.zeros((BLOCK,), dtype=tl.float32) + safe)
-        r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
-        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
-        tl.store(q_ptr + row * K + k0 + offs, r.to(tl.int8), mask=m)
+        tl.store(q_ptr + row * K + k0 + offs, _round_int8(r, ON_GPU), mask=m)
     tl.store(s_ptr + row, scale)
 
 
+def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV: tl.constexpr):
+    """SiLU(gate) * up of one block of a row (over the SmoothQuant divisor if HAS_DIV) and its
+    mask: what both passes of the row compute."""
+    m = k0 + offs < K
+    g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    v = (g / (1.0 + tl.exp(-g))) * u
+    if HAS_DIV:
+        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+    return v, m
+
+
+_swiglu_block = helper(_swiglu_block)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
 _swiglu = kernel(_swiglu_quant_kernel)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+from engine.kernels._triton import Backend, helper, kernel, next_pow2, use_triton
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -55,30 +55,39 @@ def _quant_row_kernel(
 
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        m = k0 + offs < K
-        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        if NORM:
-            v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        if HAS_DIV:
-            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
         amax = tl.maximum(amax, tl.abs(v))
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
 
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        m = k0 + offs < K
-        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        if NORM:
-            v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        if HAS_DIV:
-            v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
-        r = tl.math.div_rn(v, safe)
-        r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
-        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
-        tl.store(q_row + k0 + offs, r.to(tl.int8), mask=m)
+        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
+        tl.store(q_row + k0 + offs, _round_int8(tl.math.div_rn(v, safe), ON_GPU), mask=m)
     tl.store(s_ptr + row, scale)
 
 
+def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+    """The values v of one block of a row (rms-normed and weighted if NORM, over the SmoothQuant
+    divisor if HAS_DIV) and its mask: both passes of the row compute exactly these."""
+    m = k0 + offs < K
+    v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    if NORM:
+        v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_DIV:
+        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+    return v, m
+
+
+def _round_int8(r, ON_GPU: tl.constexpr):
+    """v / scale to int8: rounded half to even (the hardware's rint, or the magic-number add
+    the interpreter's numpy does in fp32 alike), clamped to +-127. Every quantizing kernel
+    rounds with this, so the same quotient gives the same code everywhere."""
+    r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
+    return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
+
+
+_row_block = helper(_row_block)  # type: ignore[assignment]
+_round_int8 = helper(_round_int8)  # type: ignore[assignment]
 _kernel = kernel(_quant_row_kernel)
 
 
