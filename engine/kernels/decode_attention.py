@@ -412,19 +412,51 @@ def attention_prep(
     """
     b = qg.shape[0]
     _check_tables(rows, pieces, b)
-    rd = rope.shape[-1]
-    if rope.shape != (b, 2, rd) or rope.dtype != torch.float32:
-        raise ValueError(f"rope must be fp32 [{b}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
+    check_rope(rope, b)
     if not use_triton(backend, qg):
         return attention_prep_reference(
             qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
         )
+    return launch_prep(
+        _prep, qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
+    )
+
+
+def check_rope(rope: torch.Tensor, n: int) -> None:
+    """rope must be fp32 [n, 2, rope_dims] (cos, sin per row)."""
+    rd = rope.shape[-1]
+    if rope.shape != (n, 2, rd) or rope.dtype != torch.float32:
+        raise ValueError(f"rope must be fp32 [{n}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
+
+
+def launch_prep(
+    prep: Any,
+    qg: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    rope: torch.Tensor,
+    base: torch.Tensor,
+    rows: torch.Tensor,
+    pieces: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> torch.Tensor:
+    """Run a prep kernel (this module's for decode rows, the forest's for packed rows: both a
+    program per (row, head) over `_prep_head`) and return the normed, rotated queries."""
+    n = qg.shape[0]
+    rd = rope.shape[-1]
     if head_dim & (head_dim - 1) or rd % 2 or rd > head_dim:
         raise ValueError(
             f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {head_dim}, {rd}"
         )
-    q_out = torch.empty(b, num_heads, head_dim, dtype=torch.float32, device=qg.device)
-    _prep[(b, num_heads + num_kv_heads)](
+    q_out = torch.empty(n, num_heads, head_dim, dtype=torch.float32, device=qg.device)
+    if n == 0:
+        return q_out
+    prep[(n, num_heads + num_kv_heads)](
         qg, k, v, q_norm.contiguous(), k_norm.contiguous(), rope.contiguous(), base, rows, pieces, q_out,
         qg.stride(0), k.stride(0), v.stride(0), float(eps),
         NH=num_heads, NKV=num_kv_heads, HD=head_dim, RD=rd, P=pieces.shape[1],

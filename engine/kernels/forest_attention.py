@@ -55,6 +55,8 @@ from engine.kernels.decode_attention import (
     _prep_head,
     _reduce_piece,
     attend_row_reference,
+    check_rope,
+    launch_prep,
     prep_row_reference,
     store_kv_reference,
 )
@@ -492,9 +494,7 @@ def forest_attention_prep(
                 f"{name} must be [{t}, {num_kv_heads * head_dim}] with unit column stride, "
                 f"got {tuple(x.shape)} {x.stride()}"
             )
-    rd = rope.shape[-1]
-    if rope.shape != (t, 2, rd) or rope.dtype != torch.float32:
-        raise ValueError(f"rope must be fp32 [{t}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
+    check_rope(rope, t)
     if base.dtype != torch.float32:
         raise ValueError(f"base must be fp32, got {base.dtype}")
     if not use_triton(backend, qg):
@@ -502,18 +502,9 @@ def forest_attention_prep(
             qg, k, v, q_norm, k_norm, rope, base, rows, segs, pieces, num_heads, num_kv_heads, head_dim, eps
         )
     _check_head_dim(head_dim)
-    if rd % 2 or rd > head_dim:
-        raise ValueError(f"the kernel needs an even rope_dims <= head_dim: {rd}, {head_dim}")
-    q_out = torch.empty(t, num_heads, head_dim, dtype=torch.float32, device=qg.device)
-    if t == 0:
-        return q_out
-    _prep[(t, num_heads + num_kv_heads)](
-        qg, k, v, q_norm.contiguous(), k_norm.contiguous(), rope.contiguous(), base, rows, pieces, q_out,
-        qg.stride(0), k.stride(0), v.stride(0), float(eps),
-        NH=num_heads, NKV=num_kv_heads, HD=head_dim, RD=rd, P=pieces.shape[1],
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
-    return q_out
+    return launch_prep(
+        _prep, qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
+    )
 
 
 def forest_attention(
