@@ -10,7 +10,15 @@
 # Logs: $OUT/gpu_suite.log (whole output, slowest tests), $OUT/gpu_suite.xml (JUnit).
 set -uo pipefail
 source ops/device/setup.sh
-SUITE=${SUITE:-"tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"}
+#   PART=1 bash ops/device/gpu_suite.sh     # the kernels alone (~5 min)   } the whole set in two
+#   PART=2 bash ops/device/gpu_suite.sh     # everything else (~4 min)      } calls of one tree
+ALL="tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"
+case "${PART:-all}" in
+    1) DEFAULT_SUITE="tests/engine/kernels" ;;
+    2) DEFAULT_SUITE="${ALL#tests/engine/kernels }" ;;
+    *) DEFAULT_SUITE="$ALL" ;;
+esac
+SUITE=${SUITE:-$DEFAULT_SUITE}
 # The CPU-only tensor-parallel cases (gloo ranks on CPU: 204 s of a device call on 2026-12-01, and
 # CI runs them) are left out unless CPU_TP=1, so the CUDA set fits one call.
 CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits_of_one_process[cpu]
