@@ -5,19 +5,15 @@
   has its outcome on the output topics: nothing was committed that was not published.
 - SIGTERM while the worker waits in the group join (another member is slow to rejoin): the
   worker exits; SIGUSR1 before it names the asyncio tasks.
-- A group with short sessions (6 s) and a slow engine: a joining member makes the other revoke
-  with a full queue; the revoke waits for one engine call only and the group settles after one
-  rebalance, where the old revoke (the whole queue) outlasted the join window and the members
-  were expelled in turn.
 
-The exactly-once stop after a coordinator kill is tests/reliability/test_cluster_scenarios.py's.
+The rebalance with short sessions that settles is in test_backpressure_rebalance.py; the
+exactly-once stop after a coordinator kill is tests/reliability/test_cluster_scenarios.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,14 +22,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from pydantic import ValidationError
 
-from ops.load.slow_worker import SlowEngine
 from prism_pipeline.local_kafka import LocalKafka
-from prism_pipeline.worker.loop import Worker
 from prism_pipeline.worker.runner import EXIT_ABANDONED
 from prism_pipeline.worker.settings import WorkerSettings
-from schemas.codec import loads
-from schemas.deadletter import DeadLetter
-from schemas.record import DecisionRecord
 from tests.pipeline.kafkautil import (
     Tail,
     committed,
@@ -46,6 +37,7 @@ from tests.pipeline.kafkautil import (
     unique,
     wait_for,
 )
+from tests.pipeline.test_shutdown import outcome_offsets
 
 pytestmark = pytest.mark.kafka
 
@@ -126,18 +118,11 @@ async def test_sigterm_with_every_broker_gone_abandons_in_flight_work_uncommitte
         done = await committed(bootstrap, group, tin, 2)
     finally:
         await asyncio.to_thread(broker.stop)
-    published: dict[int, set[int]] = defaultdict(set)
-    for m in msgs:
-        if m.topic == tout:
-            ref = loads(m.value, DecisionRecord).input
-            published[ref.partition].add(ref.offset)
-        else:
-            letter = loads(m.value, DeadLetter)
-            published[letter.partition].add(letter.offset)
+    published = outcome_offsets(msgs, tout)
     assert sum(v or 0 for v in done.values()) < n, "everything was committed: nothing was abandoned"
     for p in (0, 1):
         # Every offset below the committed one has its outcome; what is above goes to the next owner.
-        assert set(range(done[p] or 0)) <= published[p], (p, done[p], sorted(published[p]))
+        assert set(range(done[p] or 0)) <= set(published[p]), (p, done[p], sorted(published[p]))
 
 
 class _SlowToRejoin(ConsumerRebalanceListener):
@@ -200,61 +185,3 @@ async def test_sigterm_during_the_group_join_exits(
     names = {t["task"] for t in dump["tasks"]}
     assert {"prism-fetch", "prism-engine"} <= names, names
     assert all(t["awaits"] for t in dump["tasks"] if t["task"].startswith("prism-")), dump
-
-
-@pytest.mark.slow
-async def test_short_sessions_rebalance_with_a_slow_engine_settles(
-    kafka_bootstrap: str, tiny_engine, tiny_model: Path
-) -> None:
-    from engine.engine import Engine
-
-    tin, tout, tdlq, group = unique("in"), unique("out"), unique("dlq"), unique("g")
-    await create_topics(kafka_bootstrap, {tin: 4, tout: 1, tdlq: 1})
-    events = [event(i, prefix="st") for i in range(40)]
-    await produce(
-        kafka_bootstrap, tin, [(e["event_id"].encode(), encode(e), i % 4) for i, e in enumerate(events)]
-    )
-    # A 6 s session, and a queue whose work (4 batches of 4 at 0.5 s an event: 8 s and more)
-    # outlasts it: what a revoke that finished its queue first could not survive.
-    kw = dict(
-        session_timeout_ms=6000,
-        max_wait_ms=1,
-        max_batch_events=4,
-        max_queued_batches=4,
-        max_poll_records=16,
-    )
-
-    def settings(name: str) -> WorkerSettings:
-        return WorkerSettings(
-            brokers=kafka_bootstrap,
-            input_topic=tin,
-            output_topic=tout,
-            dlq_topic=tdlq,
-            group_id=group,
-            worker_id=name,
-            **kw,
-        )
-
-    other = await asyncio.to_thread(Engine.load, tiny_model, "cpu", "fp32", tiny_engine.decision_config)
-    a = Worker(settings("a"), SlowEngine(tiny_engine, 0.5))
-    b = Worker(settings("b"), SlowEngine(other, 0.5))
-    async with Tail(kafka_bootstrap, [tout]) as out:
-        ta = asyncio.create_task(a.run())
-        await wait_for(lambda: a.published >= 4 or ta.done(), 60, "worker a's first records")
-        queued = a.metrics.value("prism_queued_batches")
-        assert queued >= 2, f"a's queue held {queued} batches when b joined: nothing was tested"
-
-        tb = asyncio.create_task(b.run())
-        await wait_for(lambda: len(out.keys()) == len(events) or ta.done() or tb.done(), 120, "every record")
-        settled = (a.assignments, b.assignments, len(a.assigned), len(b.assigned))
-        a.request_stop()
-        b.request_stop()
-        await asyncio.gather(ta, tb)
-    # One rebalance: a was assigned at its start and once more, b once; two partitions each.
-    assert settled == (2, 1, 2, 2), settled
-    by_key: dict[bytes, set[bytes]] = defaultdict(set)
-    for m in out.messages:
-        by_key[m.key].add(m.value)
-    assert set(by_key) == {e["event_id"].encode() for e in events}
-    assert all(len(v) == 1 for v in by_key.values()), "a re-decided event's record changed"
-    assert await committed(kafka_bootstrap, group, tin, 4) == {p: len(events) // 4 for p in range(4)}
