@@ -282,9 +282,11 @@ class ExactlyOnce(Delivery):
             await asyncio.sleep(0.005)
 
     async def released(self, part: Partition, timeout: float = CLOSE_S) -> None:
-        """Stop the partition's producer. A transaction still open is never committed: the broker
-        aborts it when the next owner's producer (same transactional id) starts, or at its
-        transaction timeout, so its records stay invisible to read_committed readers."""
+        """Stop the partition's producer. A transaction cut off here is all or nothing: its
+        records and its offsets commit together (if the commit request already went out) or not at
+        all (the broker aborts it when the next owner's producer with the same transactional id
+        starts, or at its transaction timeout), so read_committed readers never see records whose
+        offsets stay uncommitted."""
         self._early.pop(part.tp, None)
         txn = self._txns.pop(part.tp, None)
         if txn is None:
