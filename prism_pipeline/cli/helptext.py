@@ -39,6 +39,8 @@ METAVARS: dict[str, str] = {
     "worker_id": "ID",
     "commit_interval_ms": "MS",
     "revoke_timeout_s": "SECONDS",
+    "stop_timeout_s": "SECONDS",
+    "heartbeat_interval_ms": "MS",
     "max_poll_records": "N",
     "session_timeout_ms": "MS",
     "max_poll_interval_ms": "MS",

@@ -84,7 +84,10 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="consume evidence events from Kafka and publish decision records",
-        description="Run one pipeline worker (SIGTERM/SIGINT: drain, publish, commit, exit 0).",
+        description="Run one pipeline worker. SIGTERM/SIGINT: drain, publish, commit, exit 0; a "
+        "drain not done within --stop-timeout-s abandons its in-flight work uncommitted (the "
+        "partitions' next owner decides it again) and exits 3; 1 means the worker failed. "
+        "SIGUSR1 logs every asyncio task's await chain and every thread's stack.",
     )
     _add_settings_flags(p)
     p.set_defaults(func=_cmd_run)

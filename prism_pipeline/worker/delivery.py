@@ -17,15 +17,19 @@ so a crash re-delivers, never skips.
 
 The worker calls, in a partition's life: `assigned`, then `publish` for each outcome, `commit`
 when it is revoked, `released`; at shutdown `finish` (everything published and committed), then
-`stop`. `Published` is the worker's hook for an acknowledged outcome.
+`stop`. `Published` is the worker's hook for an acknowledged outcome. `busy(part)` says whether
+outcomes of the partition are still on their way (a revoke waits for that, not for queued work).
+
+Every wait on a broker here is bounded (`within`, `close_client`): a stop must end even when the
+brokers are gone or a coordinator moved mid-transaction (issue #23).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -42,6 +46,21 @@ log = structlog.get_logger(__name__)
 CLOSE_S = 20.0
 
 
+async def within(task: asyncio.Future[Any], timeout: float) -> bool:
+    """Wait at most `timeout` s for `task`; if it is not done then, cancel it and return False
+    without waiting for the cancellation.
+
+    `asyncio.wait_for` waits for a cancelled task to finish, and a client coroutine that catches
+    the cancellation (aiokafka's coordinator close awaits its join) keeps it waiting: a bound
+    that does not bound. A task left behind here is cancelled again when the loop closes.
+    """
+    done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout))
+    if not done:
+        task.cancel()
+        return False
+    return True
+
+
 class Partition:
     """Per assigned input partition: which offsets have their outcome acknowledged."""
 
@@ -51,6 +70,8 @@ class Partition:
         self.active = True  # False once revoked: late outcomes are dropped, never committed
         self.revoking = False  # new messages are ignored (re-delivered to the next owner)
         self.committed: int | None = None
+        self.at_engine = 0  # its events in the engine call now running
+        self.sending = 0  # at-least-once: outcomes sent and not yet acknowledged
 
 
 Published = Callable[[Partition, int, Outgoing, int], None]  # (partition, offset, outcome, input ts)
@@ -88,13 +109,17 @@ class Delivery:
     async def publish(self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int) -> None:
         raise NotImplementedError
 
+    def busy(self, part: Partition) -> bool:
+        """Outcomes of `part` handed in are still being published."""
+        return False
+
     async def commit(self, parts: Iterable[Partition]) -> None: ...
 
     async def finish(self) -> None: ...
 
-    async def released(self, part: Partition) -> None: ...
+    async def released(self, part: Partition, timeout: float = CLOSE_S) -> None: ...
 
-    async def stop(self) -> None: ...
+    async def stop(self, timeout: float = CLOSE_S) -> None: ...
 
 
 class AtLeastOnce(Delivery):
@@ -117,16 +142,22 @@ class AtLeastOnce(Delivery):
 
     async def publish(self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int) -> None:
         assert self._producer is not None
+        part.sending += 1
         try:
             fut = await self._producer.send(out.topic, out.value, key=out.key, headers=out.headers)
         except Exception as e:
+            part.sending -= 1
             self._fail(e)
             return
         fut.add_done_callback(lambda f: self._delivered(part, offset, out, timestamp_ms, f))
 
+    def busy(self, part: Partition) -> bool:
+        return part.sending > 0
+
     def _delivered(
         self, part: Partition, offset: int, out: Outgoing, timestamp_ms: int, fut: asyncio.Future
     ) -> None:
+        part.sending -= 1
         if fut.cancelled():
             self._fail(asyncio.CancelledError("send cancelled"))
             return
@@ -166,9 +197,9 @@ class AtLeastOnce(Delivery):
             # Published but not committed: a restart decides them again, to the same bytes.
             log.warning("offsets.final_commit_timeout", seconds=CLOSE_S)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = CLOSE_S) -> None:
         if self._producer is not None:
-            await close_client("producer", self._producer.stop())
+            await close_client("producer", self._producer.stop(), timeout)
 
 
 @dataclass
@@ -211,7 +242,15 @@ class ExactlyOnce(Delivery):
 
     def _schedule(self, part: Partition, txn: _Txn) -> None:
         if txn.task is None or txn.task.done():
-            txn.task = asyncio.create_task(self._publish_runs(part, txn))
+            txn.task = asyncio.create_task(
+                self._publish_runs(part, txn), name=f"prism-txn-{part.tp.partition}"
+            )
+
+    def busy(self, part: Partition) -> bool:
+        # Outcomes behind a gap (an offset whose event was dropped at revoke) are not: they can
+        # never be published in order, and go uncommitted to the next owner.
+        txn = self._txns.get(part.tp)
+        return txn is not None and txn.task is not None and not txn.task.done()
 
     async def _publish_runs(self, part: Partition, txn: _Txn) -> None:
         """Publish ready outcomes in offset order, one transaction per contiguous run."""
@@ -242,20 +281,24 @@ class ExactlyOnce(Delivery):
         while not all(t.task is None or t.task.done() for t in self._txns.values()):
             await asyncio.sleep(0.005)
 
-    async def released(self, part: Partition) -> None:
+    async def released(self, part: Partition, timeout: float = CLOSE_S) -> None:
+        """Stop the partition's producer. A transaction cut off here is all or nothing: its
+        records and its offsets commit together (if the commit request already went out) or not at
+        all (the broker aborts it when the next owner's producer with the same transactional id
+        starts, or at its transaction timeout), so read_committed readers never see records whose
+        offsets stay uncommitted."""
         self._early.pop(part.tp, None)
         txn = self._txns.pop(part.tp, None)
         if txn is None:
             return
         if txn.task is not None and not txn.task.done():
             txn.task.cancel()
-            with contextlib.suppress(BaseException):
-                await txn.task
-        await close_client("transactional_producer", txn.producer.stop())
+            await within(txn.task, timeout)
+        await close_client("transactional_producer", txn.producer.stop(), timeout)
 
-    async def stop(self) -> None:
-        for tp in list(self._txns):
-            await self.released(Partition(tp))
+    async def stop(self, timeout: float = CLOSE_S) -> None:
+        # Concurrently: one unreachable partition leader must not cost each producer its timeout.
+        await asyncio.gather(*(self.released(Partition(tp), timeout) for tp in list(self._txns)))
 
 
 def delivery_for(
@@ -264,11 +307,11 @@ def delivery_for(
     return (ExactlyOnce if settings.exactly_once else AtLeastOnce)(settings, parts, published, fail)
 
 
-async def close_client(what: str, stopping: Awaitable[None]) -> None:
-    """Await a Kafka client's stop, at most `CLOSE_S`; a failure or a timeout is logged, not raised."""
-    try:
-        await asyncio.wait_for(stopping, CLOSE_S)
-    except TimeoutError:
-        log.warning("worker.close_timeout", client=what, seconds=CLOSE_S)
-    except Exception as e:
+async def close_client(what: str, stopping: Awaitable[None], timeout: float = CLOSE_S) -> None:
+    """Await a Kafka client's stop, at most `timeout` s; a failure or a timeout is logged, not raised."""
+    task = asyncio.ensure_future(stopping)
+    if not await within(task, timeout):
+        log.warning("worker.close_timeout", client=what, seconds=round(timeout, 2))
+    elif not task.cancelled() and task.exception() is not None:
+        e = task.exception()
         log.warning("worker.close_failed", client=what, error=f"{type(e).__name__}: {e}")

@@ -7,14 +7,25 @@ for — the fetch loop (poll, validate, batch, pause when the engine falls behin
 `_on_assigned` / `_on_revoked`. The engine runs on one dedicated thread (`core.engine_lane`), so the
 event loop, and aiokafka's heartbeat on it, never block on inference.
 
+A stop is bounded (`stop_timeout_s`): a drain that cannot finish (every broker gone, a coordinator
+that moved mid-transaction, a group join that never completes) is abandoned at the deadline. That
+is safe because a commit point only ever moves over acknowledged outcomes: what was not published
+is not committed, and the next owner of the partition decides it again. The worker then raises
+`StopAbandoned`, whose log line names what was in flight and which task was still waiting.
+
+A revoke is bounded too: only the batch at the engine and outcomes already being published are
+waited for; queued batches of a revoked partition are dropped (re-delivered, never committed), so
+a revoke costs at most one engine call, and the group's join window covers it
+(`WorkerSettings.rebalance_timeout_ms`).
+
 Every consumed offset yields exactly one outcome: a decision record on the output topic or a dead
 letter (`core.decide` builds them, as every other command does). How outcomes and offsets reach
 Kafka — at-least-once or exactly-once — is the delivery strategy's business (`worker.delivery`).
 
-Why one module of some 450 lines: a partition's whole life here (fetched, tracked, batched,
+Why one module of some 600 lines: a partition's whole life here (fetched, tracked, batched,
 decided, acknowledged, revoked) is one story whose ordering rules depend on each other (register
-before the first await, rewind what was fetched while changing hands, drain before revoke); split
-across modules, that order would no longer be readable in one place.
+before the first await, rewind what was fetched while changing hands, finish the engine call
+before revoke); split across modules, that order would no longer be readable in one place.
 """
 
 from __future__ import annotations
@@ -41,9 +52,10 @@ from prism_pipeline.core.records import (
     record_message,
     run_headers,
 )
-from prism_pipeline.worker.delivery import Partition, close_client, delivery_for
+from prism_pipeline.worker.delivery import CLOSE_S, Partition, close_client, delivery_for, within
 from prism_pipeline.worker.metrics import WorkerMetrics
 from prism_pipeline.worker.settings import WorkerSettings
+from prism_pipeline.worker.taskdump import task_dump
 from schemas.deadletter import InvalidEvent
 from schemas.record import DecisionRecord, InputRef
 from schemas.systemone import Limits
@@ -51,11 +63,24 @@ from schemas.systemone import Limits
 log = structlog.get_logger(__name__)
 
 _POLL_MS = 100  # longest getmany wait, so stop requests and batch deadlines are seen promptly
+# After the stop deadline (or a failure), what the clients' closes still get in all: leaving the
+# group and stopping the producers takes well under a second when the brokers answer.
+CLOSE_GRACE_S = 5.0
 
 
 class WorkerError(RuntimeError):
     """The worker could not start, or stopped because publishing failed (uncommitted input is
     re-delivered to the next worker)."""
+
+
+class StopAbandoned(WorkerError):
+    """The graceful stop did not finish within `stop_timeout_s`; in-flight work was abandoned
+    uncommitted (`abandoned` says what: per partition the outcomes in flight and the committed
+    offset, and the tasks that were still waiting)."""
+
+    def __init__(self, abandoned: dict[str, object]) -> None:
+        super().__init__(f"stop deadline passed, in-flight work abandoned: {abandoned}")
+        self.abandoned = abandoned
 
 
 @dataclass
@@ -120,8 +145,11 @@ class Worker:
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._stop_wait: asyncio.Future[object] | None = None  # the fetch loop's view of _stop
         self._batch_seq = 0
         self.published = 0  # outcomes acknowledged (records + dead letters)
+        self.assignments = 0  # partition assignments received (a settled group stops adding)
+        self.abandoned: dict[str, object] | None = None  # what a stop past its deadline left
 
     @property
     def assigned(self) -> list[TopicPartition]:
@@ -137,29 +165,79 @@ class Worker:
     # ---- the worker, top to bottom ------------------------------------------------------------
 
     async def run(self) -> None:
-        try:
-            await self._start()
-        except KafkaError as e:
-            await self._shutdown()
-            raise WorkerError(f"cannot start on Kafka at {self.s.brokers}: {type(e).__name__}: {e}") from e
+        if not await self._started():
+            return
         tasks = [
             asyncio.create_task(self._fetch_loop(), name="prism-fetch"),
             asyncio.create_task(self._engine_loop(), name="prism-engine"),
             asyncio.create_task(self._lag_loop(), name="prism-lag"),
             asyncio.create_task(self.delivery.background(), name="prism-delivery"),
         ]
+        close_by = None
         try:
             await self._stop.wait()
-            await tasks[0]  # the fetch loop returns at its next poll
-            if self._fatal is None:
-                await self._drain()
+            deadline = time.monotonic() + self.s.stop_timeout_s
+            graceful = asyncio.create_task(self._graceful(tasks[0]), name="prism-drain")
+            if not await within(graceful, deadline - time.monotonic()):
+                self._abandon()
+            elif not graceful.cancelled() and graceful.exception() is not None:
+                raise graceful.exception()  # type: ignore[misc]
+            close_by = max(deadline, time.monotonic()) if self.abandoned is None else None
         finally:
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._shutdown()
+            await asyncio.wait(tasks, timeout=1.0)
+            # A drained worker's closes get what is left of the stop deadline (at least the
+            # grace); after an abandon or a failure, the grace.
+            until = (close_by or time.monotonic()) + CLOSE_GRACE_S
+            await self._shutdown(until)
+        if self.abandoned is not None:
+            raise StopAbandoned(self.abandoned)
         if self._fatal is not None:
             raise WorkerError(f"worker failed: {type(self._fatal).__name__}: {self._fatal}") from self._fatal
+
+    async def _started(self) -> bool:
+        """Start the clients; False when a stop was asked for first (SIGTERM while connecting)."""
+        start = asyncio.create_task(self._start(), name="prism-start")
+        stop = asyncio.create_task(self._stop.wait(), name="prism-stop-wait")
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not start.done():
+            start.cancel()
+            await within(start, CLOSE_GRACE_S)
+            await self._shutdown(time.monotonic() + CLOSE_GRACE_S)
+            return False
+        e = start.exception()
+        if isinstance(e, KafkaError):
+            await self._shutdown(time.monotonic() + CLOSE_GRACE_S)
+            raise WorkerError(f"cannot start on Kafka at {self.s.brokers}: {type(e).__name__}: {e}") from e
+        if e is not None:
+            await self._shutdown(time.monotonic() + CLOSE_GRACE_S)
+            raise e
+        return True
+
+    async def _graceful(self, fetch: asyncio.Task[None]) -> None:
+        await fetch  # the fetch loop returns at its next poll
+        if self._fatal is None:
+            await self._drain()
+
+    def _abandon(self) -> None:
+        """The stop deadline passed: drop what is in flight, uncommitted, and say what it was.
+
+        Marking every partition inactive first means no late acknowledgement can move a commit
+        point any more: the committed offsets stay those of published outcomes.
+        """
+        parts = list(self._parts.values())
+        for p in parts:
+            p.active = False
+        self.abandoned = {
+            "stop_timeout_s": self.s.stop_timeout_s,
+            "in_flight": {str(p.tp.partition): p.tracker.in_flight for p in parts if p.tracker.in_flight},
+            "committed": {str(p.tp.partition): p.committed for p in parts},
+            "queued_batches": self._lane.queued,
+            "waiting": [t for t in task_dump() if t["task"].startswith("prism-")],
+        }
+        log.warning("worker.stop_abandoned", **self.abandoned)
 
     async def _start(self) -> None:
         s = self.s
@@ -171,6 +249,8 @@ class Worker:
             auto_offset_reset=s.auto_offset_reset,
             isolation_level="read_committed" if self.delivery.read_committed else "read_uncommitted",
             session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
             max_poll_interval_ms=s.max_poll_interval_ms,
         )
         await self.delivery.start(self._consumer)
@@ -199,19 +279,43 @@ class Worker:
                 deadline = self._lane.batcher.deadline()
                 left_ms = _POLL_MS if deadline is None else (deadline - time.monotonic()) * 1e3
                 try:
-                    fetched = await self._consumer.getmany(
-                        timeout_ms=int(max(0, min(_POLL_MS, left_ms))), max_records=self.s.max_poll_records
-                    )
+                    fetched = await self._poll(int(max(0, min(_POLL_MS, left_ms))))
                 except KafkaError as e:
                     log.warning("consumer.fetch_error", error=str(e))
                     await asyncio.sleep(0.1)
                     continue
+                if fetched is None:
+                    return  # stopping
                 if fetched:
                     await self._ingest(fetched)
                 self._lane.close_due(time.monotonic())
                 self._apply_backpressure()
         except Exception as e:  # a bug here must stop the worker, not leave it hanging
             self._fail(e)
+        finally:
+            if self._stop_wait is not None:
+                self._stop_wait.cancel()
+
+    async def _poll(self, timeout_ms: int) -> dict[TopicPartition, list] | None:
+        """`getmany`, or None as soon as a stop is asked for.
+
+        aiokafka's `getmany` ignores its timeout while the group rebalances: it waits for the new
+        assignment first, without a bound. A SIGTERM during a join that never completes (another
+        member slow to rejoin, a coordinator that moved) then never reached the drain: issue #23.
+        Cancelling the poll loses nothing: records it had not returned were never tracked, so
+        never committed.
+        """
+        assert self._consumer is not None
+        if self._stop_wait is None:
+            self._stop_wait = asyncio.ensure_future(self._stop.wait())
+        poll = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=timeout_ms, max_records=self.s.max_poll_records)
+        )
+        await asyncio.wait({poll, self._stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not poll.done():
+            poll.cancel()
+            return None
+        return poll.result()
 
     async def _engine_loop(self) -> None:
         """The next batch to the engine thread; its records and dead letters to the delivery."""
@@ -219,8 +323,12 @@ class Worker:
             batch = await self._lane.next()
             assert batch is not None
             self.metrics.queued_batches.set(self._lane.queued)
+            # A revoking partition's queued events are dropped, not decided: a revoke waits for
+            # one engine call at most, and they go uncommitted to the partition's next owner.
+            items = [it for it in batch.items if it.part.active and not it.part.revoking]
+            for it in items:
+                it.part.at_engine += 1
             try:
-                items = [it for it in batch.items if it.part.active]
                 if items:
                     self._batch_seq += 1
                     batch_id = f"{self.s.worker_id}/{self._batch_seq}"
@@ -229,6 +337,9 @@ class Worker:
                         await self._emit(it.part, it.msg.offset, out, it.msg.timestamp_ms)
             except Exception as e:  # a bug here must not wedge the worker silently
                 self._fail(e)
+            finally:
+                for it in items:
+                    it.part.at_engine -= 1
             if self._consumer is not None and not self._stop.is_set():
                 self._apply_backpressure()
 
@@ -238,16 +349,24 @@ class Worker:
         await self._wait_until(lambda: self._idle() or self._fatal is not None, timeout=None)
         await self.delivery.finish()
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, until: float) -> None:
+        """Close the clients, each at most until `until` (monotonic) and at most `CLOSE_S`."""
+
+        def left() -> float:
+            return min(CLOSE_S, max(0.1, until - time.monotonic()))
+
         if self._consumer is not None:
-            await close_client("consumer", self._consumer.stop())
-        for p in list(self._parts.values()):
+            await close_client("consumer", self._consumer.stop(), left())
+        parts = list(self._parts.values())
+        for p in parts:
             p.active = False
-            await self.delivery.released(p)
-        await self.delivery.stop()
-        self._lane.shutdown()
+        await asyncio.gather(*(self.delivery.released(p, left()) for p in parts))
+        await self.delivery.stop(left())
+        if self.abandoned is None:
+            self._lane.shutdown()  # waits for the engine call running now
+        # else: the engine thread ends after its current call, when the process exits
         self.metrics.close()
-        log.info("worker.stopped", published=self.published)
+        log.info("worker.stopped", published=self.published, abandoned=self.abandoned is not None)
 
     # ---- consuming ----------------------------------------------------------------------------
 
@@ -412,6 +531,7 @@ class Worker:
             self._consumer.pause(*assigned)
         for part in new:
             await self.delivery.assigned(part)
+        self.assignments += 1
         log.info("partitions.assigned", partitions=sorted(tp.partition for tp in assigned))
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -420,23 +540,31 @@ class Worker:
             return
         for p in parts:
             p.revoking = True
-        # Whatever waits for a batch goes to the engine now instead of after max_wait.
-        self._lane.flush()
+        # Only what is at the engine or being published is waited for (the engine loop drops
+        # queued events of revoking partitions): a revoke is one engine call, not a queue's worth,
+        # so the member rejoins within the group's rebalance timeout and is not expelled.
         finished = await self._wait_until(
-            lambda: all(p.tracker.in_flight == 0 for p in parts) or self._fatal is not None,
+            lambda: (
+                all(p.at_engine == 0 and not self.delivery.busy(p) for p in parts) or self._fatal is not None
+            ),
             timeout=self.s.revoke_timeout_s,
         )
         if not finished:
             log.warning(
                 "partitions.revoke_timeout",
-                dropped={p.tp.partition: p.tracker.in_flight for p in parts if p.tracker.in_flight},
+                at_engine={p.tp.partition: p.at_engine for p in parts if p.at_engine},
             )
         await self.delivery.commit(parts)
         for p in parts:
             p.active = False
             del self._parts[p.tp]
             await self.delivery.released(p)
-        log.info("partitions.revoked", partitions=sorted(p.tp.partition for p in parts))
+        log.info(
+            "partitions.revoked",
+            partitions=sorted(p.tp.partition for p in parts),
+            # decided by the next owner: fetched here, not published
+            redelivered={p.tp.partition: p.tracker.in_flight for p in parts if p.tracker.in_flight},
+        )
 
     # ---- small parts --------------------------------------------------------------------------
 

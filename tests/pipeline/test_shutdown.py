@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter
@@ -73,17 +74,24 @@ async def test_sigterm_commits_exactly_the_published_work(
     assert '"worker.stopped"' in log
 
     msgs = await read_all(kafka_bootstrap, [tout, tdlq], len(out.messages), settle=1.0)
-    offsets: dict[int, list[int]] = defaultdict(list)
-    for m in msgs:
-        if m.topic == tout:
-            ref = loads(m.value, DecisionRecord).input
-            offsets[ref.partition].append(ref.offset)
-        else:
-            letter = loads(m.value, DeadLetter)
-            offsets[letter.partition].append(letter.offset)
+    offsets = outcome_offsets(msgs, tout)
     done = await committed(kafka_bootstrap, group, tin, 2)
     assert sum(len(v) for v in offsets.values()) < n, "SIGTERM came after all the work: nothing was tested"
     for p in (0, 1):
         # Each partition's outcomes are exactly its offsets 0..committed-1, each once.
         assert sorted(offsets[p]) == list(range(done[p] or 0)), (p, done[p], sorted(offsets[p]))
     assert '"backpressure.pause"' in log  # the queue bound was hit while it ran
+
+
+def outcome_offsets(msgs: list[ConsumerRecord], output_topic: str) -> dict[int, list[int]]:
+    """Input partition -> the input offsets that have an outcome (a record on `output_topic`, or
+    a dead letter), read from the outcomes themselves: the oracle the committed offsets meet."""
+    offsets: dict[int, list[int]] = defaultdict(list)
+    for m in msgs:
+        if m.topic == output_topic:
+            ref = loads(m.value, DecisionRecord).input
+            offsets[ref.partition].append(ref.offset)
+        else:
+            letter = loads(m.value, DeadLetter)
+            offsets[letter.partition].append(letter.offset)
+    return offsets
