@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from engine.decision_config import DecisionConfig
 from prism_pipeline.offline.engines import EngineSource
-from prism_pipeline.offline.errors import ReplayRefused
+from prism_pipeline.offline.errors import ReplayError, ReplayRefused
 from prism_pipeline.offline.record_diff import record_diff
 from prism_pipeline.offline.replay import replay
 from prism_pipeline.offline.report import render_report
@@ -283,6 +283,100 @@ async def test_event_id_selection_explain_and_publish(
     assert f"thought ({trace['thought_tokens']} tokens" in text and "second read-out" in text
     for logit in trace["first"]["rounds"][0]["logits"]:
         assert repr(logit) in text
+
+
+@pytest.mark.kafka
+async def test_topic_and_event_ids_replay_those_events_alone(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    """`--topic T --event-id X` replays X, not the whole topic (before #23 it replayed all 11)."""
+    src = EngineSource(engines=[int8_engine])
+    where = decided["where"]
+    one = await replay(
+        kafka_bootstrap, decided["out"], Selection(topic=decided["in"], event_ids=("rp-0003",)), src
+    )
+    assert [(o.event_id, o.position, o.status) for o in one.outcomes] == [
+        ("rp-0003", where["rp-0003"], "identical")
+    ]
+    two = await replay(
+        kafka_bootstrap, decided["out"], Selection(topic=decided["in"], event_ids=(THINKER, "rp-0007")), src
+    )
+    assert [(o.event_id, o.position) for o in two.outcomes] == [(e, where[e]) for e in (THINKER, "rp-0007")]
+    assert two.ok and two.count("identical") == 2
+    part = where["rp-0006"][1]
+    ranged = await replay(
+        kafka_bootstrap,
+        decided["out"],
+        Selection(topic=decided["in"], partitions=(part,), event_ids=("rp-0006",)),
+        src,
+    )
+    assert [o.event_id for o in ranged.outcomes] == ["rp-0006"] and ranged.ok
+
+
+@pytest.mark.kafka
+async def test_an_event_id_not_in_the_topic_is_an_error_naming_it(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    src = EngineSource(engines=[int8_engine])
+    with pytest.raises(ReplayError, match=r"not in topic '[^']+': 'no-such-event'$") as e:
+        await replay(
+            kafka_bootstrap,
+            decided["out"],
+            Selection(topic=decided["in"], event_ids=("rp-0001", "no-such-event")),
+            src,
+        )
+    assert "rp-0001" not in str(e.value)
+    # In the topic, but outside the selected partition: the error says where its record puts it.
+    other = 1 - decided["where"]["rp-0002"][1]
+    with pytest.raises(ReplayError, match="not in the selected range") as e:
+        await replay(
+            kafka_bootstrap,
+            decided["out"],
+            Selection(topic=decided["in"], partitions=(other,), event_ids=("rp-0002",)),
+            src,
+        )
+    t, p, o = decided["where"]["rp-0002"]
+    assert f"'rp-0002' (its record names input {t}/{p}@{o})" in str(e.value)
+
+
+@pytest.mark.kafka
+async def test_an_event_in_the_topic_without_a_record_is_found_and_reported_missing(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    """Found by reading the topic (no record names it), so the report says "missing", not absent."""
+    tin = unique("rp-unrecorded")
+    await create_topics(kafka_bootstrap, {tin: 1})
+    await _produce_timed(
+        kafka_bootstrap, tin, [(None, encode(event(i, prefix="rpu")), 0, T0) for i in range(3)]
+    )
+    report = await replay(
+        kafka_bootstrap,
+        decided["out"],
+        Selection(topic=tin, event_ids=("rpu-0001",)),
+        EngineSource(engines=[int8_engine]),
+    )
+    assert [(o.event_id, o.position, o.status) for o in report.outcomes] == [(None, (tin, 0, 1), "missing")]
+    assert not report.ok
+
+
+@pytest.mark.kafka
+async def test_cli_an_event_id_not_in_the_topic_exits_2_naming_it(
+    kafka_bootstrap: str, decided: dict, tiny_model: Path
+) -> None:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable, "-m", "prism_pipeline.cli", "--log-json", "replay",
+            "--brokers", kafka_bootstrap, "--records", decided["out"], "--topic", decided["in"],
+            "--model", str(tiny_model), "--event-id", "rp-0002", "--event-id", "rp-nowhere",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"prism replay: event id(s) not in topic {decided['in']!r}: 'rp-nowhere'" in done.stderr
 
 
 @pytest.mark.kafka
