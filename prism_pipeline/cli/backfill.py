@@ -18,7 +18,7 @@ from prism_pipeline.cli.engine_flags import add_engine_flags, engine_settings, p
 from prism_pipeline.offline.backfill import BackfillOptions, BackfillSummary, run_backfill
 from prism_pipeline.offline.checkpoint import read_checkpoint
 from prism_pipeline.offline.errors import BackfillError, OfflineError
-from prism_pipeline.offline.shards import Shard, merge_shards, shard_states
+from prism_pipeline.offline.shards import Shard, merge_shards, shard_states, shards
 from prism_pipeline.offline.sources import FileSource, TopicSource
 from schemas.systemone import Limits
 
@@ -122,7 +122,7 @@ def _run_processes(
     env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // n)))
     t0 = time.monotonic()
     procs = [
-        subprocess.Popen(_child_argv(args, s, ranges), env=env, stdout=subprocess.DEVNULL) for s in _shards(n)
+        subprocess.Popen(_child_argv(args, s, ranges), env=env, stdout=subprocess.DEVNULL) for s in shards(n)
     ]
 
     def forward(signum: int, _frame: Any) -> None:
@@ -136,14 +136,17 @@ def _run_processes(
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    failed = [(s, c) for s, c in zip(_shards(n), codes, strict=True) if c != 0]
+    failed = [(s, c) for s, c in zip(shards(n), codes, strict=True) if c != 0]
     if failed:
         what = ", ".join(f"{s.number}/{n} (exit {c})" for s, c in failed)
+        if all(c == 2 for _, c in failed):  # each wrote why (a setting, a file, another job's checkpoint)
+            sys.stderr.write(f"prism backfill: shard(s) {what} could not run: see their errors above\n")
+            return 2
         sys.stderr.write(
             f"prism backfill: shard(s) {what} did not finish; the others' work is kept: "
             "rerun the same command to resume\n"
         )
-        return 2 if all(c == 2 for _, c in failed) else 1
+        return 1
     try:
         state, already = merge_shards(output, dlq, checkpoint, n)
     except BackfillError as e:
@@ -156,10 +159,6 @@ def _run_processes(
     where = str(output or f"topic {args.output_topic}")
     sys.stdout.write(render_summary(summary, where, str(dlq)).replace("\n", f" ({n} processes)\n", 1))
     return 0
-
-
-def _shards(n: int) -> list[Shard]:
-    return [Shard(k, n) for k in range(1, n + 1)]
 
 
 def _cmd_backfill(args: argparse.Namespace) -> int:
@@ -279,11 +278,13 @@ def add_backfill(sub: argparse._SubParsersAction) -> None:
         "--processes",
         type=positive_int,
         default=1,
+        metavar="N",
         help=(
             "run N backfill processes, each with cores/N threads, and merge their output (default 1). "
             "A killed one: rerun the same command; finished shards are kept"
         ),
     )
-    p.add_argument("--shard", type=_shard_arg, help=argparse.SUPPRESS)  # K/N: what --processes runs
-    p.add_argument("--input-ranges", help=argparse.SUPPRESS)  # the topic range the parent fixed (JSON)
+    # What --processes gives each of its shard processes: which shard, and the topic range it fixed.
+    p.add_argument("--shard", type=_shard_arg, metavar="K/N", help=argparse.SUPPRESS)
+    p.add_argument("--input-ranges", metavar="JSON", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_backfill)

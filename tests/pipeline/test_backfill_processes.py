@@ -11,7 +11,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.decision_config import DecisionConfig
 from prism_pipeline.offline.backfill import CRASH_ENV, BackfillOptions, run_backfill
 from prism_pipeline.offline.checkpoint import read_checkpoint
 from prism_pipeline.offline.errors import BackfillError
@@ -22,18 +21,6 @@ from tests.pipeline.kafkautil import create_topics, encode, event, produce, uniq
 
 CHUNK = 3
 N_EVENTS = 18
-
-
-@pytest.fixture(scope="module")
-def int8_engine(tiny_model: Path):  # -> engine.Engine
-    from engine.engine import Engine
-
-    return Engine.load(
-        tiny_model,
-        device="cpu",
-        precision="int8",
-        decision_config=DecisionConfig(gate=TEST_GATE, thought_budget=TEST_THOUGHT_BUDGET),
-    )
 
 
 def write_events(path: Path) -> list[str]:
@@ -49,16 +36,7 @@ def write_events(path: Path) -> list[str]:
 
 def oracle(engine, source: FileSource | TopicSource, out: Path) -> None:
     """The single-process job: the merged output must be its files, byte for byte."""
-    asyncio.run(
-        run_backfill(
-            engine,
-            source,
-            output=out,
-            dlq=out.with_name(out.name + ".dlq.jsonl"),
-            checkpoint=out.with_name(out.name + ".checkpoint"),
-            options=BackfillOptions(chunk_events=CHUNK),
-        )
-    )
+    _shard(engine, source, out, None)
 
 
 def _cli(src: Path, out: Path, tiny_model: Path) -> int:
@@ -116,7 +94,7 @@ def test_two_processes_one_killed_and_resumed_merge_to_the_single_process_output
     assert merge_shards(out, dlq, ckpt, 2)[1] and out.read_bytes() == reference.read_bytes()
 
 
-def _shard(engine, source, out: Path, shard: Shard, chunk_events: int = CHUNK):
+def _shard(engine, source, out: Path, shard: Shard | None, chunk_events: int = CHUNK):
     return asyncio.run(
         run_backfill(
             engine,

@@ -16,7 +16,6 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from engine.decision_config import DecisionConfig
 from prism_pipeline.offline.engines import EngineSource
 from prism_pipeline.offline.errors import ReplayError, ReplayRefused
 from prism_pipeline.offline.record_diff import record_diff
@@ -25,7 +24,6 @@ from prism_pipeline.offline.report import render_report
 from prism_pipeline.offline.selection import Selection
 from prism_pipeline.worker.loop import Worker
 from prism_pipeline.worker.settings import WorkerSettings
-from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET
 from tests.pipeline.kafkautil import REPO, create_topics, encode, event, read_all, unique, wait_for
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)  # within any retention
@@ -60,18 +58,6 @@ def test_record_diff_same_values_other_bytes() -> None:
 
 
 # ---- against the real broker and the real worker --------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def int8_engine(tiny_model: Path):  # -> engine.Engine
-    from engine.engine import Engine
-
-    return Engine.load(
-        tiny_model,
-        device="cpu",
-        precision="int8",
-        decision_config=DecisionConfig(gate=TEST_GATE, thought_budget=TEST_THOUGHT_BUDGET),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -359,22 +345,31 @@ async def test_an_event_in_the_topic_without_a_record_is_found_and_reported_miss
     assert not report.ok
 
 
-@pytest.mark.kafka
-async def test_cli_an_event_id_not_in_the_topic_exits_2_naming_it(
-    kafka_bootstrap: str, decided: dict, tiny_model: Path
-) -> None:
-    done = await asyncio.to_thread(
+async def _cli_replay(
+    bootstrap: str, decided: dict, model: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`prism replay --topic` of the worker-decided topic, as a subprocess."""
+    return await asyncio.to_thread(
         subprocess.run,
         [
             sys.executable, "-m", "prism_pipeline.cli", "--log-json", "replay",
-            "--brokers", kafka_bootstrap, "--records", decided["out"], "--topic", decided["in"],
-            "--model", str(tiny_model), "--event-id", "rp-0002", "--event-id", "rp-nowhere",
+            "--brokers", bootstrap, "--records", decided["out"], "--topic", decided["in"],
+            "--model", str(model), *extra,
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )  # fmt: skip
+
+
+@pytest.mark.kafka
+async def test_cli_an_event_id_not_in_the_topic_exits_2_naming_it(
+    kafka_bootstrap: str, decided: dict, tiny_model: Path
+) -> None:
+    done = await _cli_replay(
+        kafka_bootstrap, decided, tiny_model, "--event-id", "rp-0002", "--event-id", "rp-nowhere"
+    )
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"prism replay: event id(s) not in topic {decided['in']!r}: 'rp-nowhere'" in done.stderr
 
@@ -405,18 +400,7 @@ async def test_reference_path_replays_in_the_workers_batches(kafka_bootstrap: st
 async def test_cli_replay_exit_code_and_explain(
     kafka_bootstrap: str, decided: dict, tiny_model: Path
 ) -> None:
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable, "-m", "prism_pipeline.cli", "--log-json", "replay",
-            "--brokers", kafka_bootstrap, "--records", decided["out"], "--topic", decided["in"],
-            "--model", str(tiny_model), "--explain", "rp-0002",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
+    done = await _cli_replay(kafka_bootstrap, decided, tiny_model, "--explain", "rp-0002")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "RESULT: all identical" in done.stdout
     assert f"{N_EVENTS} identical" in done.stdout and "event rp-0002" in done.stdout
