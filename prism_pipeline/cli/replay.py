@@ -77,7 +77,8 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         "replay",
         help="re-decide recorded events and compare the decision records bit for bit",
         description=(
-            "Select input events (topic + offset or time range, or event ids), re-decide them with the "
+            "Select input events (topic + offset or time range, or event ids, or both: the ids within "
+            "the range), re-decide them with the "
             "model and config their records name, and compare the records byte for byte. Exit 0 only "
             "when every selected event's record is identical; 1 on differences or missing records; "
             "2 when replay cannot run (e.g. the model file's digest differs from the records')."
@@ -92,7 +93,12 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-time", type=_parse_time, help="ISO 8601: first message at or after this time")
     p.add_argument("--to-time", type=_parse_time, help="ISO 8601: messages before this time")
     p.add_argument(
-        "--event-id", action="append", help="replay this event (repeatable), found via the records"
+        "--event-id",
+        action="append",
+        help=(
+            "replay this event (repeatable), found via the records; with --topic only these events, "
+            "and one not in the topic (range) is an error"
+        ),
     )
     p.add_argument("--model", action="append", default=[], help="GGUF file(s) the records were decided with")
     p.add_argument("--decision-config", help="decision_config.json (default: beside the model)")

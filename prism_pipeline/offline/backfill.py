@@ -27,9 +27,14 @@ Resumability (no gaps, no duplicates after a crash at any instant):
 With a topic as output, step 4 cannot truncate: a crash between steps 2 and 3 republishes that
 chunk's records (byte-identical values under the same keys, which a compacted topic collapses).
 
-Tests crash the job at chosen points with `PRISM_BACKFILL_CRASH=CHUNK:POINT` (POINT `mid-output`:
-after writing half a chunk's output; `before-checkpoint`: after both writes), which SIGKILLs the
-process there. It exists for tests only.
+Several processes (`--processes N`, see `prism_pipeline.offline.shards`): each runs this job as
+one shard, deciding every N-th chunk of the same cut, with its own files and checkpoint; the
+shards' chunks are merged, in order, to the one output.
+
+Tests crash the job at chosen points with `PRISM_BACKFILL_CRASH=CHUNK:POINT` (CHUNK: 1-based,
+counted over the whole input, so under `--processes` only the shard that owns it dies; POINT
+`mid-output`: after writing half a chunk's output; `before-checkpoint`: after both writes), which
+SIGKILLs the process there. It exists for tests only.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from prism_pipeline.core.seeds import SeedPolicy
 from prism_pipeline.offline.checkpoint import CHECKPOINT_VERSION, read_checkpoint, write_checkpoint
 from prism_pipeline.offline.errors import BackfillError
 from prism_pipeline.offline.progress import Progress
+from prism_pipeline.offline.shards import Shard
 from prism_pipeline.offline.sinks import FileSink, RecordLine, TopicSink
 from prism_pipeline.offline.sources import FileSource, Item, Position, TopicSource
 from schemas.codec import dumps
@@ -106,6 +112,21 @@ class BackfillSummary:
     resumed_at: int = 0  # events already done when this run started
     seconds: float = 0.0  # this run
     already_complete: bool = False
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> BackfillSummary:
+        """The counters a checkpoint holds (the job so far), as of the start of this run."""
+        c = state["counters"]
+        return cls(
+            events=c["events"],
+            records=c["records"],
+            dead_letters=c["dead_letters"],
+            dead_letter_reasons=dict(c["dead_letter_reasons"]),
+            questions=c["questions"],
+            thought_questions=c["thought_questions"],
+            chunks=state["chunks"],
+            resumed_at=c["events"],
+        )
 
     @property
     def events_this_run(self) -> int:
@@ -206,19 +227,35 @@ async def run_backfill(
     checkpoint: Path,
     options: BackfillOptions = BackfillOptions(),
     progress_write: Callable[[str], Any] | None = None,
+    shard: Shard | None = None,
 ) -> BackfillSummary:
-    """Run (or resume) a backfill job; see the module docstring for the guarantees."""
+    """Run (or resume) a backfill job; see the module docstring for the guarantees.
+
+    With `shard`, run that shard of the job: `output`, `dlq` and `checkpoint` name the merged
+    files, and the shard writes its own beside them (`Shard.path`), plus its chunk index."""
     if (output is None) == (output_topic is None):
         raise BackfillError("give exactly one output: a file or a topic")
     if options.chunk_events < 1 or options.batch_tokens < 1 or options.max_batch_events < 1:
         raise BackfillError("chunk_events, batch_tokens and max_batch_events must be >= 1")
     t0 = time.monotonic()
+    merged_names = (output, dlq)
+    index_path = None
+    if shard is not None:
+        index_path = shard.index_path(checkpoint)
+        output = shard.path(output) if output is not None else None
+        dlq, checkpoint = shard.path(dlq), shard.path(checkpoint)
     state = read_checkpoint(checkpoint)
     if isinstance(source, TopicSource):
         await source.resolve(state["job"]["input"]["ranges"] if state else None)
     job = job_description(source, engine, options)
-    job["output"] = str(output.resolve()) if output else f"topic:{output_topic[1]}"  # type: ignore[index]
-    job["dlq"] = str(dlq.resolve())
+    # A shard's job names the merged files, so every shard's job (less "shard") is the same, and
+    # its job id (topic headers) is the single process's.
+    merged_out, merged_dlq = merged_names
+    job["output"] = str(merged_out.resolve()) if merged_out else f"topic:{output_topic[1]}"  # type: ignore[index]
+    job["dlq"] = str(merged_dlq.resolve())
+    job_id = f"backfill-{hashlib.sha256(orjson.dumps(job)).hexdigest()[:12]}"
+    if shard is not None:
+        job["shard"] = [shard.number, shard.count]
     summary = BackfillSummary()
     if state is not None:
         diff = _differences(state["job"], job)
@@ -227,17 +264,7 @@ async def run_backfill(
                 f"checkpoint {checkpoint} belongs to another job (differs in: {', '.join(diff)}); "
                 "delete it to start over, or pass the same inputs and settings"
             )
-        c = state["counters"]
-        summary = BackfillSummary(
-            events=c["events"],
-            records=c["records"],
-            dead_letters=c["dead_letters"],
-            dead_letter_reasons=dict(c["dead_letter_reasons"]),
-            questions=c["questions"],
-            thought_questions=c["thought_questions"],
-            chunks=state["chunks"],
-            resumed_at=c["events"],
-        )
+        summary = BackfillSummary.from_state(state)
         if state.get("done"):
             summary.already_complete = True
             log.info("backfill.already_complete", checkpoint=str(checkpoint), events=summary.events)
@@ -251,27 +278,33 @@ async def run_backfill(
                 raise BackfillError(
                     f"{target} exists and there is no checkpoint; pass --overwrite to replace it"
                 )
-        state = {"position": {}, "output_bytes": 0, "dlq_bytes": 0}
+        state = {"position": {}, "output_bytes": 0, "dlq_bytes": 0, "index_bytes": 0}
 
     out_sink = FileSink(output) if output is not None else None
-    job_id = f"backfill-{hashlib.sha256(orjson.dumps(job)).hexdigest()[:12]}"
     topic_sink = TopicSink(*output_topic, job_id=job_id) if output_topic else None
     dlq_sink = FileSink(dlq)
     if out_sink is not None:
         out_sink.open(state["output_bytes"])
     dlq_sink.open(state["dlq_bytes"])
+    index_sink = FileSink(index_path) if index_path is not None else None
+    if index_sink is not None:
+        index_sink.open(state["index_bytes"])
     if topic_sink is not None:
         await topic_sink.start()
     total = await asyncio.to_thread(source.total)
+    if shard is not None:
+        total = shard.share(total, options.chunk_events)
     progress = Progress(total, summary.events, progress_write)
     position: Position = dict(state["position"])
+    # The global index of the chunk that starts at `position` (a shard skips the others' chunks).
+    next_chunk: int = state.get("next_chunk", summary.chunks)
     try:
         chunk: list[Item] = []
         after: Position = position
 
-        async def flush() -> None:
-            nonlocal chunk, position
-            k = summary.chunks + 1
+        async def flush(g: int) -> None:
+            nonlocal chunk, position, next_chunk
+            k = g + 1
             res = await asyncio.to_thread(decide_chunk, engine, chunk, options)
             if out_sink is not None:
                 data = out_sink.encode([r.value for r in res.records])
@@ -283,6 +316,9 @@ async def run_backfill(
                 assert topic_sink is not None
                 await topic_sink.send(res.records, k)
             dlq_sink.write(dlq_sink.encode(res.dead))
+            if index_sink is not None:
+                out_end = out_sink.tell() if out_sink is not None else 0
+                index_sink.write(f"{g} {out_end} {dlq_sink.tell()}\n".encode())
             _crash_point(k, "before-checkpoint")
             summary.events += len(chunk)
             summary.records += len(res.records)
@@ -291,24 +327,33 @@ async def run_backfill(
                 summary.dead_letter_reasons[r] = summary.dead_letter_reasons.get(r, 0) + n
             summary.questions += res.questions
             summary.thought_questions += res.thought
-            summary.chunks = k
-            position = after
-            write_checkpoint(checkpoint, _state(job, position, out_sink, dlq_sink, summary, done=False))
+            summary.chunks += 1
+            position, next_chunk = after, g + 1
+            sinks = (out_sink, dlq_sink, index_sink)
+            write_checkpoint(checkpoint, _state(job, position, next_chunk, sinks, summary, done=False))
             chunk = []
             progress.update(summary.events, summary.dead_letters)
 
+        g, seen = next_chunk, 0
         async for item, pos in source.items(position):
-            chunk.append(item)
+            if shard is None or shard.owns(g):
+                chunk.append(item)
+            seen += 1
             after = pos
-            if len(chunk) >= options.chunk_events:
-                await flush()
+            if seen == options.chunk_events:
+                if chunk:
+                    await flush(g)
+                g, seen = g + 1, 0
         if chunk:
-            await flush()
-        write_checkpoint(checkpoint, _state(job, position, out_sink, dlq_sink, summary, done=True))
+            await flush(g)
+        sinks = (out_sink, dlq_sink, index_sink)
+        write_checkpoint(checkpoint, _state(job, position, next_chunk, sinks, summary, done=True))
     finally:
         if out_sink is not None:
             out_sink.close()
         dlq_sink.close()
+        if index_sink is not None:
+            index_sink.close()
         if topic_sink is not None:
             await topic_sink.stop()
     summary.seconds = time.monotonic() - t0
@@ -325,14 +370,23 @@ async def run_backfill(
 
 
 def _state(
-    job: dict, position: Position, out: FileSink | None, dlq: FileSink, s: BackfillSummary, *, done: bool
+    job: dict,
+    position: Position,
+    next_chunk: int,
+    sinks: tuple[FileSink | None, FileSink, FileSink | None],
+    s: BackfillSummary,
+    *,
+    done: bool,
 ) -> dict[str, Any]:
+    out, dlq, index = sinks
     return {
         "version": CHECKPOINT_VERSION,
         "job": job,
         "position": position,
+        "next_chunk": next_chunk,
         "output_bytes": out.tell() if out is not None else 0,
         "dlq_bytes": dlq.tell(),
+        "index_bytes": index.tell() if index is not None else 0,
         "chunks": s.chunks,
         "counters": s.counters(),
         "done": done,

@@ -7,7 +7,8 @@ the same bytes. Replay:
 1. reads the decisions topic (every record carries `input: {topic, partition, offset}`, the input
    event it decided; run metadata such as the engine batch is in its headers);
 2. selects input events by topic + partition/offset range, by time range (`offsets_for_times`),
-   or by event id (looked up through the records' `input`);
+   or by event id (looked up through the records' `input`; with a topic, only those events, each
+   of which must be in the topic's range, else replay stops naming it);
 3. refuses, naming the difference, when the given model file's digest, the precision path or the
    decision config digest differ from what the records name (comparing under another model is
    meaningless, not a finding);
@@ -40,10 +41,11 @@ from prism_pipeline.core.decide import DecisionRules, Origin, Prepared, decide_b
 from prism_pipeline.core.records import DecisionEngine, provenance, run_headers
 from prism_pipeline.core.seeds import SeedPolicy
 from prism_pipeline.offline.engines import EngineSource
+from prism_pipeline.offline.errors import ReplayError
 from prism_pipeline.offline.kafka_range import Position, fetch_positions, range_consumer
 from prism_pipeline.offline.record_diff import FieldDiff, record_diff
 from prism_pipeline.offline.recorded import RecordIndex, read_records
-from prism_pipeline.offline.selection import Selection, range_positions
+from prism_pipeline.offline.selection import Selection, in_bounds, range_bounds, range_positions, scan_for_ids
 from schemas.codec import dumps
 from schemas.deadletter import InvalidEvent, classify_invalid, parse_event
 from schemas.event import EvidenceEvent
@@ -248,6 +250,58 @@ def replay_events(
     return outcomes, events
 
 
+async def _select(
+    bootstrap: str, consumer: Any, selection: Selection, index: RecordIndex, explain_event: str | None
+) -> tuple[list[Position], list[str]]:
+    """The input positions to replay, and the asked-for event ids no record names.
+
+    A topic (and range) alone selects the range. Event ids with a topic select those events alone,
+    and only within the topic and range: one that is not there raises ReplayError naming it (the
+    range is read for ids without a record before saying so). Event ids without a topic are looked
+    up through the records; those without one come back as missing. The event to --explain is
+    always added (found through its record)."""
+    ids = list(dict.fromkeys(selection.event_ids))
+    selected: list[Position] = []
+    missing_ids: list[str] = []
+    if selection.topic is not None and not ids:
+        selected = await range_positions(bootstrap, consumer, selection)
+    elif selection.topic is not None:
+        topic = selection.topic
+        bounds = await range_bounds(bootstrap, consumer, selection)
+        found = {e: [p for p in index.by_event.get(e, ()) if in_bounds(p, topic, bounds)] for e in ids}
+        unrecorded = {e for e, where in found.items() if not where}
+        if unrecorded:
+            found.update(await scan_for_ids(bootstrap, topic, bounds, unrecorded))
+        absent = [e for e in ids if not found.get(e)]
+        if absent:
+            raise ReplayError(_absent_text(absent, topic, selection, index))
+        selected = [p for e in ids for p in found[e]]
+    else:
+        for eid in ids:
+            where = index.by_event.get(eid)
+            if not where:
+                missing_ids.append(eid)
+            selected.extend(where or ())
+    if explain_event is not None:
+        selected.extend(index.by_event.get(explain_event, ()))
+        if not index.by_event.get(explain_event) and explain_event not in ids:
+            missing_ids.append(explain_event)
+    return list(dict.fromkeys(selected)), missing_ids
+
+
+def _absent_text(absent: list[str], topic: str, selection: Selection, index: RecordIndex) -> str:
+    where = f"the selected range of topic {topic!r}" if selection.ranged else f"topic {topic!r}"
+    parts = []
+    for eid in absent:
+        elsewhere = index.by_event.get(eid)
+        parts.append(
+            f"{eid!r} (its record names input {', '.join(pos_text(p) for p in elsewhere)})"
+            if elsewhere
+            else repr(eid)
+        )
+    return f"event id(s) not in {where}: {', '.join(parts)}"
+
+
 async def _publish(bootstrap: str, topic: str, outcomes: list[EventOutcome], replay_id: str) -> int:
     from aiokafka import AIOKafkaProducer
 
@@ -292,16 +346,7 @@ async def replay(
     consumer = range_consumer(bootstrap)
     await consumer.start()
     try:
-        selected: list[Position] = []
-        if selection.topic is not None:
-            selected = await range_positions(bootstrap, consumer, selection)
-        missing_ids: list[str] = []
-        for eid in dict.fromkeys([*selection.event_ids, *([explain_event] if explain_event else [])]):
-            found = index.by_event.get(eid)
-            if not found:
-                missing_ids.append(eid)
-            selected.extend(found or ())
-        selected = list(dict.fromkeys(selected))
+        selected, missing_ids = await _select(bootstrap, consumer, selection, index, explain_event)
         needed = set(selected)
         for pos in selected:  # batch-mates of reference-path records
             copies = index.by_input.get(pos)

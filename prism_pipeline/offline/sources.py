@@ -115,8 +115,10 @@ class TopicSource:
         partitions: Sequence[int] | None = None,
         from_offset: int | None = None,
         to_offset: int | None = None,
+        ranges: Sequence[Sequence[int]] | None = None,  # (partition, start, end) each, already fixed
     ) -> None:
         self.bootstrap = bootstrap
+        self._given = None if ranges is None else [list(r) for r in ranges]
         self.topic = topic
         self.partitions = partitions
         self.from_offset = from_offset
@@ -124,7 +126,8 @@ class TopicSource:
         self.ranges: list[tuple[int, int, int]] = []  # (partition, start, end)
 
     async def resolve(self, fixed: list[list[int]] | None = None) -> None:
-        """Fix the range (from a checkpoint's description when resuming)."""
+        """Fix the range (from a checkpoint's description when resuming, else as given)."""
+        fixed = fixed if fixed is not None else self._given
         if fixed is not None:
             self.ranges = [(p, s, e) for p, s, e in fixed]
             return

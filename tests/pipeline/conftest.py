@@ -21,16 +21,26 @@ def tiny_model(gguf_model: Callable[..., Path]) -> Path:
     return gguf_model("Q8_0", "tiny")
 
 
-@pytest.fixture(scope="session")
-def tiny_engine(tiny_model: Path):  # -> engine.Engine
+def _engine(tiny_model: Path, precision: str):  # -> engine.Engine
     from engine.engine import Engine
 
     return Engine.load(
         tiny_model,
         device="cpu",
-        precision="fp32",
+        precision=precision,
         decision_config=DecisionConfig(gate=TEST_GATE, thought_budget=TEST_THOUGHT_BUDGET),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model: Path):  # -> engine.Engine
+    return _engine(tiny_model, "fp32")
+
+
+@pytest.fixture(scope="session")
+def int8_engine(tiny_model: Path):  # -> engine.Engine
+    """The same model on the int8 path: batch invariant, so any grouping reproduces a record."""
+    return _engine(tiny_model, "int8")
 
 
 @pytest.fixture

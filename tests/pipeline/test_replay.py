@@ -16,16 +16,14 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from engine.decision_config import DecisionConfig
 from prism_pipeline.offline.engines import EngineSource
-from prism_pipeline.offline.errors import ReplayRefused
+from prism_pipeline.offline.errors import ReplayError, ReplayRefused
 from prism_pipeline.offline.record_diff import record_diff
 from prism_pipeline.offline.replay import replay
 from prism_pipeline.offline.report import render_report
 from prism_pipeline.offline.selection import Selection
 from prism_pipeline.worker.loop import Worker
 from prism_pipeline.worker.settings import WorkerSettings
-from tests.pipeline.conftest import TEST_GATE, TEST_THOUGHT_BUDGET
 from tests.pipeline.kafkautil import REPO, create_topics, encode, event, read_all, unique, wait_for
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)  # within any retention
@@ -60,18 +58,6 @@ def test_record_diff_same_values_other_bytes() -> None:
 
 
 # ---- against the real broker and the real worker --------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def int8_engine(tiny_model: Path):  # -> engine.Engine
-    from engine.engine import Engine
-
-    return Engine.load(
-        tiny_model,
-        device="cpu",
-        precision="int8",
-        decision_config=DecisionConfig(gate=TEST_GATE, thought_budget=TEST_THOUGHT_BUDGET),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +272,109 @@ async def test_event_id_selection_explain_and_publish(
 
 
 @pytest.mark.kafka
+async def test_topic_and_event_ids_replay_those_events_alone(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    """`--topic T --event-id X` replays X, not the whole topic (before #23 it replayed all 11)."""
+    src = EngineSource(engines=[int8_engine])
+    where = decided["where"]
+    one = await replay(
+        kafka_bootstrap, decided["out"], Selection(topic=decided["in"], event_ids=("rp-0003",)), src
+    )
+    assert [(o.event_id, o.position, o.status) for o in one.outcomes] == [
+        ("rp-0003", where["rp-0003"], "identical")
+    ]
+    two = await replay(
+        kafka_bootstrap, decided["out"], Selection(topic=decided["in"], event_ids=(THINKER, "rp-0007")), src
+    )
+    assert [(o.event_id, o.position) for o in two.outcomes] == [(e, where[e]) for e in (THINKER, "rp-0007")]
+    assert two.ok and two.count("identical") == 2
+    part = where["rp-0006"][1]
+    ranged = await replay(
+        kafka_bootstrap,
+        decided["out"],
+        Selection(topic=decided["in"], partitions=(part,), event_ids=("rp-0006",)),
+        src,
+    )
+    assert [o.event_id for o in ranged.outcomes] == ["rp-0006"] and ranged.ok
+
+
+@pytest.mark.kafka
+async def test_an_event_id_not_in_the_topic_is_an_error_naming_it(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    src = EngineSource(engines=[int8_engine])
+    with pytest.raises(ReplayError, match=r"not in topic '[^']+': 'no-such-event'$") as e:
+        await replay(
+            kafka_bootstrap,
+            decided["out"],
+            Selection(topic=decided["in"], event_ids=("rp-0001", "no-such-event")),
+            src,
+        )
+    assert "rp-0001" not in str(e.value)
+    # In the topic, but outside the selected partition: the error says where its record puts it.
+    other = 1 - decided["where"]["rp-0002"][1]
+    with pytest.raises(ReplayError, match="not in the selected range") as e:
+        await replay(
+            kafka_bootstrap,
+            decided["out"],
+            Selection(topic=decided["in"], partitions=(other,), event_ids=("rp-0002",)),
+            src,
+        )
+    t, p, o = decided["where"]["rp-0002"]
+    assert f"'rp-0002' (its record names input {t}/{p}@{o})" in str(e.value)
+
+
+@pytest.mark.kafka
+async def test_an_event_in_the_topic_without_a_record_is_found_and_reported_missing(
+    kafka_bootstrap: str, decided: dict, int8_engine
+) -> None:
+    """Found by reading the topic (no record names it), so the report says "missing", not absent."""
+    tin = unique("rp-unrecorded")
+    await create_topics(kafka_bootstrap, {tin: 1})
+    await _produce_timed(
+        kafka_bootstrap, tin, [(None, encode(event(i, prefix="rpu")), 0, T0) for i in range(3)]
+    )
+    report = await replay(
+        kafka_bootstrap,
+        decided["out"],
+        Selection(topic=tin, event_ids=("rpu-0001",)),
+        EngineSource(engines=[int8_engine]),
+    )
+    assert [(o.event_id, o.position, o.status) for o in report.outcomes] == [(None, (tin, 0, 1), "missing")]
+    assert not report.ok
+
+
+async def _cli_replay(
+    bootstrap: str, decided: dict, model: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`prism replay --topic` of the worker-decided topic, as a subprocess."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable, "-m", "prism_pipeline.cli", "--log-json", "replay",
+            "--brokers", bootstrap, "--records", decided["out"], "--topic", decided["in"],
+            "--model", str(model), *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.kafka
+async def test_cli_an_event_id_not_in_the_topic_exits_2_naming_it(
+    kafka_bootstrap: str, decided: dict, tiny_model: Path
+) -> None:
+    done = await _cli_replay(
+        kafka_bootstrap, decided, tiny_model, "--event-id", "rp-0002", "--event-id", "rp-nowhere"
+    )
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"prism replay: event id(s) not in topic {decided['in']!r}: 'rp-nowhere'" in done.stderr
+
+
+@pytest.mark.kafka
 async def test_reference_path_replays_in_the_workers_batches(kafka_bootstrap: str, tiny_engine) -> None:
     """fp32 is not batch invariant: replaying one event re-forms its batch from the headers."""
     tin, tout, tdlq = unique("rpf-in"), unique("rpf-out"), unique("rpf-dlq")
@@ -311,18 +400,7 @@ async def test_reference_path_replays_in_the_workers_batches(kafka_bootstrap: st
 async def test_cli_replay_exit_code_and_explain(
     kafka_bootstrap: str, decided: dict, tiny_model: Path
 ) -> None:
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable, "-m", "prism_pipeline.cli", "--log-json", "replay",
-            "--brokers", kafka_bootstrap, "--records", decided["out"], "--topic", decided["in"],
-            "--model", str(tiny_model), "--explain", "rp-0002",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
+    done = await _cli_replay(kafka_bootstrap, decided, tiny_model, "--explain", "rp-0002")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "RESULT: all identical" in done.stdout
     assert f"{N_EVENTS} identical" in done.stdout and "event rp-0002" in done.stdout
