@@ -161,8 +161,7 @@ class ThreadProfiles:
         return prof
 
     def start(self) -> None:
-        def first_call(*_: Any) -> None:  # runs once in each new thread, then lsprof takes over
-            threading.setprofile(None)  # type: ignore[arg-type]
+        def first_call(*_: Any) -> None:  # runs once in each new thread: lsprof replaces it there
             self._new().enable()
 
         threading.setprofile(first_call)  # type: ignore[arg-type]
