@@ -466,6 +466,22 @@ async def broker_restart(cfg: ScenarioConfig, workdir: Path, down_s: float = 2.0
         await asyncio.to_thread(broker.stop)
 
 
+def _timed_load(
+    cfg: ScenarioConfig, bootstrap: str, topic: str, duration_s: float, rate: float | None, name: str
+) -> asyncio.Task[LoadReport]:
+    """The soaks' load: `duration_s` of the event mix at `rate`, in the background."""
+    return asyncio.create_task(
+        generate(
+            bootstrap,
+            topic,
+            duration_s=duration_s,
+            producers=cfg.producers,
+            rate=rate,
+            messages=_mix(cfg, name),
+        )
+    )
+
+
 async def soak(
     cfg: ScenarioConfig, workdir: Path, duration_s: float, faults: list[tuple[str, float]]
 ) -> ScenarioResult:
@@ -481,16 +497,7 @@ async def soak(
             if not await asyncio.to_thread(w.wait_log, "partitions.assigned", 600):
                 raise RuntimeError(f"the worker did not join its group:\n{w.log_tail()}")
             t0 = time.monotonic()
-            load = asyncio.create_task(
-                generate(
-                    bootstrap,
-                    p.input_topic,
-                    duration_s=duration_s,
-                    producers=cfg.producers,
-                    rate=cfg.rate,
-                    messages=_mix(cfg, "soak"),
-                )
-            )
+            load = _timed_load(cfg, bootstrap, p.input_topic, duration_s, cfg.rate, "soak")
             for kind, at in sorted(faults, key=lambda f: f[1]):
                 while time.monotonic() - t0 < at and not load.done():
                     await p.outcomes()
@@ -938,16 +945,7 @@ async def saturation_soak(
                     await asyncio.wait_for(stop_sampling.wait(), sample_s)
 
         sampling = asyncio.create_task(sampler())
-        load = asyncio.create_task(
-            generate(
-                bootstrap,
-                p.input_topic,
-                duration_s=duration_s,
-                producers=cfg.producers,
-                rate=rate,
-                messages=_mix(cfg, name),
-            )
-        )
+        load = _timed_load(cfg, bootstrap, p.input_topic, duration_s, rate, name)
         joined: list[WorkerProc] = []
 
         async def progress() -> tuple[int, int]:

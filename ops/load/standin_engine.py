@@ -44,6 +44,8 @@ import orjson
 from engine.answers import answer_for
 from engine.decision_config import DecisionConfig
 from engine.types import DecideRequest, DecideResult
+from ops.load.worker_main import run_with_engine
+from prism_pipeline.worker.settings import WorkerSettings
 from schemas.record import QuestionTrace, Readout, RoundReadout
 from schemas.systemone import Question, SystemOneRequest
 
@@ -183,37 +185,24 @@ class ThreadProfiles:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prism_pipeline.cli import build_parser
-    from prism_pipeline.cli.run import settings_from_args
-    from prism_pipeline.logs import configure_logging, install_stack_dump
-    from prism_pipeline.worker.runner import run_worker
+    def add_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--standin-cost-us", type=float, required=True)
+        p.add_argument("--standin-profile", type=Path, default=None)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--standin-cost-us", type=float, required=True)
-    pre.add_argument("--standin-profile", type=Path, default=None)
-    known, rest = pre.parse_known_args(argv)
-    args = build_parser().parse_args(rest)
-    if args.command != "run":
-        sys.stderr.write("standin_engine: only the `run` command is supported\n")
-        return 2
-    configure_logging(args.log_level, args.log_json)
-    install_stack_dump()
-    try:
-        settings = settings_from_args(args)
-        engine = StandinEngine(known.standin_cost_us)
-    except ValueError as e:
-        sys.stderr.write(f"standin_engine: {e}\n")
-        return 2
-    run: Callable[[], int] = lambda: run_worker(settings, engine)  # noqa: E731
-    if known.standin_profile is None:
-        return run()
-    profiles = ThreadProfiles()
-    profiles.start()
-    try:
-        return run()
-    finally:
-        profiles.dump(known.standin_profile)
+    def make_engine(known: argparse.Namespace, settings: WorkerSettings) -> StandinEngine:
+        return StandinEngine(known.standin_cost_us)
+
+    def around(known: argparse.Namespace, run: Callable[[], int]) -> int:
+        if known.standin_profile is None:
+            return run()
+        profiles = ThreadProfiles()
+        profiles.start()
+        try:
+            return run()
+        finally:
+            profiles.dump(known.standin_profile)
+
+    return run_with_engine(argv, "standin_engine", add_args, make_engine, around)
 
 
 if __name__ == "__main__":
