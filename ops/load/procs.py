@@ -36,6 +36,11 @@ def _status_kib(pid: int, field: str) -> int | None:
     return None
 
 
+def rss_kib(pid: int | None) -> int | None:
+    """A process's resident set now (VmRSS, KiB), None when it is gone."""
+    return None if pid is None else _status_kib(pid, "VmRSS")
+
+
 class WorkerProc:
     """One worker subprocess: `python -m <module> --log-json run ARGS` (module: the prism CLI, or
     `ops.load.slow_worker`), its log appended to `log_path`. Samples RSS while alive."""

@@ -11,10 +11,12 @@ has an outcome, stops the workers gracefully and returns the checker's report.
     python -m ops.load.scenarios leader_kill --model m.gguf --target output [--exactly-once]
     python -m ops.load.scenarios rolling_restart --model m.gguf --rate 8 --events 300
     python -m ops.load.scenarios scale --model m.gguf --phases 1,2,4,2 --phase-s 30 --engine-delay-ms 400
+    python -m ops.load.scenarios saturation_soak --duration 1860 --rate 55 --standin-cost-us 20000 \
+        --saturation-faults kill@300,leader@500,join@700,leave@1300,kill@1500 --timeout 1500
 
 Scenarios: worker_kill, broker_restart, rebalance, poison_burst, slow_engine, hostile, soak, and on a
 3-node replicated cluster (`ops/load/cluster.py`; topics with replication factor 3 and
-min.insync.replicas 2) leader_kill, rolling_restart and scale. broker_restart, soak and the
+min.insync.replicas 2) leader_kill, rolling_restart, scale and saturation_soak. broker_restart, soak and the
 cluster scenarios start their own broker or cluster; the others use --brokers or start one.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -44,7 +47,7 @@ from ops.load.check import Checker, CheckReport
 from ops.load.cluster import LocalCluster
 from ops.load.events import EventMix, Message, control_event, hostile_cases
 from ops.load.generate import MAX_MESSAGE_BYTES, LoadReport, generate, require_loopback
-from ops.load.procs import BounceableBroker, WorkerProc
+from ops.load.procs import BounceableBroker, WorkerProc, rss_kib
 from prism_pipeline.local_kafka import LocalKafka
 
 log = structlog.get_logger(__name__)
@@ -52,7 +55,7 @@ log = structlog.get_logger(__name__)
 
 @dataclass
 class ScenarioConfig:
-    model: Path
+    model: Path | None  # None: the workers need none (saturation_soak's engine stand-in)
     workdir: Path
     events: int = 120
     producers: int = 2
@@ -158,7 +161,8 @@ class Pipeline:
     def worker_args(self, extra: list[str] | None = None) -> list[str]:
         c = self.cfg
         return [
-            *("--model", str(c.model), "--device", "cpu", "--precision", c.precision),
+            *(("--model", str(c.model)) if c.model is not None else ()),
+            *("--device", "cpu", "--precision", c.precision),
             *("--gate", "0.0", "--thought-budget", str(c.thought_budget)),
             *("--brokers", self.bootstrap, "--input-topic", self.input_topic),
             *("--output-topic", self.output_topic, "--dlq-topic", self.dlq_topic, "--group-id", self.group),
@@ -462,6 +466,22 @@ async def broker_restart(cfg: ScenarioConfig, workdir: Path, down_s: float = 2.0
         await asyncio.to_thread(broker.stop)
 
 
+def _timed_load(
+    cfg: ScenarioConfig, bootstrap: str, topic: str, duration_s: float, rate: float | None, name: str
+) -> asyncio.Task[LoadReport]:
+    """The soaks' load: `duration_s` of the event mix at `rate`, in the background."""
+    return asyncio.create_task(
+        generate(
+            bootstrap,
+            topic,
+            duration_s=duration_s,
+            producers=cfg.producers,
+            rate=rate,
+            messages=_mix(cfg, name),
+        )
+    )
+
+
 async def soak(
     cfg: ScenarioConfig, workdir: Path, duration_s: float, faults: list[tuple[str, float]]
 ) -> ScenarioResult:
@@ -477,16 +497,7 @@ async def soak(
             if not await asyncio.to_thread(w.wait_log, "partitions.assigned", 600):
                 raise RuntimeError(f"the worker did not join its group:\n{w.log_tail()}")
             t0 = time.monotonic()
-            load = asyncio.create_task(
-                generate(
-                    bootstrap,
-                    p.input_topic,
-                    duration_s=duration_s,
-                    producers=cfg.producers,
-                    rate=cfg.rate,
-                    messages=_mix(cfg, "soak"),
-                )
-            )
+            load = _timed_load(cfg, bootstrap, p.input_topic, duration_s, cfg.rate, "soak")
             for kind, at in sorted(faults, key=lambda f: f[1]):
                 while time.monotonic() - t0 < at and not load.done():
                     await p.outcomes()
@@ -827,7 +838,202 @@ async def scale(
     return result
 
 
-CLUSTER_SCENARIOS = ("leader_kill", "rolling_restart", "scale")
+SATURATION_FAULTS = "kill@300,leader@500,join@700,leave@1300,kill@1500"
+
+
+def _memory_sample(p: Pipeline, cluster: LocalCluster, t0: float) -> dict[str, Any]:
+    """One look at the resident memory of every live worker and broker node, and the load average."""
+    workers = {w.name: rss_kib(w.pid) for w in p.workers if w.alive}
+    nodes = {str(n): rss_kib(pid) for n, pid in cluster.status().items()}
+    return {
+        "t_s": round(time.monotonic() - t0, 1),
+        "load1": round(os.getloadavg()[0], 2),
+        "workers_kib": {k: v for k, v in workers.items() if v is not None},
+        "brokers_kib": {k: v for k, v in nodes.items() if v is not None},
+    }
+
+
+def _memory_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per process: RSS (MiB) at its first and last sample, its peak, and the median of its first
+    and of its last 10 samples (growth that a soak should expose), plus the load average's range."""
+    series: dict[str, list[float]] = {}
+    for s in samples:
+        for kind in ("workers_kib", "brokers_kib"):
+            for name, kib in s[kind].items():
+                label = f"{'worker' if kind == 'workers_kib' else 'broker'} {name}"
+                series.setdefault(label, []).append(kib / 1024.0)
+
+    def med(xs: list[float]) -> float:
+        return round(sorted(xs)[len(xs) // 2], 1)
+
+    loads = sorted(s["load1"] for s in samples)
+    return {
+        "samples": len(samples),
+        "load1": {"min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]} if loads else None,
+        "rss_mib": {
+            k: {
+                "n": len(v),
+                "first": round(v[0], 1),
+                "last": round(v[-1], 1),
+                "max": round(max(v), 1),
+                "median_first10": med(v[:10]),
+                "median_last10": med(v[-10:]),
+            }
+            for k, v in sorted(series.items())
+        },
+    }
+
+
+def _per_minute(stamps_ms: list[int], t0_wall: float) -> list[int]:
+    """Outcomes published in each minute from `t0_wall`: the soak's throughput over time."""
+    out: list[int] = []
+    for t in stamps_ms:
+        i = int((t / 1000.0 - t0_wall) // 60)
+        if i < 0:
+            continue
+        out.extend([0] * (i + 1 - len(out)))
+        out[i] += 1
+    return out
+
+
+async def saturation_soak(
+    cfg: ScenarioConfig,
+    cluster: LocalCluster,
+    duration_s: float = 1860.0,
+    cost_us: float = 20_000.0,
+    faults: list[tuple[str, float]] | None = None,
+    sample_s: float = 10.0,
+) -> ScenarioResult:
+    """Paced load above what one worker sustains, for `duration_s`, on the 3-node cluster, with
+    faults at given seconds; memory of every worker and broker node sampled every `sample_s`.
+
+    The workers are `prism run` behind `ops.load.standin_engine` (a declared cost of `cost_us`
+    per event: 20 ms caps one worker below 50 events/s, under the default 55/s offered, while a
+    model on these CPUs would cap the run at ~5 events/s, 100,000 events in 5.5 hours). One
+    worker runs throughout, so the input's lag grows and fetching pauses (saturation); faults:
+    - kill: SIGKILL the first worker and start it again at once (its in-flight work is re-decided);
+    - leader: SIGKILL the node leading input partition 0, keep it down 30 s under load, start it
+      again and wait until every replica is in sync;
+    - join: a second worker joins the group (a rebalance; the group then keeps up and drains);
+    - leave: the last joined worker stops (SIGTERM; a rebalance back to one).
+    In-flight work per worker is kept small (50 records a poll, batches of 16, 2 queued batches:
+    about 2 s of work) so a revoke finishes well within the session timeout. The checker polls
+    every 5 s with its cheap `progress` (its full report over 100,000 offsets takes a second)."""
+    faults = sorted(parse_faults(SATURATION_FAULTS) if faults is None else faults, key=lambda f: f[1])
+    name = f"saturation{'_eos' if cfg.exactly_once else ''}"
+    rate = cfg.rate or 55.0
+    extra = [
+        *("--standin-cost-us", str(cost_us), "--max-poll-records", "50", "--max-batch-events", "16"),
+        *("--max-queued-batches", "2", "--session-timeout-ms", "10000"),
+    ]
+    module = "ops.load.standin_engine"
+    bootstrap = cluster.bootstrap
+    samples: list[dict[str, Any]] = []
+    done: list[dict[str, Any]] = []
+    async with Pipeline(cfg, bootstrap, name, replicas=cluster.replication_factor) as p:
+        base = p.worker("w1", extra, module=module)
+        if not await asyncio.to_thread(base.wait_log, "partitions.assigned", 300):
+            raise RuntimeError(f"the worker did not join its group:\n{base.log_tail()}")
+        t0, t0_wall = time.monotonic(), time.time()
+        stop_sampling = asyncio.Event()
+
+        async def sampler() -> None:
+            while not stop_sampling.is_set():
+                with contextlib.suppress(Exception):  # a node mid-restart: the next look sees it
+                    samples.append(await asyncio.to_thread(_memory_sample, p, cluster, t0))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_sampling.wait(), sample_s)
+
+        sampling = asyncio.create_task(sampler())
+        load = _timed_load(cfg, bootstrap, p.input_topic, duration_s, rate, name)
+        joined: list[WorkerProc] = []
+
+        async def progress() -> tuple[int, int]:
+            await p.update()
+            return p.checker.progress()
+
+        for kind, at in faults:
+            while time.monotonic() - t0 < at and not load.done():
+                got = await progress()
+                log.info(
+                    "saturation.progress", t_s=round(time.monotonic() - t0), inputs=got[0], decided=got[1]
+                )
+                await asyncio.sleep(min(5.0, max(0.0, t0 + at - time.monotonic())))
+            inputs, decided = await progress()
+            entry: dict[str, Any] = {
+                "fault": kind,
+                "at_s": round(time.monotonic() - t0, 1),
+                "lag": inputs - decided,
+            }
+            entry["t_wall"] = time.time()
+            if kind == "kill":
+                await asyncio.to_thread(base.kill)
+                base.start()
+            elif kind == "leader":
+                victim = await cluster.leader(p.input_topic, 0)
+                entry["victim"] = victim
+                entry["led"] = await _led_by(cluster, p.topics, victim)
+                await asyncio.to_thread(cluster.node_kill, victim)
+                entry["failover_s"] = round(
+                    await cluster.wait_leader(p.input_topic, 0, victim, timeout=120), 2
+                )
+                await asyncio.sleep(30.0)
+                await asyncio.to_thread(cluster.node_start, victim)
+                entry["resync_s"] = round(await cluster.wait_in_sync(p.topics, timeout=300), 2)
+                entry["t_back_wall"] = time.time()
+            elif kind == "join":
+                joined.append(p.worker(f"j{len(joined) + 1}", extra, module=module))
+            elif kind == "leave":
+                if not joined:
+                    raise ValueError("a leave fault needs a join before it")
+                leaver = joined.pop()
+                entry["leaver"] = leaver.name
+                # A member told to stop while it still joins is another case (a stop during the
+                # join); this fault is a member leaving: it goes once it has held partitions.
+                await asyncio.to_thread(leaver.wait_log, "partitions.assigned", 300)
+                entry["leaver_rc"] = await asyncio.to_thread(leaver.stop)
+                if entry["leaver_rc"] != 0:
+                    p.exits[f"{leaver.name}.stop"] = entry["leaver_rc"]
+            else:
+                raise ValueError(f"unknown fault {kind!r}: use kill, leader, join or leave")
+            done.append(entry)
+            log.info("saturation.fault", **{k: v for k, v in entry.items() if k != "led"})
+        report = await load
+        p.checker.set_manifest(report.produced)
+        t_load_end = time.monotonic() - t0
+        deadline = time.monotonic() + cfg.timeout_s
+        while time.monotonic() < deadline:
+            inputs, decided = await progress()
+            log.info("saturation.drain", inputs=inputs, decided=decided, produced=len(report.produced))
+            if inputs >= len(report.produced) and decided >= inputs:
+                break
+            await asyncio.sleep(5.0)
+        t_drained = time.monotonic() - t0
+        stop_sampling.set()
+        await sampling
+        result = await p.finish(report)
+    stamps = p.checker.outcome_timestamps()
+    for f in done:
+        lo = f.pop("t_wall")
+        hi = f.pop("t_back_wall", lo + 60.0)
+        f["max_outcome_gap_s"] = _max_gap_s(stamps, lo, hi)
+    (cfg.workdir / f"{name}.memory.jsonl").write_bytes(b"".join(orjson.dumps(s) + b"\n" for s in samples))
+    result.notes = {
+        **result.notes,
+        "cost_us": cost_us,
+        "rate": rate,
+        "duration_s": duration_s,
+        "load_end_s": round(t_load_end, 1),
+        "drained_s": round(t_drained, 1),
+        "faults": done,
+        "outcomes_per_minute": _per_minute(stamps, t0_wall),
+        "memory": _memory_summary(samples),
+        "exactly_once": cfg.exactly_once,
+    }
+    return result
+
+
+CLUSTER_SCENARIOS = ("leader_kill", "rolling_restart", "scale", "saturation_soak")
 
 
 SCENARIOS = (
@@ -854,6 +1060,14 @@ def parse_faults(text: str) -> list[tuple[str, float]]:
 
 
 async def _on_cluster(name: str, cfg: ScenarioConfig, cluster: LocalCluster, **kw: Any) -> ScenarioResult:
+    if name == "saturation_soak":
+        return await saturation_soak(
+            cfg,
+            cluster,
+            kw.get("duration_s", 1860.0),
+            kw.get("cost_us", 20_000.0),
+            kw.get("saturation_faults"),
+        )
     if name == "leader_kill":
         return await leader_kill(cfg, cluster, kw.get("target", "output"))
     if name == "rolling_restart":
@@ -897,7 +1111,9 @@ async def run_scenario(name: str, cfg: ScenarioConfig, bootstrap: str | None, **
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.load.scenarios", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=SCENARIOS)
-    p.add_argument("--model", type=Path, required=True, help="GGUF model for the workers")
+    p.add_argument(
+        "--model", type=Path, default=None, help="GGUF model for the workers (saturation_soak: none)"
+    )
     p.add_argument("--brokers", default=None, help="loopback broker (default: start one)")
     p.add_argument("--workdir", type=Path, default=Path("load-runs"), help="worker logs, broker data")
     p.add_argument("--events", type=int, default=120)
@@ -923,8 +1139,21 @@ def main(argv: list[str] | None = None) -> int:
         default=400.0,
         help="scale: the engine stand-in's declared cost per event (ops.load.slow_worker)",
     )
+    p.add_argument(
+        "--standin-cost-us",
+        type=float,
+        default=20_000.0,
+        help="saturation_soak: the engine stand-in's declared cost per event (ops.load.standin_engine)",
+    )
+    p.add_argument(
+        "--saturation-faults",
+        default=SATURATION_FAULTS,
+        help="saturation_soak: KIND@SECONDS,... (kill, leader, join, leave)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the result summary (JSON) here")
     a = p.parse_args(argv)
+    if a.model is None and a.scenario != "saturation_soak":
+        p.error(f"{a.scenario} needs --model (only saturation_soak's engine stand-in runs without one)")
     from prism_pipeline.logs import configure_logging
 
     configure_logging("INFO", None)
@@ -959,6 +1188,8 @@ def main(argv: list[str] | None = None) -> int:
                 phases=[int(x) for x in a.phases.split(",") if x.strip()],
                 phase_s=a.phase_s,
                 delay_ms=a.engine_delay_ms,
+                cost_us=a.standin_cost_us,
+                saturation_faults=parse_faults(a.saturation_faults),
             )
         )
     except ValueError as e:

@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 from engine.types import DecideRequest, DecideResult
+from ops.load.worker_main import run_with_engine
+from prism_pipeline.worker.settings import WorkerSettings
 
 
 class SlowEngine:
@@ -32,29 +34,15 @@ class SlowEngine:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prism_pipeline.cli import build_parser
-    from prism_pipeline.cli.run import settings_from_args
-    from prism_pipeline.core.engine_setup import ConfigError, load_engine
-    from prism_pipeline.logs import configure_logging, install_stack_dump
-    from prism_pipeline.worker.runner import run_worker
+    from prism_pipeline.core.engine_setup import load_engine
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--engine-delay-ms", type=float, default=0.0)
-    known, rest = pre.parse_known_args(argv)
-    args = build_parser().parse_args(rest)
-    if args.command != "run":
-        sys.stderr.write("slow_worker: only the `run` command is supported\n")
-        return 2
-    configure_logging(args.log_level, args.log_json)
-    install_stack_dump()
-    try:
-        settings = settings_from_args(args)
-        engine = SlowEngine(load_engine(settings), known.engine_delay_ms / 1000.0)
-    except (ConfigError, ValueError) as e:
-        sys.stderr.write(f"slow_worker: {e}\n")
-        return 2
-    return run_worker(settings, engine)
+    def add_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine-delay-ms", type=float, default=0.0)
+
+    def make_engine(known: argparse.Namespace, settings: WorkerSettings) -> SlowEngine:
+        return SlowEngine(load_engine(settings), known.engine_delay_ms / 1000.0)
+
+    return run_with_engine(argv, "slow_worker", add_args, make_engine)
 
 
 if __name__ == "__main__":

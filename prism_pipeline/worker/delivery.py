@@ -44,6 +44,11 @@ log = structlog.get_logger(__name__)
 # Longest wait at shutdown for the final commit, then for each client to close: a client
 # stuck in a broker round trip must not keep a drained worker from exiting.
 CLOSE_S = 20.0
+# Bytes of one producer batch. aiokafka sends one batch per partition per request and one request
+# per broker at a time, so a partition moves at most a batch per round trip: at its 16 KiB default
+# that is ~5 records of ~3 KB, and the output partition capped the worker near 1,000 records/s
+# (ops/bench/bench_pipeline.py). Linger stays 0, so a lone record still goes at once.
+BATCH_BYTES = 512 * 1024
 
 
 async def within(task: asyncio.Future[Any], timeout: float) -> bool:
@@ -131,7 +136,10 @@ class AtLeastOnce(Delivery):
     async def start(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.s.bootstrap_servers(), client_id=f"prism-{self.s.worker_id}", acks="all"
+            bootstrap_servers=self.s.bootstrap_servers(),
+            client_id=f"prism-{self.s.worker_id}",
+            acks="all",
+            max_batch_size=BATCH_BYTES,
         )
         await self._producer.start()
 
@@ -226,6 +234,7 @@ class ExactlyOnce(Delivery):
             client_id=f"prism-{self.s.worker_id}-{tp.partition}",
             transactional_id=f"{self.s.transactional_id_prefix}-{tp.topic}-{tp.partition}",
             acks="all",
+            max_batch_size=BATCH_BYTES,
         )
         await producer.start()
         txn = self._txns[tp] = _Txn(producer, self._early.pop(tp, {}))
