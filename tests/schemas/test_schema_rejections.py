@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from schema_strategies import event_dicts, json_ints, nonblank
 
 from schemas import EvidenceEvent, InvalidEvent, Limits, ReasonCode, classify_invalid, parse_event
+from schemas.deadletter import has_duplicate_keys
 
 R = ReasonCode
 
@@ -346,3 +348,54 @@ def test_deep_nesting_is_refused_cleanly() -> None:
     # A repeated key deeper than the stdlib parser can walk is still reported as a repeat.
     raw = b'{"a":' + b"[" * 990 + b'{"x":1,"x":2}' + b"]" * 990 + b"}"
     assert _reject(raw).reason is R.duplicate_keys
+
+
+_json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**60), 2**60), st.text(alphabet=":a\"\\é\n", max_size=6)
+)
+_json_tree = st.recursive(
+    _json_leaf,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.lists(st.tuples(st.text(alphabet=":ab", max_size=3), inner), max_size=4),
+    max_leaves=12,
+)
+
+
+def _write(node: object, escape: bool) -> str:
+    """JSON text of a tree whose objects are (key, value) pair lists, so keys may repeat; with
+    `escape`, every ':' inside a string written as the escape \\u003a."""
+    if isinstance(node, list) and node and all(isinstance(x, tuple) for x in node):
+        return "{" + ",".join(f"{_write(k, escape)}:{_write(v, escape)}" for k, v in node) + "}"
+    if isinstance(node, list):
+        return "[" + ",".join(_write(x, escape) for x in node) + "]"
+    text = json.dumps(node, ensure_ascii=False)
+    return text.replace(":", "\\u003a") if escape and isinstance(node, str) else text
+
+
+def _repeats(text: str) -> bool:
+    """The oracle: the stdlib parser's pair lists, checked object by object."""
+    found = False
+
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        nonlocal found
+        found = found or len({k for k, _ in pairs}) != len(pairs)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=hook)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_tree, st.booleans())
+def test_the_duplicate_count_agrees_with_the_stdlib_parser(tree: object, escape: bool) -> None:
+    text = _write(tree, escape)  # escaped colons take the count's other (regex) path
+    raw = text.encode()
+    assert has_duplicate_keys(raw, orjson.loads(raw)) == _repeats(text)
+
+
+def test_the_duplicate_count_holds_past_orjsons_writing_depth() -> None:
+    # orjson reads ~1,000 levels but writes 254: the count falls back to walking the tree
+    deep = "[" * 300 + '{"a":1,"a":2}' + "]" * 300
+    assert has_duplicate_keys(deep.encode(), orjson.loads(deep)) and _repeats(deep)
+    distinct = deep.replace('"a":2', '"b":2')
+    assert not has_duplicate_keys(distinct.encode(), orjson.loads(distinct)) and not _repeats(distinct)
