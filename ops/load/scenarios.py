@@ -903,6 +903,7 @@ async def saturation_soak(
     cost_us: float = 20_000.0,
     faults: list[tuple[str, float]] | None = None,
     sample_s: float = 10.0,
+    leader_down_s: float = 30.0,
 ) -> ScenarioResult:
     """Paced load above what one worker sustains, for `duration_s`, on the 3-node cluster, with
     faults at given seconds; memory of every worker and broker node sampled every `sample_s`.
@@ -912,8 +913,8 @@ async def saturation_soak(
     model on these CPUs would cap the run at ~5 events/s, 100,000 events in 5.5 hours). One
     worker runs throughout, so the input's lag grows and fetching pauses (saturation); faults:
     - kill: SIGKILL the first worker and start it again at once (its in-flight work is re-decided);
-    - leader: SIGKILL the node leading input partition 0, keep it down 30 s under load, start it
-      again and wait until every replica is in sync;
+    - leader: SIGKILL the node leading input partition 0, keep it down `leader_down_s` under load,
+      start it again and wait until every replica is in sync;
     - join: a second worker joins the group (a rebalance; the group then keeps up and drains);
     - leave: the last joined worker stops (SIGTERM; a rebalance back to one).
     In-flight work per worker is kept small (50 records a poll, batches of 16, 2 queued batches:
@@ -977,7 +978,7 @@ async def saturation_soak(
                 entry["failover_s"] = round(
                     await cluster.wait_leader(p.input_topic, 0, victim, timeout=120), 2
                 )
-                await asyncio.sleep(30.0)
+                await asyncio.sleep(leader_down_s)
                 await asyncio.to_thread(cluster.node_start, victim)
                 entry["resync_s"] = round(await cluster.wait_in_sync(p.topics, timeout=300), 2)
                 entry["t_back_wall"] = time.time()
