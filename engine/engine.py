@@ -23,29 +23,30 @@ from typing import Any, Literal
 import structlog
 import torch
 
-from engine.answers import answer_for
-from engine.body import ForestBody
 from engine.cache import PrefixCache, default_budget, prefix_key
-from engine.calibration import DEFAULT_ALPHA, QuantReport, is_int8, requantize
-from engine.config import ModelConfig
-from engine.decision_config import DecisionConfig, load_decision_config
-from engine.decoder import Decoder, DecodeSequence
-from engine.executor import ForestCounters, ForestOutput, run_forest
-from engine.forest import Forest, Segment, SegmentState, build_forest
-from engine.gguf import GGUFError, GGUFFile, open_gguf
-from engine.loader import load_weights
-from engine.prompt import (
+from engine.decide.answers import answer_for
+from engine.decide.decision_config import DecisionConfig, load_decision_config
+from engine.decide.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
+from engine.decide.sampling import sample_tokens, thought_key, uniform
+from engine.model.config import ModelConfig
+from engine.model.gguf import GGUFError, GGUFFile, open_gguf
+from engine.model.loader import load_weights
+from engine.model.prompt import (
     MAX_LETTERS,
     RENDER_VERSION,
     PromptEncoder,
     render_parts_for_state_text,
     render_state,
 )
-from engine.readout import ChoiceRounds, LetterReadout, mix_probabilities, read_letters
-from engine.reference import forward
-from engine.sampling import sample_tokens, thought_key, uniform
-from engine.tokenizer import Tokenizer, TokenizerError
-from engine.tp import (
+from engine.model.tokenizer import Tokenizer, TokenizerError
+from engine.model.weights import Weights
+from engine.quant.calibration import DEFAULT_ALPHA, QuantReport, is_int8, requantize
+from engine.run.body import ForestBody
+from engine.run.decoder import Decoder, DecodeSequence
+from engine.run.executor import ForestCounters, ForestOutput, run_forest
+from engine.run.forest import Forest, Segment, SegmentState, build_forest
+from engine.run.reference import forward
+from engine.run.tp import (
     Followers,
     TensorParallel,
     close_group,
@@ -59,14 +60,13 @@ from engine.vision.evidence import GridMemo, ImageSet, VisionTokens
 from engine.vision.mmproj import VisionWeights, find_mmproj, load_mmproj
 from engine.vision.placement import SegmentImages
 from engine.vision.preprocess import ImageError, ImageLimits
-from engine.weights import Weights
 from schemas.record import QuestionTrace, Readout, RoundReadout
 from schemas.systemone import Question, SystemOneRequest
 from schemas.systemone import decode_image as decode_image_b64
 
 log = structlog.get_logger(__name__)
 
-# The one-pass body (engine.body) is the CUDA int8 path: it passed the int8 invariance suite on
+# The one-pass body (engine.run.body) is the CUDA int8 path: it passed the int8 invariance suite on
 # an H200 (2026-12-01, f2bc914) and is 4.6-6.8x faster than the level executor on (a), (b), (d) at 27B.
 # The level-by-level executor stays as the CPU/fp32/bf16 oracle (`body=False` still picks it on
 # CUDA for tests that compare against it; it makes no batch-invariance promise there).
@@ -85,12 +85,12 @@ Precision = Literal["fp32", "bf16", "int8"]
 Mode = Literal["forest", "per_question"]
 # Records name it; a replay under another version notes the change. 0.2.0: a CUDA read-out's
 # coverage is summed on the device in fixed-order chunks (engine.kernels.vocab_mass), which
-# moves its last bits; RoPE angles come from a per-position table (engine.rope). 0.3.0: CUDA int8
+# moves its last bits; RoPE angles come from a per-position table (engine.run.rope). 0.3.0: CUDA int8
 # runs the one-pass body by default, and the coverage sums are exact integer-limb sums; thought
 # draws are keyed by content (seed, evidence digest, question tokens), not by event id and
-# question key (engine.sampling.thought_key): every thought, and so its second read-out, moves.
+# question key (engine.decide.sampling.thought_key): every thought, and so its second read-out, moves.
 # 0.4.0: CUDA thoughts decode with the body's attention dots (bf16 on the CUDA default), and a
-# top-k draw is plain float64 Python arithmetic (engine.sampling._draw): CUDA thoughts move.
+# top-k draw is plain float64 Python arithmetic (engine.decide.sampling._draw): CUDA thoughts move.
 ENGINE_VERSION = "0.4.0"
 # StartLux serves states up to 32k tokens; a request past this is rejected, not run for minutes.
 MAX_REQUEST_TOKENS = 40_000
@@ -100,7 +100,7 @@ DEFAULT_MAX_IMAGE_PIXELS = 2_097_152
 
 
 def uses_body(body: bool | None, precision: str, device: torch.device) -> bool:
-    """Whether forests run in one pass (`engine.body`): `body` when given, else BODY_BY_DEFAULT on
+    """Whether forests run in one pass (`engine.run.body`): `body` when given, else BODY_BY_DEFAULT on
     CUDA int8 - the serving path - and the level executor elsewhere (the CPU/fp32/bf16 oracle,
     which the interpreter-run body would only slow down). The body is int8-only: the float
     paths are references, and a float body would be a second implementation of them."""
@@ -224,14 +224,14 @@ class Engine:
         precision = default_precision(device) if precision is None else precision
         if precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
-        # int8: requantize once at startup (calibrate, smooth, quantize); see engine.calibration.
+        # int8: requantize once at startup (calibrate, smooth, quantize); see engine.quant.calibration.
         self.quant_report: QuantReport | None = None
         if precision == "int8" and not is_int8(weights):
             weights, self.quant_report = requantize(
                 weights, PromptEncoder(tokenizer), alpha=smooth_alpha, device=device
             )
         # Tensor parallel: every rank requantized the same file the same way (checked), then
-        # keeps its slice; decide() calls are broadcast from rank 0 (see engine.tp).
+        # keeps its slice; decide() calls are broadcast from rank 0 (see engine.run.tp).
         self.tp = tp
         self.followers: Followers | None = None
         if tp is not None:
@@ -256,7 +256,7 @@ class Engine:
         self.last_counters: list[ForestCounters] = []
         self.max_request_tokens = MAX_REQUEST_TOKENS
         self.cache = PrefixCache(default_budget(self.device) if cache_bytes is None else cache_bytes)
-        # Whole forests in one pass on device tables (`engine.body`): `body` True/False chooses
+        # Whole forests in one pass on device tables (`engine.run.body`): `body` True/False chooses
         # (tests run it on CPU through Triton's interpreter); None: BODY_BY_DEFAULT on CUDA int8.
         body = uses_body(body, precision, self.device)
         # Under tensor parallelism the pass holds collectives: eager, same kernels, same bits.
@@ -293,7 +293,7 @@ class Engine:
         mmproj: str | Path | bool | None = None,
     ) -> Engine:
         """precision None: int8 on CUDA, fp32 elsewhere. smooth_alpha: SmoothQuant strength (int8 only).
-        body: run forests in one pass (`engine.body`); None: `BODY_BY_DEFAULT` for int8 on CUDA.
+        body: run forests in one pass (`engine.run.body`); None: `BODY_BY_DEFAULT` for int8 on CUDA.
         mmproj: the vision projector GGUF (images in evidence); None finds one next to the model
         by llama.cpp's naming (`mmproj-*.gguf`, `engine.vision.mmproj.find_mmproj`); False: none.
 
@@ -892,7 +892,7 @@ class Engine:
         by what the model sees (seed, evidence digest, the question's think-prompt tokens) and
         the step, never by the question's key (see `_thought_key`). At the budget, or when
         `</think>` is drawn, the closing tokens are fed and the letters read after them. On
-        CUDA int8 the steps run in `engine.decoder` (graph-captured; eager under tensor
+        CUDA int8 the steps run in `engine.run.decoder` (graph-captured; eager under tensor
         parallelism); elsewhere each step is a forest of one-token segments, one per active
         question, hanging from its own question's state.
         """
@@ -914,7 +914,7 @@ class Engine:
             self._think_forest(started)
 
     def _decodes_on_device(self) -> bool:
-        """Whether thoughts go through `engine.decoder`: int8 on CUDA (with or without tensor
+        """Whether thoughts go through `engine.run.decoder`: int8 on CUDA (with or without tensor
         parallelism: the decoder gathers whole rows where one device would quantize them).
 
         `use_decoder` (True/False) overrides the choice; tests use it to run the decoder on CPU.
@@ -1216,7 +1216,7 @@ def _follower_main(
     mmproj: str | Path | bool | None = None,
 ) -> None:
     """Entry point of tensor-parallel ranks 1..N-1 (a spawned process)."""
-    from engine.tp import init_group
+    from engine.run.tp import init_group
 
     torch.set_num_threads(threads)
     dev = rank_device(device, rank)

@@ -46,7 +46,7 @@ from engine.kernels.decode_rows import (
     THOUGHT_LEN,
     V_OFF,
 )
-from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
+from engine.run.reference import apply_partial_rope, fold_attention_piece, rms_norm
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF
-from engine.reference import L2NORM_EPS
+from engine.run.reference import L2NORM_EPS
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -245,7 +245,7 @@ def gdn_step_reference(
     dk: int,
     dv: int,
 ) -> torch.Tensor:
-    from engine.reference import gated_delta_rule, l2_normalize
+    from engine.run.reference import gated_delta_rule, l2_normalize
 
     b = conv.shape[0]
     o = torch.zeros(b, hv, dv, dtype=torch.float32, device=conv.device)

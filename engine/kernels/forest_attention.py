@@ -64,7 +64,7 @@ from engine.kernels.forest_tables import (
     SEG_LENGTH,
     SEG_TOK_LO,
 )
-from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
+from engine.run.reference import apply_partial_rope, fold_attention_piece, rms_norm
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None

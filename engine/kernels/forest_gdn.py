@@ -62,7 +62,7 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_normalize
+from engine.run.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_normalize
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None

@@ -163,7 +163,7 @@ def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]
 
 
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
-    """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.int8_rows`
+    """(name, N, K, uses per decode step) of every int8 linear of `model` (`engine.run.int8_rows`
     callers: GDN in/z/out projections, attention q+gate/k/v/o, MLP gate/up/down, LM head).
     The GDN b/a projections (N = value heads, < 100 KB each) are launch-bound and left out.
     Names ending in "+res" add the residual in the epilogue, as the model does."""

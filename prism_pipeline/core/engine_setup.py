@@ -71,7 +71,7 @@ def decision_config_for(settings: EngineSettings) -> Any:
     They go into the config (not into each request) so they are covered by the config digest
     every record carries: a replay under a different gate is detected.
     """
-    from engine.decision_config import load_decision_config
+    from engine.decide.decision_config import load_decision_config
 
     cfg = load_decision_config(settings.decision_config or settings.model)
     changes: dict[str, Any] = {}

@@ -128,7 +128,7 @@ class EngineSource:
                 self.notes.append(note)
 
     def _config_for(self, path: Path, model: dict[str, Any], what: str) -> Any:
-        from engine.decision_config import DecisionConfigError, load_decision_config
+        from engine.decide.decision_config import DecisionConfigError, load_decision_config
 
         source = self.decision_config or path
         try:

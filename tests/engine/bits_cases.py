@@ -30,7 +30,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
 from engine.testing.make_model import make_model
 from engine.types import DecideRequest, DecideResult
@@ -143,7 +143,7 @@ def interpreted() -> bool:
 
 
 def force_decoder(engine: Engine) -> None:
-    """Thoughts through `engine.decoder` on CPU (the CUDA int8 default's loop)."""
+    """Thoughts through `engine.run.decoder` on CPU (the CUDA int8 default's loop)."""
     engine.use_decoder = True  # type: ignore[attr-defined]
 
 

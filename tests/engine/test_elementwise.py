@@ -1,4 +1,4 @@
-"""engine.elementwise: CPU activations whose bits do not depend on an element's position.
+"""engine.run.elementwise: CPU activations whose bits do not depend on an element's position.
 
 Oracles: the same function over the whole tensor (position independence: every element is
 also evaluated inside tensors of many other sizes, which moves it between torch's vectorized

@@ -1,6 +1,6 @@
 """Engine I: `Engine.decide` answers, its read-out properties, AutoThink, and bad model files.
 
-Oracle: a plain full-sequence forward (`engine.reference.forward`, what `Engine.logits` runs,
+Oracle: a plain full-sequence forward (`engine.run.reference.forward`, what `Engine.logits` runs,
 checked against HF in test_gguf_vs_hf and test_reference) over the token ids of each
 question's whole prompt, rendered alone (`PromptEncoder.render`, checked token for token
 against the chat template in test_prompt).
@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from engine.cache import prefix_key
-from engine.decision_config import DecisionConfig, Temperatures
+from engine.decide.decision_config import DecisionConfig, Temperatures
+from engine.decide.sampling import sample_token, thought_key, uniform
 from engine.engine import Engine
-from engine.gguf import GGUFError, open_gguf
-from engine.prompt import render_state
-from engine.reference import forward
-from engine.sampling import sample_token, thought_key, uniform
+from engine.model.gguf import GGUFError, open_gguf
+from engine.model.prompt import render_state
+from engine.run.reference import forward
 from engine.types import DecideRequest
 from schemas.systemone import Answer, Question, SystemOneRequest, SystemOneResponse, Usage
 

@@ -32,7 +32,7 @@ from schemas.systemone import SystemOneRequest
 
 DEVICES = [
     "cpu",
-    # the CUDA default: the one-pass forest body (engine.body) with its CUDA graphs
+    # the CUDA default: the one-pass forest body (engine.run.body) with its CUDA graphs
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
 ]
 N_REQUESTS = 32

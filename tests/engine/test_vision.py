@@ -24,12 +24,12 @@ import torch
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
-from engine.executor import run_forest
-from engine.forest import Segment, build_forest
-from engine.gguf import GGUFError
-from engine.prompt import render_parts, render_parts_for_state_text, render_state
+from engine.model.gguf import GGUFError
+from engine.model.prompt import render_parts, render_parts_for_state_text, render_state
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, build_forest
 from engine.testing.hf import to_hf_vl_model
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import (

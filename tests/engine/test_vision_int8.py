@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import engine.vision.evidence as evidence_module
 from engine.cache import PrefixCache
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine, file_digest
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import DIMS, make_mmproj, make_model

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from prism_pipeline.offline.engines import EngineSource
 from prism_pipeline.offline.errors import ReplayRefused
 from prism_pipeline.offline.record_diff import record_diff

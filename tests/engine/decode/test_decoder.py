@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.decoder import Decoder
 from engine.engine import Engine, _fold_into_parent
-from engine.executor import run_forest
-from engine.forest import Segment, SegmentState, build_forest
+from engine.run.decoder import Decoder
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, SegmentState, build_forest
 
 # CPU: the Triton interpreter (eager); on a CUDA machine the same tests run compiled
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

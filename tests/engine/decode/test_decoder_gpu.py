@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.decoder import Decoder
 from engine.engine import Engine
-from engine.executor import run_forest
-from engine.forest import Segment, build_forest
+from engine.run.decoder import Decoder
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, build_forest
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 from tests.engine.decode.test_decoder_engine import QUESTION

@@ -1,4 +1,4 @@
-"""Thoughts decoded by `engine.decoder` (forced on CPU: the Triton interpreter) are keyed by what
+"""Thoughts decoded by `engine.run.decoder` (forced on CPU: the Triton interpreter) are keyed by what
 the model sees, not by the question's key: a question renamed, or asked twice in one request,
 gets the same thought and the same read-outs, bit for bit (int8). The forest loop's counterpart is
 tests/engine/test_thought_keys.py."""

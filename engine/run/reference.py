@@ -19,8 +19,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
 
 L2NORM_EPS = 1e-6  # FLA / HF l2norm epsilon for GDN q and k, not the model's rms eps
 

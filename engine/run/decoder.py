@@ -14,7 +14,7 @@ one token per `step`:
   `engine.kernels.decode_attention`): the shared system and evidence K/V are never copied.
 - Attention products: fp32 ("ieee") or, as the one-pass body's `attention_dots`, bf16 / tf32
   tensor-core dots (the engine hands the decoder its body's setting: the CUDA default's bf16).
-- Linears: the int8 path's own arithmetic (`engine.quant`): per-row int8 activations (fused
+- Linears: the int8 path's own arithmetic (`engine.quant.linear`): per-row int8 activations (fused
   with the preceding RMSNorm / SwiGLU / gated norm where there is one), exact int32 products,
   the fixed fp32 epilogue, residual adds fused into the GEMM epilogue.
 
@@ -35,16 +35,6 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine.config import ModelConfig
-from engine.forest import SegmentState
-from engine.int8_rows import (
-    attention_output_residual,
-    gdn_output_residual,
-    group_inputs,
-    grouped_projections,
-    lm_head,
-    mlp_residual,
-)
 from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
 from engine.kernels.decode_rows import (
@@ -57,9 +47,19 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
-from engine.quant import QuantLinear
-from engine.rope import rope_rows
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear
+from engine.run.forest import SegmentState
+from engine.run.int8_rows import (
+    attention_output_residual,
+    gdn_output_residual,
+    group_inputs,
+    grouped_projections,
+    lm_head,
+    mlp_residual,
+)
+from engine.run.rope import rope_rows
 
 log = structlog.get_logger(__name__)
 

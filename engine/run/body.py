@@ -1,6 +1,6 @@
 """The whole forest in one pass over the layers, on device tables; one CUDA graph per bucket.
 
-`engine.executor.run_forest` runs a forest level by level: every level reads every weight
+`engine.run.executor.run_forest` runs a forest level by level: every level reads every weight
 again and launches thousands of small kernels from Python. `ForestBody` runs the int8 path's
 forest in one sweep instead:
 
@@ -35,17 +35,6 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine.config import ModelConfig
-from engine.executor import ForestCounters, ForestOutput
-from engine.forest import Forest, SegmentState
-from engine.int8_rows import (
-    attention_output_residual,
-    gdn_output_residual,
-    group_inputs,
-    grouped_projections,
-    lm_head,
-    mlp_residual,
-)
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
 from engine.kernels.forest_gdn import (
@@ -73,9 +62,20 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.quant import QuantLinear
-from engine.rope import rope_rows
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear
+from engine.run.executor import ForestCounters, ForestOutput
+from engine.run.forest import Forest, SegmentState
+from engine.run.int8_rows import (
+    attention_output_residual,
+    gdn_output_residual,
+    group_inputs,
+    grouped_projections,
+    lm_head,
+    mlp_residual,
+)
+from engine.run.rope import rope_rows
 
 log = structlog.get_logger(__name__)
 
