@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from engine import elementwise
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
+from engine.run import elementwise
 from engine.run.forest import Forest, SegmentState
 from engine.run.reference import (
     apply_partial_rope,

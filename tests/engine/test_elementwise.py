@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import elementwise
+from engine.run import elementwise
 
 FUNCTIONS = {
     "sigmoid": (elementwise.sigmoid, torch.sigmoid),

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from engine import reference
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
+from engine.run import reference
 from engine.run.reference import LayerStates, forward, forward_segment, lm_head
 from engine.testing.hf import to_hf_model
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import body as body_module
 from engine.engine import Engine
+from engine.run import body as body_module
 from engine.run.body import ForestBody
 from engine.run.executor import run_forest
 from engine.run.forest import Segment, SegmentState, build_forest
