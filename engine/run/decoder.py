@@ -128,7 +128,7 @@ class Decoder:
         group_inputs(weights.layers)  # one GEMM per shared input; before any capture
         if attention_dots not in ("ieee", "tf32", "bf16"):
             raise ValueError(f"attention_dots must be ieee, tf32 or bf16, got {attention_dots!r}")
-        self.attention_dots = attention_dots  # the body's setting (engine.engine.CUDA_BODY_SETTINGS)
+        self.attention_dots = attention_dots  # the body's setting (engine.run.path.CUDA_BODY_SETTINGS)
         self.buckets = tuple(sorted(buckets))
         self.max_pieces = max_pieces
         c = self.config

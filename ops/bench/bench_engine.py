@@ -12,7 +12,7 @@ the full vocabulary):
   (c) one question, ~8,192 tokens                    serial, mean / p50 / p99 latency
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
   (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.run.decoder` (one
-      CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
+      CUDA graph per bucket) and the batched sampler, as `engine.thoughts.think` runs it on CUDA
   (f) --thinking: a thinking request end to end    mean / p99 ms at 1 and 16 concurrent: read-out,
       thinking read, a forced 128-token thought, closing tokens, second read-out
 
@@ -198,7 +198,7 @@ class Bench:
     def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
         """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt.
 
-        Each step is what `Engine._think` does on CUDA: a decoder step (graph replay, or eager
+        Each step is what `engine.thoughts.think` does on CUDA: a decoder step (graph replay, or eager
         with --decode-eager) and the batched sampler at the decision config's defaults.
         """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
@@ -351,7 +351,7 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
             f.write(table)
 
 
-# (f) a thinking request end to end, as Engine._decide_stages / _think run it on CUDA int8:
+# (f) a thinking request end to end, as engine.stages.Stages._decide_stages / _think run it on CUDA int8:
 # first read-out (evidence + question), the thinking read (the question + `<think>\n` from the
 # cached evidence state), a thought forced to THOUGHT_TOKENS tokens (drawn by the sampler, no
 # early `</think>`: lengths comparable between runs), the closing tokens fed one per step, and

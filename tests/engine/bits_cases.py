@@ -131,8 +131,7 @@ def decide_all(model: Path) -> dict[str, Any]:
     # device decoder's thought steps
     body = _engine(model, "int8", cache_bytes=0, body=True)
     out["int8_body"] = {name: record_bits(body.decide([requests()[name]])[0]) for name in BODY_CASES}
-    decoder = _engine(model, "int8", cache_bytes=0)
-    force_decoder(decoder)
+    decoder = _engine(model, "int8", cache_bytes=0, decoder=True)
     out["int8_decoder"] = {"thought": record_bits(decoder.decide([requests()["thought"]])[0])}
     return out
 
@@ -140,11 +139,6 @@ def decide_all(model: Path) -> dict[str, Any]:
 def interpreted() -> bool:
     """Whether Triton kernels run on CPU here (the interpreter): the body's and decoder's records."""
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def force_decoder(engine: Engine) -> None:
-    """Thoughts through `engine.run.decoder` on CPU (the CUDA int8 default's loop)."""
-    engine.use_decoder = True  # type: ignore[attr-defined]
 
 
 def platform() -> dict[str, str]:

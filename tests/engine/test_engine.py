@@ -506,8 +506,8 @@ def test_oversized_request_is_rejected_not_run(gguf_model) -> None:
     from engine.types import DecideRequest
     from schemas.systemone import SystemOneRequest
 
-    eng = Engine.load(gguf_model("Q8_0", "tiny"), cache_bytes=0)
-    eng.max_request_tokens = 100  # the whole first-stage prompt: system prefix, evidence, question
+    # the limit covers the whole first-stage prompt: system prefix, evidence, question
+    eng = Engine.load(gguf_model("Q8_0", "tiny"), cache_bytes=0, max_request_tokens=100)
     small = SystemOneRequest.model_validate({"state": "ok", "questions": {"q": {"type": "noul"}}})
     big = SystemOneRequest.model_validate({"state": "disk full " * 100, "questions": {"q": {"type": "noul"}}})
     results = eng.decide([DecideRequest("big", big), DecideRequest("small", small, gate=0.0)])

@@ -147,7 +147,7 @@ def alone_bits(int8_engine: Engine) -> dict[str, dict[str, list[str]]]:
 
 
 def test_precision_defaults_and_names(int8_engine: Engine) -> None:
-    from engine.engine import default_precision
+    from engine.run.path import default_precision
 
     assert int8_engine.precision == "int8"
     assert default_precision("cpu") == "fp32" and default_precision("cuda") == "int8"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -32,10 +32,37 @@ def engine(gguf_model: Callable[..., Path]) -> Engine:
     The tests hold the decoder to the forest thought loop within fp32 rounding, so the forest
     runs the exact body: the CUDA default's tensor-core settings round in bf16 (their accuracy
     is measured by ops/bench/bench_engine.py --accuracy, RESULTS.md)."""
-    from engine import engine as engine_module
     from engine.engine import Engine
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
-        model = gguf_model("Q8_0", "tiny", seed=11)
-        return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0)
+    model = gguf_model("Q8_0", "tiny", seed=11)
+    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body_settings={})
+
+
+def same_weights(engine: Engine, **path: Any) -> Engine:
+    """`engine`'s int8 weights, config and device on another execution path (`decoder=True`: the
+    thoughts step on the decoder; `decoder_dots`: its attention dots), nothing quantized again."""
+    from engine.engine import Engine
+
+    p = engine.path
+    choices = {"body": p.body, "decoder": p.decoder, "body_settings": p.body_settings} | path
+    return Engine(
+        weights=engine.weights,
+        tokenizer=engine.tokenizer,
+        decision_config=engine.decision_config,
+        precision="int8",
+        device=str(p.device),
+        cache_bytes=0,
+        **choices,
+    )
+
+
+@pytest.fixture(scope="module")
+def decoder_engine(engine: Engine) -> Engine:
+    """The decode tests' engine with its thoughts on the decoder (forced on CPU)."""
+    return same_weights(engine, decoder=True)
+
+
+@pytest.fixture(scope="module")
+def forest_engine(engine: Engine) -> Engine:
+    """The same engine with its thoughts as forest steps (the decoder's oracle)."""
+    return same_weights(engine, decoder=False)
