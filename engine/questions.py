@@ -43,7 +43,7 @@ class QuestionRun:
     thinking: bool = False
     thought_ids: list[int] = field(default_factory=list)
     thought_truncated: bool = False
-    thought_key: bytes | None = None  # memo of Engine._thought_key
+    thought_key: bytes | None = None  # memo of Stages._thought_key
     second: Readout | None = None
     token_memo: dict[tuple[tuple[int, ...], bool], list[int]] = field(default_factory=dict)
     source: DecideRequest | None = None  # its request: deadline and cancellation polled per step

@@ -60,9 +60,12 @@ class EngineSettings(BaseSettings):
     )
 
     def resolved_precision(self) -> str:
+        """The precision path `auto` stands for on this device: the engine's one default."""
         if self.precision != "auto":
             return self.precision
-        return "int8" if self.device.startswith("cuda") else "fp32"
+        from engine.run.path import default_precision
+
+        return default_precision(self.device)
 
 
 def decision_config_for(settings: EngineSettings) -> Any:
