@@ -151,48 +151,17 @@ class Engine:
         log.info(
             "system_segment_ready", tokens=self.stages.root.length, seconds=round(time.perf_counter() - t0, 3)
         )
-
-    # ------------------------------------------------------------------------------ what callers read
-    @property
-    def precision(self) -> Precision:
-        return self.path.precision
-
-    @property
-    def device(self) -> torch.device:
-        return self.path.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.path.dtype
-
-    @property
-    def body(self) -> ForestBody | None:
-        """The one-pass forest body when the path runs one (CUDA int8 by default), else None."""
-        return self.runner.body
-
-    @property
-    def decision_config(self) -> DecisionConfig:
-        return self.stages.decision_config
-
-    @property
-    def max_request_tokens(self) -> int:
-        return self.stages.max_request_tokens
-
-    @property
-    def cache(self) -> PrefixCache:
-        return self.stages.cache
-
-    @property
-    def prompts(self) -> PromptEncoder:
-        return self.stages.prompts
-
-    @property
-    def root(self) -> object:
-        return self.stages.root
-
-    @property
-    def vision(self) -> VisionWeights | None:
-        return self.stages.vision
+        # what callers read (fixed at load: the path is frozen, the objects are the stages' own)
+        self.precision: Precision = self.path.precision
+        self.device, self.dtype = self.path.device, self.path.dtype
+        self.body: ForestBody | None = self.runner.body  # the one-pass body when the path runs one
+        self.decision_config, self.max_request_tokens = decision_config, max_request_tokens
+        self.cache, self.prompts, self.root, self.vision = (
+            self.stages.cache,
+            self.stages.prompts,
+            self.stages.root,
+            self.stages.vision,
+        )
 
     @property
     def last_counters(self) -> list[ForestCounters]:
@@ -246,7 +215,7 @@ class Engine:
             if tp < 1:
                 raise ValueError(f"tp must be >= 1, got {tp}")
             if tp > 1:
-                device, group, followers = start_followers(tp, device, path, options)
+                device, group, followers = start_followers(tp, device, path, options, cls)
         try:
             engine = cls.load_rank(path, device, options, group)
         except BaseException:

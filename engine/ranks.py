@@ -6,15 +6,15 @@ Every rank must run the same steps on the same input: followers load with rank 0
 load), receive each call's requests, and take rank 0's broadcast decisions about deadlines and
 cancellation.
 
-May import: `engine.run.tp`, `engine.loading`; the facade (`engine.engine`) only inside the
-follower's entry point, which builds one.
+May import: `engine.run.tp`, `engine.loading`. Not the facade: rank 0 passes its engine class
+along, and the follower's entry point builds one with it.
 """
 
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import structlog
 import torch
@@ -22,22 +22,35 @@ import torch
 from engine.loading import LoadOptions
 from engine.run.tp import Followers, TensorParallel, close_group, init_group, launch, rank_device
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+
+class Follower(Protocol):
+    """What a follower rank's loop needs of its engine."""
+
+    tp: TensorParallel | None
+
+    def decide_as_follower(self, requests: list[Any], mode: str) -> None: ...
+
+
+class EngineClass(Protocol):
+    """What the follower's entry point needs of the engine class rank 0 passes."""
+
+    def load_rank(self, path: str, device: str, options: LoadOptions, tp: TensorParallel) -> Follower: ...
+
 
 log = structlog.get_logger(__name__)
 
 
 def start_followers(
-    world: int, device: str, path: str | Path, options: LoadOptions
+    world: int, device: str, path: str | Path, options: LoadOptions, engine_class: EngineClass
 ) -> tuple[str, TensorParallel, Followers]:
-    """Start ranks 1..world-1 loading `path` with `options`; rank 0's device, group and handle."""
-    args = (str(path), options, torch.get_num_threads())
+    """Start ranks 1..world-1 loading `path` with `options` through `engine_class.load_rank`;
+    rank 0's device, group and handle."""
+    args = (str(path), options, torch.get_num_threads(), engine_class)
     group, followers = launch(world, device, _follower_main, args)
     return str(rank_device(device, 0)), group, followers
 
 
-def follow(engine: Engine, pipe: Connection) -> None:
+def follow(engine: Follower, pipe: Connection) -> None:
     """A follower rank's loop: run every decide call rank 0 sends, until it closes the pipe."""
     while True:
         try:
@@ -62,15 +75,14 @@ def _follower_main(
     path: str,
     options: LoadOptions,
     threads: int,
+    engine_class: EngineClass,
 ) -> None:
     """Entry point of tensor-parallel ranks 1..N-1 (a spawned process)."""
-    from engine.engine import Engine
-
     torch.set_num_threads(threads)
     dev = rank_device(device, rank)
     tp = init_group(rank, world, dev, port)
     try:
-        engine = Engine.load_rank(path, str(dev), options, tp)
+        engine = engine_class.load_rank(path, str(dev), options, tp)
         follow(engine, pipe)
     finally:
         close_group()

@@ -34,6 +34,7 @@ from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
 from engine.testing.make_model import make_model
 from engine.types import DecideRequest, DecideResult
+from schemas.record import Readout
 from schemas.systemone import SystemOneRequest
 
 DATA = Path(__file__).parent / "data" / "bits_before.json"
@@ -84,26 +85,31 @@ def requests() -> dict[str, DecideRequest]:
     }
 
 
+def _hex(xs: Any) -> list[str]:
+    return [float(x).hex() for x in xs]
+
+
+def _readout_bits(readout: Readout | None) -> list[str]:
+    """A read-out's probabilities, coverage, temperature, then per round its options, letters,
+    logits and coverage; "none" for a read-out that did not happen."""
+    if readout is None:
+        return ["none"]
+    head = _hex([*readout.probabilities, readout.coverage, readout.temperature])
+    rounds = [[*r.options, *r.letters, *_hex(r.logits), float(r.coverage).hex()] for r in readout.rounds]
+    return head + [v for r in rounds for v in r]
+
+
 def record_bits(result: DecideResult) -> dict[str, Any]:
     """Every number of every record of `result` as float.hex, with the thought text and answers."""
     out: dict[str, Any] = {"input_tokens": result.input_tokens, "output_tokens": result.output_tokens}
-    for qid, trace in sorted(result.traces.items()):
-        vals: list[str] = []
-        for readout in (trace.first, trace.second):
-            if readout is None:
-                vals.append("none")
-                continue
-            vals += [float(p).hex() for p in readout.probabilities]
-            vals.append(float(readout.coverage).hex())
-            vals.append(float(readout.temperature).hex())
-            for rnd in readout.rounds:
-                vals += list(rnd.options) + list(rnd.letters)
-                vals += [float(x).hex() for x in rnd.logits]
-                vals.append(float(rnd.coverage).hex())
-        vals += [float(p).hex() for p in trace.final_probabilities]
-        vals += [repr(trace.thought), str(trace.thought_tokens), str(trace.thought_truncated)]
-        answer = result.answers[qid].model_dump(mode="json")
-        out[qid] = {"values": vals, "answer": answer, "thought_ids": result.thought_ids.get(qid)}
+    for qid, t in sorted(result.traces.items()):
+        values = _readout_bits(t.first) + _readout_bits(t.second) + _hex(t.final_probabilities)
+        values += [repr(t.thought), str(t.thought_tokens), str(t.thought_truncated)]
+        out[qid] = {
+            "values": values,
+            "answer": result.answers[qid].model_dump(mode="json"),
+            "thought_ids": result.thought_ids.get(qid),
+        }
     return out
 
 
