@@ -249,15 +249,9 @@ class Engine:
             model_name=name,
             model_digest=model_digest(path, mmproj_path),
             device=device,
-            cache_bytes=options.cache_bytes,
-            smooth_alpha=options.smooth_alpha,
             tp=tp,
-            body=options.body,
-            decoder=options.decoder,
-            body_settings=options.body_settings,
-            decoder_dots=options.decoder_dots,
             vision=vision,
-            max_request_tokens=options.max_request_tokens,
+            **options.engine_arguments(),
         )
         log.info(
             "engine_loaded", path=str(path), precision=precision, seconds=round(time.perf_counter() - t0, 3)

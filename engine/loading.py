@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -41,6 +42,20 @@ class LoadOptions:
     decoder_dots: str | None = None
     mmproj: str | Path | bool | None = None
     max_request_tokens: int = MAX_REQUEST_TOKENS
+
+    def engine_arguments(self) -> dict[str, Any]:
+        """The options `Engine(...)` takes as they are (precision, decision config and projector
+        are resolved by the loader first)."""
+        names = (
+            "cache_bytes",
+            "smooth_alpha",
+            "body",
+            "decoder",
+            "body_settings",
+            "decoder_dots",
+            "max_request_tokens",
+        )
+        return {name: getattr(self, name) for name in names}
 
 
 def file_digest(path: Path, chunk: int = 1 << 24) -> str:

@@ -62,13 +62,10 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.model.config import ModelConfig
 from engine.model.weights import Weights
-from engine.quant.linear import QuantLinear
 from engine.run.executor import ForestCounters, ForestOutput
 from engine.run.forest import Forest, SegmentState
-from engine.run.graphs import BucketGraphs, fit
-from engine.run.int8_rows import group_inputs
+from engine.run.graphs import fit
 from engine.run.layers import AttentionInputs, GdnInputs, Int8Layers
 from engine.run.rope import rope_rows
 
@@ -145,16 +142,8 @@ class ForestBody(Int8Layers):
                 f"gdn_dots must be one of {gdn_allowed} (gdn_chunk {gdn_chunk}) and attention_dots one "
                 f"of {ATTENTION_DOTS}, got {gdn_dots!r} and {attention_dots!r}"
             )
-        if not isinstance(weights.output, QuantLinear):
-            raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")
-        self.weights = weights
-        self.config: ModelConfig = weights.config
-        self.device = weights.output_norm.device
-        self._graphs = BucketGraphs(self.device, graphs)  # raises for graphs without CUDA
-        self.graphs = self._graphs.enabled
-        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        self._bind(weights, graphs, "forest body")
         c = self.config
-        self._index_layers()
         self.width = c.conv_kernel
         # every offset in the tables is relative to this tensor
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)

@@ -47,12 +47,9 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
-from engine.model.config import ModelConfig
 from engine.model.weights import Weights
-from engine.quant.linear import QuantLinear
 from engine.run.forest import SegmentState
-from engine.run.graphs import BucketGraphs, fit
-from engine.run.int8_rows import group_inputs
+from engine.run.graphs import fit
 from engine.run.layers import AttentionInputs, GdnInputs, Int8Layers
 from engine.run.rope import rope_rows
 
@@ -112,21 +109,13 @@ class Decoder(Int8Layers):
         max_pieces: int = MAX_PIECES,
         attention_dots: str = "ieee",
     ) -> None:
-        if not isinstance(weights.output, QuantLinear):
-            raise ValueError("the decoder runs the int8 path: weights must hold QuantLinear linears")
-        self.weights = weights
-        self.config: ModelConfig = weights.config
-        self.device = weights.output_norm.device
-        self._graphs = BucketGraphs(self.device, graphs)  # raises for graphs without CUDA
-        self.graphs = self._graphs.enabled
-        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        self._bind(weights, graphs, "decoder")
         if attention_dots not in ("ieee", "tf32", "bf16"):
             raise ValueError(f"attention_dots must be ieee, tf32 or bf16, got {attention_dots!r}")
         self.attention_dots = attention_dots  # the body's setting (engine.run.path.CUDA_BODY_SETTINGS)
         self.buckets = tuple(sorted(buckets))
         self.max_pieces = max_pieces
         c = self.config
-        self._index_layers()
         if c.conv_kernel != CONV_WIDTH:
             raise ValueError(f"the conv step kernel is written for width {CONV_WIDTH}, got {c.conv_kernel}")
         # every offset in the tables is relative to this tensor; padding rows point into it

@@ -20,9 +20,12 @@ import torch
 
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear
+from engine.run.graphs import BucketGraphs
 from engine.run.int8_rows import (
     attention_output_residual,
     gdn_output_residual,
+    group_inputs,
     grouped_projections,
     lm_head,
     mlp_residual,
@@ -53,6 +56,19 @@ class Int8Layers:
 
     weights: Weights
     config: ModelConfig
+
+    def _bind(self, weights: Weights, graphs: bool | None, name: str) -> None:
+        """Take int8 `weights` on their device (`name` the pass, for the error), with CUDA graphs
+        per bucket when `graphs` (None: on CUDA), and group the projections that share an input."""
+        if not isinstance(weights.output, QuantLinear):
+            raise ValueError(f"the {name} runs the int8 path: weights must hold QuantLinear linears")
+        self.weights = weights
+        self.config = weights.config
+        self.device = weights.output_norm.device
+        self._graphs = BucketGraphs(self.device, graphs)  # raises for graphs without CUDA
+        self.graphs = self._graphs.enabled
+        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        self._index_layers()
 
     def _index_layers(self) -> None:
         """Which layers mix how, and the sizes and head keywords both passes' kernels take."""
