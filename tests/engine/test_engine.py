@@ -416,7 +416,7 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
 def _raised_in_engine(exc: BaseException) -> bool:
     """The error is raised by engine code (a checked condition), not deep inside torch/numpy."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    return Path(frame.filename).resolve().parent == ENGINE_DIR
+    return Path(frame.filename).resolve().is_relative_to(ENGINE_DIR)  # engine/ and its parts
 
 
 def _patch_u32_after(data: bytes, key: bytes, value: int) -> bytes:
