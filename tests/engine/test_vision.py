@@ -221,7 +221,7 @@ def _request(images: list[bytes], n_questions: int = 3) -> SystemOneRequest:
 
 
 def _hf_logits(hf_vl, engine: Engine, tokens: list[int], images: list[bytes]) -> torch.Tensor:
-    proc = hf_processor(engine.vision.config, engine.max_image_pixels)
+    proc = hf_processor(engine.vision.config, engine.stages.max_image_pixels)
     px = proc(images=[Image.open(io.BytesIO(d)) for d in images], return_tensors="pt")
     ids = torch.tensor([tokens])
     with torch.no_grad():
