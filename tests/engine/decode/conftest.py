@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from decode_engines import same_weights
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -36,24 +37,6 @@ def engine(gguf_model: Callable[..., Path]) -> Engine:
 
     model = gguf_model("Q8_0", "tiny", seed=11)
     return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body_settings={})
-
-
-def same_weights(engine: Engine, **path: Any) -> Engine:
-    """`engine`'s int8 weights, config and device on another execution path (`decoder=True`: the
-    thoughts step on the decoder; `decoder_dots`: its attention dots), nothing quantized again."""
-    from engine.engine import Engine
-
-    p = engine.path
-    choices = {"body": p.body, "decoder": p.decoder, "body_settings": p.body_settings} | path
-    return Engine(
-        weights=engine.weights,
-        tokenizer=engine.tokenizer,
-        decision_config=engine.decision_config,
-        precision="int8",
-        device=str(p.device),
-        cache_bytes=0,
-        **choices,
-    )
 
 
 @pytest.fixture(scope="module")

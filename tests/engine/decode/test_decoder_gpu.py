@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from conftest import same_weights
+from decode_engines import same_weights
 
 from engine.engine import Engine
 from engine.run.decoder import Decoder
