@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
-from engine.forest import SegmentState
+from engine.run.forest import SegmentState
 
 log = structlog.get_logger(__name__)
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from engine.config import ModelConfig
 from engine.kernels import _triton
+from engine.model.config import ModelConfig
 
 HOPPER = ("cuda", 90, 32)  # H100 / H200: compute capability 9.0, warp size 32
 _DTYPES = {

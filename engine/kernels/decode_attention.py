@@ -1,16 +1,16 @@
 """One-query-per-row gated attention for decode steps, over K/V pieces read where they lie.
 
-Two kernels per attention layer (`engine.decoder`):
+Two kernels per attention layer (`engine.run.decoder`):
 
 - `attention_prep`: program (row, head) RMS-normalises (q_norm / k_norm, per head) and applies
   partial NeoX RoPE to the row's query head, or - for the extra programs, one per KV head - to
   its key, and stores key and value at position thought_len of the row's own thought buffer.
-  cos/sin per row come from the host (`engine.rope.rope_rows`, fp64 angles).
+  cos/sin per row come from the host (`engine.run.rope.rope_rows`, fp64 angles).
 - `decode_attention`: program (row, KV head) takes the G = heads / kv_heads query heads that
   read that KV head and walks the row's pieces in their fixed order (ancestors oldest first,
   then the own thought buffer, causal by construction: it holds only tokens up to this one).
   Each piece is reduced on its own in blocks of BLOCK_L keys (online softmax), then folded
-  into a running (max, sum, output), exactly the cascade of `engine.executor._cascade`; the
+  into a running (max, sum, output), exactly the cascade of `engine.run.executor._cascade`; the
   output is multiplied by sigmoid(gate).
 
 Pieces are described by the row's piece table (`engine.kernels.decode_rows`): offsets from a
@@ -46,7 +46,7 @@ from engine.kernels.decode_rows import (
     THOUGHT_LEN,
     V_OFF,
 )
-from engine.reference import apply_partial_rope, fold_attention_piece, rms_norm
+from engine.run.reference import apply_partial_rope, fold_attention_piece, rms_norm
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -541,7 +541,7 @@ def prep_row_reference(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One row's q [nh, hd] and k [nkv, hd] normed and rotated, and v [nkv, hd], by
-    `engine.reference`'s ops: the oracle of both attention preps (decode and forest)."""
+    `engine.run.reference`'s ops: the oracle of both attention preps (decode and forest)."""
     cos, sin = rope_row[0:1], rope_row[1:2]
     q = apply_partial_rope(rms_norm(qg_row.float().view(nh, 2 * hd)[:, :hd], q_norm, eps)[None], cos, sin)[0]
     k = apply_partial_rope(rms_norm(k_row.float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
@@ -606,7 +606,7 @@ def attention_prep_reference(
     hd: int,
     eps: float,
 ) -> torch.Tensor:
-    """`engine.reference` norms and RoPE row by row (buffers inside base's storage): the oracle."""
+    """`engine.run.reference` norms and RoPE row by row (buffers inside base's storage): the oracle."""
     b = qg.shape[0]
     q_out = torch.zeros(b, nh, hd, dtype=torch.float32, device=qg.device)
     for r in range(b):
@@ -624,7 +624,7 @@ def decode_attention_reference(
     pieces: torch.Tensor,
     nkv: int,
 ) -> torch.Tensor:
-    """Per row: the cascade of `engine.executor._cascade` over the pieces, then the sigmoid gate."""
+    """Per row: the cascade of `engine.run.executor._cascade` over the pieces, then the sigmoid gate."""
     b, nh, hd = q.shape
     out = torch.zeros(b, nh * hd, dtype=torch.float32, device=q.device)
     for r in range(b):

@@ -1,13 +1,13 @@
 """One-token Gated DeltaNet step for B decode rows, state and conv tail updated in place.
 
-Two kernels per layer (`engine.decoder`):
+Two kernels per layer (`engine.run.decoder`):
 
 - `conv_step`: program (row, channel block) computes the causal conv (width 4) + SiLU of the
   row's new pre-conv input against its tail, then shifts the tail in place. A channel's tail
   lives in one program, so reading and writing it needs no synchronisation.
 - `gdn_step`: program (row, value head, value block) l2-normalises the row's q and k of its key
   head, computes beta = sigmoid(b) and g = ssm_a * softplus(a + dt), and applies
-  `engine.reference.gated_delta_rule` for one token to its state block S[:, block] in place:
+  `engine.run.reference.gated_delta_rule` for one token to its state block S[:, block] in place:
 
       S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF
-from engine.reference import L2NORM_EPS
+from engine.run.reference import L2NORM_EPS
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -245,7 +245,7 @@ def gdn_step_reference(
     dk: int,
     dv: int,
 ) -> torch.Tensor:
-    from engine.reference import gated_delta_rule, l2_normalize
+    from engine.run.reference import gated_delta_rule, l2_normalize
 
     b = conv.shape[0]
     o = torch.zeros(b, hv, dv, dtype=torch.float32, device=conv.device)

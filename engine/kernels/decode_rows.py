@@ -1,4 +1,4 @@
-"""The per-row tables the one-token decode kernels read (`engine.decoder` fills them).
+"""The per-row tables the one-token decode kernels read (`engine.run.decoder` fills them).
 
 A decode step runs B rows (a bucket; rows past the live ones are padding). Every row carries
 one int64 record, `rows[b] = (token, thought_len, state_off, conv_off, live)`:

@@ -14,7 +14,7 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   skipped), then the segment's own block, causally (a token at local index l sees own keys
   0 .. l). Each piece is reduced on its own in blocks of BLOCK_L keys starting at the piece start
   (online softmax), then folded into a running (max, sum, output), exactly the cascade of
-  `engine.reference.fold_attention_piece`; the output is multiplied by sigmoid(gate). Key blocks
+  `engine.run.reference.fold_attention_piece`; the output is multiplied by sigmoid(gate). Key blocks
   of the own piece past a token's causal limit give it only -inf scores, which leave its running
   max, sum and output bitwise unchanged. Dead query blocks return at once; rows no live block
   covers keep the zeros the host initialises `out` with.
@@ -597,7 +597,7 @@ def forest_attention_prep_reference(
     hd: int,
     eps: float,
 ) -> torch.Tensor:
-    """`engine.reference` norms and RoPE row by row (own blocks inside base's storage): the oracle."""
+    """`engine.run.reference` norms and RoPE row by row (own blocks inside base's storage): the oracle."""
     t = qg.shape[0]
     q_out = torch.zeros(t, nh, hd, dtype=torch.float32, device=qg.device)
     for r in range(t):

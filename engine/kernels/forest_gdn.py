@@ -62,7 +62,7 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_normalize
+from engine.run.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_normalize
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -1237,7 +1237,7 @@ def forest_conv_reference(
     conv_src: torch.Tensor,
     layer_off: int,
 ) -> torch.Tensor:
-    """Segment by segment through `engine.reference.causal_conv` (fp32): the kernel's oracle.
+    """Segment by segment through `engine.run.reference.causal_conv` (fp32): the kernel's oracle.
 
     Every source is read before any final tail is written.
     """
@@ -1275,7 +1275,7 @@ def forest_gdn_reference(
     dk: int,
     dv: int,
 ) -> None:
-    """Segment by segment through `engine.reference.gated_delta_rule` (fp32): the kernel's oracle.
+    """Segment by segment through `engine.run.reference.gated_delta_rule` (fp32): the kernel's oracle.
 
     Every initial state is read before any final state is written.
     """

@@ -1,4 +1,4 @@
-"""The device tables a whole-forest pass reads (`engine.body` fills them, the forest kernels read them).
+"""The device tables a whole-forest pass reads (`engine.run.body` fills them, the forest kernels read them).
 
 A pass runs every level of a packed forest in one sweep over the layers: the linears see all
 T packed tokens at once (each weight is read once per pass, not once per level), and only the

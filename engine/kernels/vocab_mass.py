@@ -5,7 +5,7 @@ for StartLux): copying the row to the host and summing it there in fp64 cost ~4 
 on the CPU, more than the forward pass it follows. Here program c reduces the CHUNK entries
 [c * CHUNK, (c + 1) * CHUNK) of one row: its max m_c (NaN entries left out), its sum
 s_c = sum exp(x - m_c), and its counts of NaN and +inf entries. The host folds the few partials
-exactly (`engine.readout.fold_vocab_mass`: math.fsum of s_c exp(m_c - m)).
+exactly (`engine.decide.readout.fold_vocab_mass`: math.fsum of s_c exp(m_c - m)).
 
 Why the sum is taken in integers: an fp64 `tl.sum` is a tree whose shape follows the register
 layout Triton picks, and Triton picks it from the pointer's alignment. On an H200 the same row

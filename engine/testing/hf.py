@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
 from engine.vision.mmproj import VisionConfig, VisionWeights
-from engine.weights import Weights
 
 
 def to_hf_config(config: ModelConfig) -> Qwen3_5TextConfig:

@@ -32,11 +32,11 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType
 
-from engine.config import ModelConfig
-from engine.loader import expected_shapes, tensor_name
+from engine.model.config import ModelConfig
+from engine.model.loader import expected_shapes, tensor_name
+from engine.model.weights import Weights
 from engine.vision.mmproj import BLOCK_KEYS as VISION_BLOCK_KEYS
 from engine.vision.mmproj import VisionConfig, VisionWeights
-from engine.weights import Weights
 
 log = structlog.get_logger(__name__)
 

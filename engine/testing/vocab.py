@@ -39,7 +39,7 @@ from typing import Any
 
 import structlog
 
-from engine.tokenizer import (
+from engine.model.tokenizer import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_UNUSED,

@@ -11,7 +11,7 @@
 - `engine.vision.evidence`: a request's images inside one decide call (checked once, encoded
   only when the evidence is really computed: a prefix-cache hit skips the tower).
 
-The hooks outside this package are small: `Segment.images` / `SegmentState.shift` (engine.forest),
+The hooks outside this package are small: `Segment.images` / `SegmentState.shift` (engine.run.forest),
 the executor placing embeddings and three-axis positions, and `Engine` checking images, keying the
 cache on their digests and pre-running image evidence when forests run in one pass.
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from engine.vision.mmproj import VisionWeights
 from engine.vision.placement import (
     IMAGE_PAD,

@@ -30,8 +30,8 @@ from typing import Any
 import structlog
 import torch
 
-from engine.dequant import SUPPORTED_TYPES, dequantize
-from engine.gguf import GGUFError, GGUFFile, open_gguf
+from engine.model.dequant import SUPPORTED_TYPES, dequantize
+from engine.model.gguf import GGUFError, GGUFFile, open_gguf
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ segment's positions start, relative to this segment's start.
 The rotary angles are interleaved over the axes (Qwen3.5's `mrope_interleaved`): frequency j
 turns with the height position when j % 3 == 1 and j < 3 * sections[1], with the width when
 j % 3 == 2 and j < 3 * sections[2], else with time. Text tokens have equal axes, so their angles
-are exactly those of plain RoPE (`engine.rope.rope_rows`), which every angle here is taken from:
+are exactly those of plain RoPE (`engine.run.rope.rope_rows`), which every angle here is taken from:
 a position's values stay a function of the position alone, whatever else is in the batch.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
-from engine.rope import rope_rows
+from engine.model.config import ModelConfig
+from engine.run.rope import rope_rows
 
 VISION_START = "<|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 ops/bench/bench_attention.py [--reps 20] [--out attn.json] [--no-sweep]
 
 One attention layer (24 query heads, 4 KV heads, head_dim 256), random normalised q / k / v in
-fp32 K/V blocks laid out as `engine.body` lays them (one own block per segment, the evidence's
+fp32 K/V blocks laid out as `engine.run.body` lays them (one own block per segment, the evidence's
 block read in place as the questions' ancestor piece, tables padded to the body's buckets):
 
   (a) one 256-token segment

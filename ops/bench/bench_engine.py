@@ -2,7 +2,7 @@
 
 Builds a qwen35 model of the given shape with random int8 weights directly on the GPU (no
 GGUF needed: the arithmetic and the bytes moved are what a real Q8_0 file requantized at
-startup gives), then runs the seed's workloads through the one-pass forest body (`engine.body`,
+startup gives), then runs the seed's workloads through the one-pass forest body (`engine.run.body`,
 a CUDA graph per bucket; `--levels`: the level-by-level executor) exactly as `Engine.decide`
 does (system root computed once, evidence segment, question segments, letter read-out over
 the full vocabulary):
@@ -11,8 +11,8 @@ the full vocabulary):
   (b) three questions sharing ~256 tokens of evidence serial, mean / p50 / p99 latency
   (c) one question, ~8,192 tokens                    serial, mean / p50 / p99 latency
   (d) 64 concurrent clients, read-outs only          64 one-question requests per batch, req/s
-  (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.decoder` (one
-      CUDA graph per bucket) and the batched sampler, as `Engine._think` runs it on CUDA
+  (e) thought decoding: 1 sequence and 64 sequences  tokens/s, through `engine.run.decoder` (one
+      CUDA graph per bucket) and the batched sampler, as `engine.thoughts.think` runs it on CUDA
   (f) --thinking: a thinking request end to end    mean / p99 ms at 1 and 16 concurrent: read-out,
       thinking read, a forced 128-token thought, closing tokens, second read-out
 
@@ -49,17 +49,17 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.body import ForestBody
-from engine.config import ModelConfig
-from engine.decoder import Decoder
-from engine.executor import ForestOutput, run_forest
-from engine.forest import Forest, Segment, SegmentState, build_forest
+from engine.decide.readout import read_letters
+from engine.decide.sampling import sample_tokens
 from engine.kernels.forest_attention import ATTENTION_DOTS
 from engine.kernels.forest_gdn import GDN_DOTS
-from engine.quant import QuantLinear
-from engine.readout import read_letters
-from engine.sampling import sample_tokens
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear
+from engine.run.body import ForestBody
+from engine.run.decoder import Decoder
+from engine.run.executor import ForestOutput, run_forest
+from engine.run.forest import Forest, Segment, SegmentState, build_forest
 
 VOCAB = 248_320
 SHAPES: dict[str, dict] = {
@@ -198,7 +198,7 @@ class Bench:
     def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
         """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt.
 
-        Each step is what `Engine._think` does on CUDA: a decoder step (graph replay, or eager
+        Each step is what `engine.thoughts.think` does on CUDA: a decoder step (graph replay, or eager
         with --decode-eager) and the batched sampler at the decision config's defaults.
         """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
@@ -351,7 +351,7 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
             f.write(table)
 
 
-# (f) a thinking request end to end, as Engine._decide_stages / _think run it on CUDA int8:
+# (f) a thinking request end to end, as engine.stages.Stages._decide_stages / _think run it on CUDA int8:
 # first read-out (evidence + question), the thinking read (the question + `<think>\n` from the
 # cached evidence state), a thought forced to THOUGHT_TOKENS tokens (drawn by the sampler, no
 # early `</think>`: lengths comparable between runs), the closing tokens fed one per step, and
@@ -624,7 +624,7 @@ def run_accuracy(weights: Weights, args: argparse.Namespace, record: Callable[[s
 # build is ~30 GB; rebuilding it per executor costs device time). name -> body settings.
 VARIANTS: dict[str, dict | None] = {
     "body": {},
-    "levels": None,  # the level-by-level executor (engine.executor)
+    "levels": None,  # the level-by-level executor (engine.run.executor)
     "eager": {"graphs": False},
     "chunk32": {"gdn_chunk": 32},
     "chunk16": {"gdn_chunk": 16},
@@ -661,7 +661,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="kernel profiles of (a), (b), (c): PATH.<a|b|c>.txt")
     ap.add_argument("--decode-only", action="store_true", help="run workload (e) only")
     ap.add_argument("--decode-eager", action="store_true", help="decode without CUDA graphs (same kernels)")
-    ap.add_argument("--levels", action="store_true", help="forests level by level (engine.executor)")
+    ap.add_argument("--levels", action="store_true", help="forests level by level (engine.run.executor)")
     ap.add_argument("--body-eager", action="store_true", help="one-pass forests without CUDA graphs")
     ap.add_argument("--gdn-chunk", type=int, default=0, help="body: GDN recurrence in chunks of N tokens")
     ap.add_argument("--gdn-dots", default="ieee", choices=GDN_DOTS, help="body: chunked GDN products")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest

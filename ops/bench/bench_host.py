@@ -1,4 +1,4 @@
-"""Host-side cost of one forest pass of the one-pass body (engine/body.py), at a model's real shape.
+"""Host-side cost of one forest pass of the one-pass body (engine/run/body.py), at a model's real shape.
 
 Everything a pass does on the CPU before its kernels run: building the forest, allocating each
 segment's output block and its per-layer views, planning the tables, loading them into the
@@ -20,12 +20,12 @@ import time
 import torch
 from bench_engine import SHAPES, VOCAB, shape_config
 
-from engine.body import ForestBody
-from engine.forest import Segment, SegmentState, build_forest
+from engine.decide.readout import fold_vocab_mass, read_letters, readout_from_letter_logits
 from engine.kernels.vocab_mass import vocab_partials_reference
-from engine.quant import QuantLinear
-from engine.readout import fold_vocab_mass, read_letters, readout_from_letter_logits
-from engine.weights import Weights
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear
+from engine.run.body import ForestBody
+from engine.run.forest import Segment, SegmentState, build_forest
 
 STAGES = ("build_forest", "allocate", "plan", "load")
 

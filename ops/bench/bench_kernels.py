@@ -172,7 +172,7 @@ def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
     """(name, N, K, uses per decode step) of every int8 GEMM of `model` as the engine launches
     it: the linears that read one input run as one GEMM over their stacked rows
-    (`engine.int8_rows.INPUT_GROUPS`: GDN qkv+z+b+a, attention q+gate+k+v, MLP gate+up), so
+    (`engine.run.int8_rows.INPUT_GROUPS`: GDN qkv+z+b+a, attention q+gate+k+v, MLP gate+up), so
     those stacked shapes, not the separate linears, are what the table must be set for.
     Names ending in "+res" add the residual in the epilogue, as the model does."""
     from bench_engine import shape_config

@@ -1,7 +1,7 @@
 """Tensor-parallel engine benchmark: the seed's workloads (a)-(d) on N GPUs, plus a bit check.
 
 Every rank builds the same random int8 model of the given shape (same seed, on its own GPU;
-see bench_engine.py), keeps its slice (`engine.tp.shard_weights`) and runs the workloads in
+see bench_engine.py), keeps its slice (`engine.run.tp.shard_weights`) and runs the workloads in
 lockstep; rank 0 times them. Before that, rank 0 runs a check forest (evidence + 3 questions)
 with the whole model alone and compares the tensor-parallel logits with it bit for bit.
 
@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from bench_engine import VOCAB, Bench, random_weights, run_workloads, shape_config, show, sync
 
-from engine.body import ForestBody
-from engine.forest import Segment, build_forest
-from engine.tp import close_group, free_port, init_group, shard_weights
+from engine.run.body import ForestBody
+from engine.run.forest import Segment, build_forest
+from engine.run.tp import close_group, free_port, init_group, shard_weights
 
 
 def check_segments(root_tokens: tuple[int, ...], g: torch.Generator) -> list[Segment]:

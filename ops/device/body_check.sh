@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repo root: the one-pass forest body (engine/body.py) compiled for
+# On the GPU machine, from the repo root: the one-pass forest body (engine/run/body.py) compiled for
 # the first time - its kernels' CUDA tests, graph == eager and batch invariance through
 # Engine.decide - then workloads (a)-(d) with the body against the level-by-level executor.
 #   STAGE=tests  bash ops/device/body_check.sh     # tests only

@@ -41,8 +41,8 @@ from typing import Any
 
 import orjson
 
-from engine.answers import answer_for
-from engine.decision_config import DecisionConfig
+from engine.decide.answers import answer_for
+from engine.decide.decision_config import DecisionConfig
 from engine.types import DecideRequest, DecideResult
 from ops.load.worker_main import run_with_engine
 from prism_pipeline.worker.settings import WorkerSettings

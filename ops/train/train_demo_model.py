@@ -3,7 +3,7 @@
 Why: a random-weight model makes every demo answer noise and never closes its thought. This
 trains a small model of the real architecture (Gated DeltaNet + gated attention layers, the real
 248,320-token Qwen3.5 vocabulary, tied embeddings to keep the file small) through exactly the
-prompt the engine renders (`engine.prompt.PromptEncoder`) and exactly the read-out it takes
+prompt the engine renders (`engine.model.prompt.PromptEncoder`) and exactly the read-out it takes
 (next-token logits at the last prompt position, full vocabulary, the listed letters).
 
 What it learns, per question of `prism_pipeline.synth`:
@@ -55,10 +55,10 @@ from typing import Any
 import structlog
 import torch
 
-from engine.config import ModelConfig
-from engine.prompt import PromptEncoder, render_parts
+from engine.model.config import ModelConfig
+from engine.model.prompt import PromptEncoder, render_parts
+from engine.model.weights import Weights
 from engine.testing.make_model import dims_config, write_gguf
-from engine.weights import Weights
 from ops.train.tree import Stage, tree_forward
 from prism_pipeline import synth
 
@@ -342,7 +342,7 @@ def train(
     with torch.no_grad():  # final norm 1 + 3: logits start 4x larger, so they clear the background sooner
         model.model.norm.weight.fill_(3.0)
     if init is not None:
-        from engine.loader import load_weights
+        from engine.model.loader import load_weights
         from engine.testing.hf import to_hf_state_dict
 
         start = load_weights(init)

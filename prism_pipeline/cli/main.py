@@ -30,7 +30,7 @@ def version_lines() -> list[str]:
     import torch
 
     from engine.engine import ENGINE_VERSION
-    from engine.prompt import RENDER_VERSION
+    from engine.model.prompt import RENDER_VERSION
 
     return [
         f"prism {package_version()}  (the package: CLI and pipeline)",

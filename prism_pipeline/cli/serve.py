@@ -28,7 +28,7 @@ def _release_date(path: Path) -> str:
 
 def build_app(args: argparse.Namespace) -> Any:
     """Load the engine named by the parsed flags and build the app (errors: `ServeError`)."""
-    from engine.decision_config import DecisionConfigError
+    from engine.decide.decision_config import DecisionConfigError
     from prism_pipeline.core.engine_setup import load_engine
     from prism_pipeline.serve.app import AppConfig, create_app
     from prism_pipeline.serve.requests import CHARS_PER_TOKEN_BOUND

@@ -60,9 +60,12 @@ class EngineSettings(BaseSettings):
     )
 
     def resolved_precision(self) -> str:
+        """The precision path `auto` stands for on this device: the engine's one default."""
         if self.precision != "auto":
             return self.precision
-        return "int8" if self.device.startswith("cuda") else "fp32"
+        from engine.run.path import default_precision
+
+        return default_precision(self.device)
 
 
 def decision_config_for(settings: EngineSettings) -> Any:
@@ -71,7 +74,7 @@ def decision_config_for(settings: EngineSettings) -> Any:
     They go into the config (not into each request) so they are covered by the config digest
     every record carries: a replay under a different gate is detected.
     """
-    from engine.decision_config import load_decision_config
+    from engine.decide.decision_config import load_decision_config
 
     cfg = load_decision_config(settings.decision_config or settings.model)
     changes: dict[str, Any] = {}

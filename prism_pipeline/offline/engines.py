@@ -48,7 +48,7 @@ class EngineSource:
         """(model, projector or None) -> the digest a record decided with them names. A model
         with an mmproj-*.gguf beside it also matches records decided with that projector."""
         if self._digests is None:
-            from engine.engine import model_digest
+            from engine.loading import model_digest
             from engine.vision.mmproj import find_mmproj
 
             self._digests = {}
@@ -128,7 +128,7 @@ class EngineSource:
                 self.notes.append(note)
 
     def _config_for(self, path: Path, model: dict[str, Any], what: str) -> Any:
-        from engine.decision_config import DecisionConfigError, load_decision_config
+        from engine.decide.decision_config import DecisionConfigError, load_decision_config
 
         source = self.decision_config or path
         try:

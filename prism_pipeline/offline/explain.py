@@ -1,13 +1,13 @@
 """A human-readable account of one decision: prompt, thought and read-outs (`prism replay --explain`).
 
-Everything shown comes from the event (the prompt is re-rendered with `engine.prompt`, the same
+Everything shown comes from the event (the prompt is re-rendered with `engine.model.prompt`, the same
 renderer the engine uses) and the decision record (read-outs, thought, answers), so the account is
 exactly what the record says, not a paraphrase. Pure functions: the CLI prints the returned text.
 """
 
 from __future__ import annotations
 
-from engine.prompt import SYSTEM_PROMPT, render_parts
+from engine.model.prompt import SYSTEM_PROMPT, render_parts
 from schemas.event import EvidenceEvent
 from schemas.record import DecisionRecord, QuestionTrace, Readout
 from schemas.systemone import Question

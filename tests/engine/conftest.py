@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
+from engine.model.weights import Weights
 from engine.testing.make_model import canonical_random_weights, dims_config
-from engine.weights import Weights
 
 
 @pytest.fixture(scope="session")

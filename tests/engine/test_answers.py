@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.answers import (
+from engine.decide.answers import (
     answer_for,
     choice_answer,
     choice_confidence,
@@ -20,7 +20,7 @@ from engine.answers import (
     score_answer,
     score_confidence,
 )
-from engine.readout import read_letters, run_choice_rounds
+from engine.decide.readout import read_letters, run_choice_rounds
 from schemas.systemone import ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 
 

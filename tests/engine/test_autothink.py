@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
+from engine.decide.sampling import sample_token, thought_key, uniform
 from engine.engine import Engine
-from engine.sampling import sample_token, thought_key, uniform
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 

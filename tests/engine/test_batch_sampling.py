@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from engine.sampling import sample_token, sample_tokens
+from engine.decide.sampling import sample_token, sample_tokens
 
 VOCAB = 4096
 SETTINGS = [
@@ -88,7 +88,7 @@ def test_batched_sampler_checks_its_inputs() -> None:
 
 @pytest.mark.parametrize("vocab", [4096, 4100, 640])  # two stages; 64 segments do not divide; 10 < k
 def test_two_stage_top_k_finds_the_one_stage_values(vocab: int) -> None:
-    from engine.sampling import _top_k
+    from engine.decide.sampling import _top_k
 
     gen = torch.Generator().manual_seed(vocab)
     x = torch.round(torch.randn(9, vocab, generator=gen) * 4) / 4  # ties everywhere

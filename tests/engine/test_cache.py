@@ -7,7 +7,7 @@ import torch
 
 from engine.cache import PrefixCache, prefix_key
 from engine.engine import Engine
-from engine.forest import SegmentState
+from engine.run.forest import SegmentState
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.decision_config import (
+from engine.decide.decision_config import (
     FILE_NAME,
     DecisionConfig,
     DecisionConfigError,
@@ -102,7 +102,7 @@ def test_digest_is_sha256_of_canonical_json_and_ignores_spelling(tmp_path):
 
 
 def test_digest_is_stable_across_processes():
-    code = "from engine.decision_config import DecisionConfig; print(DecisionConfig().digest())"
+    code = "from engine.decide.decision_config import DecisionConfig; print(DecisionConfig().digest())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == DecisionConfig().digest()
 

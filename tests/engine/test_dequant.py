@@ -1,4 +1,4 @@
-"""engine.dequant against gguf-py's numpy reference (bitwise), and the generator's K-quantisers."""
+"""engine.model.dequant against gguf-py's numpy reference (bitwise), and the generator's K-quantisers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from engine.dequant import SUPPORTED_TYPES, UnsupportedTypeError, dequantize
+from engine.model.dequant import SUPPORTED_TYPES, UnsupportedTypeError, dequantize
 from engine.testing.make_model import quantize, quantize_q4_k, quantize_q6_k
 
 # Byte offsets of the fp16 scale fields inside one block; random bytes there could be NaN/Inf.
@@ -62,7 +62,7 @@ def test_dequantize_is_bitwise_equal_to_gguf_py(qtype: Q, seed: int) -> None:
 
 def test_dequantize_accepts_torch_bytes_and_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunked decoding (forced tiny chunks) gives the same bits as the reference."""
-    import engine.dequant as dq
+    import engine.model.dequant as dq
 
     monkeypatch.setattr(dq, "CHUNK_ELEMENTS", 512)
     raw = random_blocks(Q.Q6_K, 11, np.random.default_rng(5))

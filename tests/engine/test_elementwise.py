@@ -1,4 +1,4 @@
-"""engine.elementwise: CPU activations whose bits do not depend on an element's position.
+"""engine.run.elementwise: CPU activations whose bits do not depend on an element's position.
 
 Oracles: the same function over the whole tensor (position independence: every element is
 also evaluated inside tensors of many other sizes, which moves it between torch's vectorized
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import elementwise
+from engine.run import elementwise
 
 FUNCTIONS = {
     "sigmoid": (elementwise.sigmoid, torch.sigmoid),

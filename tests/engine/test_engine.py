@@ -1,6 +1,6 @@
 """Engine I: `Engine.decide` answers, its read-out properties, AutoThink, and bad model files.
 
-Oracle: a plain full-sequence forward (`engine.reference.forward`, what `Engine.logits` runs,
+Oracle: a plain full-sequence forward (`engine.run.reference.forward`, what `Engine.logits` runs,
 checked against HF in test_gguf_vs_hf and test_reference) over the token ids of each
 question's whole prompt, rendered alone (`PromptEncoder.render`, checked token for token
 against the chat template in test_prompt).
@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from engine.cache import prefix_key
-from engine.decision_config import DecisionConfig, Temperatures
+from engine.decide.decision_config import DecisionConfig, Temperatures
+from engine.decide.sampling import sample_token, thought_key, uniform
 from engine.engine import Engine
-from engine.gguf import GGUFError, open_gguf
-from engine.prompt import render_state
-from engine.reference import forward
-from engine.sampling import sample_token, thought_key, uniform
+from engine.model.gguf import GGUFError, open_gguf
+from engine.model.prompt import render_state
+from engine.run.reference import forward
 from engine.types import DecideRequest
 from schemas.systemone import Answer, Question, SystemOneRequest, SystemOneResponse, Usage
 
@@ -416,7 +416,7 @@ ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
 def _raised_in_engine(exc: BaseException) -> bool:
     """The error is raised by engine code (a checked condition), not deep inside torch/numpy."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    return Path(frame.filename).resolve().parent == ENGINE_DIR
+    return Path(frame.filename).resolve().is_relative_to(ENGINE_DIR)  # engine/ and its parts
 
 
 def _patch_u32_after(data: bytes, key: bytes, value: int) -> bytes:
@@ -506,8 +506,8 @@ def test_oversized_request_is_rejected_not_run(gguf_model) -> None:
     from engine.types import DecideRequest
     from schemas.systemone import SystemOneRequest
 
-    eng = Engine.load(gguf_model("Q8_0", "tiny"), cache_bytes=0)
-    eng.max_request_tokens = 100  # the whole first-stage prompt: system prefix, evidence, question
+    # the limit covers the whole first-stage prompt: system prefix, evidence, question
+    eng = Engine.load(gguf_model("Q8_0", "tiny"), cache_bytes=0, max_request_tokens=100)
     small = SystemOneRequest.model_validate({"state": "ok", "questions": {"q": {"type": "noul"}}})
     big = SystemOneRequest.model_validate({"state": "disk full " * 100, "questions": {"q": {"type": "noul"}}})
     results = eng.decide([DecideRequest("big", big), DecideRequest("small", small, gate=0.0)])

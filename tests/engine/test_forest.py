@@ -37,9 +37,9 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.engine import Engine
-from engine.executor import ForestCounters
-from engine.prompt import SYSTEM_PROMPT, render_parts, render_state
-from engine.reference import forward
+from engine.model.prompt import SYSTEM_PROMPT, render_parts, render_state
+from engine.run.executor import ForestCounters
+from engine.run.reference import forward
 from engine.testing.vocab import CHAT_TEMPLATE_PATH
 from engine.types import DecideRequest, DecideResult
 from schemas.systemone import Question, SystemOneRequest

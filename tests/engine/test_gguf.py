@@ -1,4 +1,4 @@
-"""engine.gguf: header parsing (cross-checked against gguf.GGUFReader), config, clear errors."""
+"""engine.model.gguf: header parsing (cross-checked against gguf.GGUFReader), config, clear errors."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.gguf import GGUFError, config_from_metadata, open_gguf
-from engine.loader import load_weights
+from engine.model.gguf import GGUFError, config_from_metadata, open_gguf
+from engine.model.loader import load_weights
 from engine.testing.make_model import canonical_random_weights, dims_config, write_gguf
 
 

@@ -8,7 +8,7 @@ The oracle never goes through the engine's GGUF reader, dequantiser or loader:
 - Q8_0 / Q4_K_M: HF is built from the same canonical tensors pushed through what the file
   holds: tiled like the converter does (`tile_v_heads`), encoded with the generator's per-tensor
   plan (`tensor_types` + `quantize`, which is exactly what `write_gguf` stored), decoded by
-  gguf-py's `gguf.quants.dequantize` (not `engine.dequant`), then un-tiled by tracking where
+  gguf-py's `gguf.quants.dequantize` (not `engine.model.dequant`), then un-tiled by tracking where
   each index went (not the loader's permutation). Tiling must happen before quantising:
   `ssm_out`'s tiled columns move in blocks of `linear_value_head_dim` (16 on tiny), smaller
   than a quant block (32), so quantising in canonical order would give different weights.
@@ -30,11 +30,11 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from engine.engine import Engine
-from engine.gguf import open_gguf
-from engine.loader import tensor_name
+from engine.model.gguf import open_gguf
+from engine.model.loader import tensor_name
+from engine.model.weights import Weights
 from engine.testing.hf import to_hf_model
 from engine.testing.make_model import quantize, tensor_types, tile_v_heads
-from engine.weights import Weights
 
 MAX_REL_ERR = 1e-4
 SEQUENCES = 20

@@ -32,7 +32,7 @@ from schemas.systemone import SystemOneRequest
 
 DEVICES = [
     "cpu",
-    # the CUDA default: the one-pass forest body (engine.body) with its CUDA graphs
+    # the CUDA default: the one-pass forest body (engine.run.body) with its CUDA graphs
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
 ]
 N_REQUESTS = 32
@@ -147,7 +147,7 @@ def alone_bits(int8_engine: Engine) -> dict[str, dict[str, list[str]]]:
 
 
 def test_precision_defaults_and_names(int8_engine: Engine) -> None:
-    from engine.engine import default_precision
+    from engine.run.path import default_precision
 
     assert int8_engine.precision == "int8"
     assert default_precision("cpu") == "fp32" and default_precision("cuda") == "int8"

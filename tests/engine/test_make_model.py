@@ -11,15 +11,22 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.gguf import open_gguf
-from engine.loader import is_zero_copy, load_raw_tensor, load_tensor, load_weights, tensor_name, v_reorder
+from engine.model.gguf import open_gguf
+from engine.model.loader import (
+    is_zero_copy,
+    load_raw_tensor,
+    load_tensor,
+    load_weights,
+    tensor_name,
+    v_reorder,
+)
+from engine.model.weights import Weights
 from engine.testing.make_model import (
     dims_config,
     main,
     quantize,
     tile_v_heads,
 )
-from engine.weights import Weights
 
 V_KEYS = ("attn_qkv", "ssm_conv1d", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_a", "ssm_dt", "ssm_out")
 
@@ -169,7 +176,7 @@ def test_raw_tensor_access(gguf_model) -> None:
     # Q8_0 rows permuted as raw bytes then dequantised == the loader's canonical tensor.
     r = v_reorder(c, "attn_qkv")
     rows = torch.from_numpy(rec.data.copy()).index_select(0, r.index)
-    from engine.dequant import dequantize
+    from engine.model.dequant import dequantize
 
     assert torch.equal(dequantize(rows, rec.ggml_type, rec.shape), load_tensor(path, "attn_qkv", 0))
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.prompt import (
+from engine.model.prompt import (
     DEFAULT_INSTRUCTIONS,
     RENDER_VERSION,
     SYSTEM_PROMPT,

@@ -1,4 +1,4 @@
-"""Unit tests of the int8 arithmetic (engine.quant) and of calibration/smoothing (engine.calibration).
+"""Unit tests of the int8 arithmetic (engine.quant.linear) and of calibration (engine.quant.calibration).
 
 Oracles: int64 matrix products, hand-computed SmoothQuant scales, the unsmoothed fp32 model,
 and quantities recomputed from the generator's canonical weights.
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.calibration import (
+from engine.model.prompt import PromptEncoder
+from engine.quant.calibration import (
     activation_stats,
     calibration_segments,
     load_calibration_requests,
@@ -18,10 +19,7 @@ from engine.calibration import (
     smooth_weights,
     stat_name,
 )
-from engine.executor import _spanwise, run_forest
-from engine.forest import Segment, build_forest
-from engine.prompt import PromptEncoder
-from engine.quant import (
+from engine.quant.linear import (
     QuantLinear,
     SmoothedLinear,
     fold_smoothing,
@@ -29,7 +27,9 @@ from engine.quant import (
     quantize_rows,
     smooth_scales,
 )
-from engine.reference import rms_norm
+from engine.run.executor import _spanwise, run_forest
+from engine.run.forest import Segment, build_forest
+from engine.run.reference import rms_norm
 from engine.testing.vocab import qwen35_vocab
 
 DEVICES = [
@@ -87,7 +87,7 @@ def test_int8_matmul_is_exact(device: str, m: int, k: int, n: int) -> None:
     gen = torch.Generator().manual_seed(m * 1000 + k + n)
     a, b = _randint8((m, k), gen), _randint8((n, k), gen)
     want = a.long() @ b.long().T
-    # On CPU Prism never calls torch._int_mm (engine.quant.int8_matmul says why): whether that
+    # On CPU Prism never calls torch._int_mm (engine.quant.linear.int8_matmul says why): whether that
     # is exact depends on the CPU's oneDNN kernels, so only the paths Prism takes are asserted.
     if device == "cpu":
         impls = ["auto", "float64"]
@@ -296,7 +296,7 @@ def test_quantize_weights_leaves_the_float_weights_alone(canonical_weights) -> N
 
 
 def _fake_stats_shapes(w) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    from engine.calibration import LM_HEAD, _linear_keys
+    from engine.quant.calibration import LM_HEAD, _linear_keys
 
     out = {LM_HEAD: torch.empty(w.config.hidden_size)}
     for i, layer in enumerate(w.layers):

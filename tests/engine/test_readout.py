@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.readout import (
+from engine.decide.readout import (
     GROUP_SIZE,
     MAX_LETTERS,
     ChoiceRounds,

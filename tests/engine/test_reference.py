@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
-from engine import reference
-from engine.config import ModelConfig
-from engine.reference import LayerStates, forward, forward_segment, lm_head
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.run import reference
+from engine.run.reference import LayerStates, forward, forward_segment, lm_head
 from engine.testing.hf import to_hf_model
-from engine.weights import Weights
 
 TINY = ModelConfig(
     vocab_size=512,

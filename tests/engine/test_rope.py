@@ -1,4 +1,4 @@
-"""RoPE rows by position (engine.rope): against scalar libm, and a position's bits whatever the batch."""
+"""RoPE rows by position (engine.run.rope): against scalar libm, and a position's bits whatever the batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.rope import ROPE_BLOCK, rope_rows
+from engine.run.rope import ROPE_BLOCK, rope_rows
 from engine.testing.make_model import dims_config
 
 

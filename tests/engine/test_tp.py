@@ -1,4 +1,4 @@
-"""Tensor parallelism (engine.tp): 2 ranks (gloo on CPU, NCCL on 2 GPUs) give the bits of one.
+"""Tensor parallelism (engine.run.tp): 2 ranks (gloo on CPU, NCCL on 2 GPUs) give the bits of one.
 
 Oracles: the single-process int8 engine (every probability, logit and thought compared as
 float.hex over the int8 invariance suite's 32 requests, with thoughts, rounds and a prefix
@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from engine.engine import Engine
-from engine.quant import QuantLinear
+from engine.quant.linear import QuantLinear
+from engine.run.tp import RowParallelLinear, close_group, free_port, init_group, local_config
 from engine.testing.make_model import dims_config
-from engine.tp import RowParallelLinear, close_group, free_port, init_group, local_config
 from tests.engine.test_int8_invariance import _bits, _requests
 
 
@@ -139,7 +139,7 @@ def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFact
 
 
 def test_missing_gpus_are_refused_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.tp import check_devices
+    from engine.run.tp import check_devices
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_devices("cuda", 2)

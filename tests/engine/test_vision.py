@@ -24,12 +24,12 @@ import torch
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
-from engine.executor import run_forest
-from engine.forest import Segment, build_forest
-from engine.gguf import GGUFError
-from engine.prompt import render_parts, render_parts_for_state_text, render_state
+from engine.model.gguf import GGUFError
+from engine.model.prompt import render_parts, render_parts_for_state_text, render_state
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, build_forest
 from engine.testing.hf import to_hf_vl_model
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import (
@@ -221,7 +221,7 @@ def _request(images: list[bytes], n_questions: int = 3) -> SystemOneRequest:
 
 
 def _hf_logits(hf_vl, engine: Engine, tokens: list[int], images: list[bytes]) -> torch.Tensor:
-    proc = hf_processor(engine.vision.config, engine.max_image_pixels)
+    proc = hf_processor(engine.vision.config, engine.stages.max_image_pixels)
     px = proc(images=[Image.open(io.BytesIO(d)) for d in images], return_tensors="pt")
     ids = torch.tensor([tokens])
     with torch.no_grad():
@@ -243,7 +243,7 @@ def test_logits_with_images_equal_transformers(engine: Engine, hf_vl, n_images: 
     images = [random_image(180, 260, seed=7), random_image(90, 500, fmt="JPEG", seed=8)][:n_images]
     request = _request(images)
     vt = VisionTokens.of(engine.tokenizer)
-    image_set = engine._image_set(request)
+    image_set = engine.stages.image_set(request)
     assert len(image_set.grids) == n_images
     prefix = engine.prompts.prefix_ids
     evidence = image_set.tokens(vt) + engine.prompts.evidence_ids(render_state(request.state))
@@ -256,11 +256,11 @@ def test_logits_with_images_equal_transformers(engine: Engine, hf_vl, n_images: 
         whole = prefix + evidence + q_tokens
         ref = _hf_logits(hf_vl, engine, whole, images)
         # one segment from the sequence start
-        seg = Segment(tuple(whole), None, True, engine._segment_images(whole, image_set))
+        seg = Segment(tuple(whole), None, True, engine.stages.segment_images(whole, image_set))
         one = run_forest(engine.weights, build_forest([seg])).logits[0]
         assert _rel(one, ref[-1]) <= MAX_REL_ERR
         # the forest: the system root, the evidence (images inside) reading its last token, the question
-        ev = Segment(tuple(evidence), engine.root, True, engine._segment_images(evidence, image_set))
+        ev = Segment(tuple(evidence), engine.root, True, engine.stages.segment_images(evidence, image_set))
         out = run_forest(engine.weights, build_forest([ev, Segment(tuple(q_tokens), 0, True)]))
         assert _rel(out.logits[0], ref[len(prefix) + len(evidence) - 1]) <= MAX_REL_ERR
         assert _rel(out.logits[1], ref[-1]) <= MAX_REL_ERR
@@ -296,7 +296,7 @@ def test_tokens_equal_chat_template_with_images(engine: Engine) -> None:
     env.filters["tojson"] = lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw)
     template = env.from_string(vocab.chat_template)
     request = _request([random_image(70, 90, seed=1), random_image(300, 40, seed=2)], n_questions=1)
-    image_set = engine._image_set(request)
+    image_set = engine.stages.image_set(request)
     parts = render_parts(request.state, request.questions["q0"])
     content = [{"type": "image"} for _ in image_set.grids] + [{"type": "text", "text": parts.user}]
     text = template.render(
@@ -325,9 +325,9 @@ def test_count_tokens_counts_image_tokens(engine: Engine) -> None:
     data = random_image(512, 384, seed=11)
     request = _request([data], n_questions=1)
     n_text = engine.count_tokens(_request([], n_questions=1).model_copy(update={"images": None}))
-    grid = ImageSet.check([data], engine.vision, ImageLimits(), engine.max_image_pixels, engine._grids).grids[
-        0
-    ]
+    grid = ImageSet.check(
+        [data], engine.vision, ImageLimits(), engine.stages.max_image_pixels, engine.stages.grids
+    ).grids[0]
     assert grid == (512 // 32, 384 // 32)  # (rows, columns) of merged 32-pixel squares
     assert engine.count_tokens(request) == n_text + grid[0] * grid[1] + 2
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.engine import Engine
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model

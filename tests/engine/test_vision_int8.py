@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 import engine.vision.evidence as evidence_module
-from engine.cache import PrefixCache
-from engine.decision_config import DecisionConfig
-from engine.engine import Engine, file_digest
+from engine.decide.decision_config import DecisionConfig
+from engine.engine import Engine
+from engine.loading import file_digest
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import DIMS, make_mmproj, make_model
 from engine.types import DecideRequest
@@ -64,11 +64,11 @@ def test_question_about_an_image_has_the_same_bits_alone_batched_and_cached(
         _req("z", "disk 97% on db-3", [pictures[0], pictures[2]]),  # the image among others
         _req("w", "dashboard: checkout p99", [pictures[0]], seed=5),  # identical evidence, other seed
     ]
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     (alone,) = engine.decide([target])
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     batch = engine.decide([others[0], others[1], target, others[2], others[3]])
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     reordered = engine.decide([others[3], target, others[2], others[1], others[0]])
     assert alone.error is None
     assert batch[2].traces == alone.traces == reordered[1].traces
@@ -89,11 +89,12 @@ def test_question_about_an_image_has_the_same_bits_alone_batched_and_cached(
 def test_the_cache_keys_on_the_image_not_only_its_tokens(engine: Engine, pictures: list[bytes]) -> None:
     # two images of the same size take the same tokens; only their digests tell them apart
     same_size = [random_image(200, 300, seed=10), random_image(200, 300, seed=11)]
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
+    hits = engine.cache.stats.hits  # the module's engine: its counters run on across tests
     first = engine.decide([_req("a", "graph", [same_size[0]])])[0]
     second = engine.decide([_req("b", "graph", [same_size[1]])])[0]
-    assert engine.cache.stats.hits == 0 and second.traces != first.traces
-    engine.cache = PrefixCache(CACHE_BYTES)
+    assert engine.cache.stats.hits == hits and second.traces != first.traces
+    engine.cache.clear()
     both = engine.decide([_req("a", "graph", [same_size[0]]), _req("b", "graph", [same_size[1]])])
     assert both[0].traces == first.traces and both[1].traces == second.traces
 
@@ -116,7 +117,7 @@ def test_thoughts_about_an_image_have_the_same_bits_in_both_modes(
     (which run short of its token count), in the forest and in one-segment mode alike."""
     body = {"state": "dashboard: checkout p99", "questions": QUESTIONS, "images": [b64(pictures[1])]}
     thinking = DecideRequest("t", SystemOneRequest.model_validate(body), gate=1.0, thought_budget=3)
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     (forest,) = engine.decide([thinking])
     (alone,) = engine.decide([thinking], mode="per_question")
     assert forest.traces["down"].thought_tokens > 0 and forest.traces["down"].second is not None
@@ -142,7 +143,7 @@ def test_two_ranks_decide_images_with_the_bits_of_one(engine: Engine, pictures: 
     """Tensor parallelism (two gloo ranks): every rank finds the projector beside the model, runs the
     tower whole and places the same embeddings; the integer partial sums give one rank's bits."""
     requests = [_req("t", "dashboard: checkout p99", [pictures[0]]), _req("u", "two panels", pictures[1:])]
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     expected = [r.traces for r in engine.decide(requests)]
     model = Path(engine.vision.source).parent / "tiny-Q8_0.gguf"
     two = Engine.load(model, precision="int8", decision_config=DecisionConfig(gate=0.0), tp=2)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops" / "bench"))
 import bench_engine  # noqa: E402
 import plot  # noqa: E402
 
-from engine.quant import QuantLinear  # noqa: E402
+from engine.quant.linear import QuantLinear  # noqa: E402
 
 SYNTHETIC_SINGLE = {  # one result with its peer nested (bench_engine --peer without --variants)
     "shape": "27B", "device": "synthetic", "variant": "body",

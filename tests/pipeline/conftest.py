@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 
 # Thinking is off unless an event asks for it (gate 1.0), and then short: the tiny model's
 # reference forward decodes slowly on CPU and the tests are about the pipeline.

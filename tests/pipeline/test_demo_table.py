@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.answers import answer_for
+from engine.decide.answers import answer_for
 from prism_pipeline.cli.demo import _fmt_answer, render_table
 from schemas.systemone import Question
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.decision_config import DecisionConfig
-from engine.prompt import PromptEncoder
+from engine.decide.decision_config import DecisionConfig
+from engine.model.prompt import PromptEncoder
 from engine.types import DecideRequest
 from prism_pipeline import synth
 from prism_pipeline.cli import build_parser

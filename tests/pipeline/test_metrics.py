@@ -6,7 +6,7 @@ import torch
 from prometheus_client import generate_latest
 
 from engine.cache import PrefixCache
-from engine.forest import SegmentState
+from engine.run.forest import SegmentState
 from prism_pipeline.worker.metrics import WorkerMetrics
 
 

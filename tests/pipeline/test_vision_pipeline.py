@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.decision_config import DecisionConfig
+from engine.decide.decision_config import DecisionConfig
 from engine.testing.images import b64, huge_header_png, random_image, truncated, zip_bomb_png
 from engine.testing.make_model import DIMS, make_mmproj, make_model
 from prism_pipeline.offline.engines import EngineSource

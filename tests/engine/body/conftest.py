@@ -14,7 +14,6 @@ import pytest
 import torch
 from body_cases import CACHE_BYTES, DEVICE, REQUESTS, BodyDecisions
 
-from engine.cache import PrefixCache
 from engine.engine import Engine  # imports triton only at a kernel's first launch
 
 if not torch.cuda.is_available():
@@ -49,14 +48,14 @@ def body_decisions(body_engine: Engine) -> BodyDecisions:
     compare against the same ones."""
     engine = body_engine
     assert engine.body is not None
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     batch = engine.decide(REQUESTS)
     hits = engine.cache.stats.hits
     again = engine.decide(REQUESTS[::-1])[::-1]  # evidence now comes from the prefix cache
     hits = engine.cache.stats.hits - hits
     alone = []
     for r in REQUESTS:
-        engine.cache = PrefixCache(CACHE_BYTES)  # every request computes its evidence
+        engine.cache.clear()  # every request computes its evidence
         alone.append(engine.decide([r])[0])
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     return BodyDecisions(batch, again, alone, hits)

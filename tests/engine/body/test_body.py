@@ -1,4 +1,4 @@
-"""The one-pass forest body (`engine.body`) on the tiny int8 model: against the level-by-level
+"""The one-pass forest body (`engine.run.body`) on the tiny int8 model: against the level-by-level
 executor, and bit-identical results for a segment whatever else shares its pass, whichever
 bucket runs it, and whether its parent was computed in the pass or kept from an earlier one.
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import body as body_module
-from engine.body import ForestBody
 from engine.engine import Engine
-from engine.executor import run_forest
-from engine.forest import Segment, SegmentState, build_forest
+from engine.run import body as body_module
+from engine.run.body import ForestBody
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, SegmentState, build_forest
 
 
 @pytest.fixture(scope="module")

@@ -15,20 +15,20 @@ import pytest
 import torch
 from body_cases import DEVICE, REQUESTS, THINKER, BodyDecisions
 
-from engine import engine as engine_module
-from engine.engine import Engine, uses_body
+from engine.engine import Engine
+from engine.run.path import choose_path
 
 pytestmark = pytest.mark.slow  # the Triton interpreter runs every kernel of every pass
 
 
 def test_the_body_is_the_cuda_int8_default_and_the_oracle_elsewhere() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert uses_body(None, "int8", cuda)
-    assert not uses_body(None, "int8", cpu) and not uses_body(None, "fp32", cpu)
-    assert not uses_body(None, "bf16", cuda) and not uses_body(None, "fp32", cuda)
-    assert not uses_body(False, "int8", cuda) and uses_body(True, "int8", cpu)
+    assert choose_path(cuda, "int8", body=None).body
+    assert not choose_path(cpu, "int8", body=None).body and not choose_path(cpu, "fp32", body=None).body
+    assert not choose_path(cuda, "bf16", body=None).body and not choose_path(cuda, "fp32", body=None).body
+    assert not choose_path(cuda, "int8", body=False).body and choose_path(cpu, "int8", body=True).body
     with pytest.raises(ValueError, match="int8 path only"):
-        uses_body(True, "bf16", cuda)
+        choose_path(cuda, "bf16", body=True)
 
 
 def test_decisions_have_the_same_bits_alone_in_a_batch_and_from_the_cache(
@@ -54,8 +54,9 @@ def test_decisions_agree_with_the_level_executor(
     default = body_decisions.batch[::2]
     exact = default
     if DEVICE == "cuda":
-        monkeypatch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
-        engine = Engine.load(body_model, device=DEVICE, precision="int8", cache_bytes=0, body=True)
+        engine = Engine.load(
+            body_model, device=DEVICE, precision="int8", cache_bytes=0, body=True, body_settings={}
+        )
         exact = engine.decide(REQUESTS[::2])
     for got, bound in ((exact, 1e-3), (default, None)):
         for g, w in zip(got, want, strict=True):

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cache import PrefixCache
 from engine.engine import Engine
 from engine.testing.images import b64, random_image
 from engine.testing.make_model import DIMS, make_mmproj, make_model
@@ -50,9 +49,9 @@ def test_images_through_the_body(model: Path) -> None:
     ]
     alone = []
     for r in requests:
-        engine.cache = PrefixCache(CACHE_BYTES)
+        engine.cache.clear()
         alone.append(engine.decide([r])[0])
-    engine.cache = PrefixCache(CACHE_BYTES)
+    engine.cache.clear()
     batch = engine.decide(requests)
     again = engine.decide(requests[::-1])[::-1]  # from the cache
     assert engine.cache.stats.hits >= len(requests)

@@ -1,4 +1,4 @@
-"""Linears that read one input, stacked into one GEMM (`engine.int8_rows.input_group`): the
+"""Linears that read one input, stacked into one GEMM (`engine.run.int8_rows.input_group`): the
 outputs are the separate linears' bits, the stacked weight is the only copy, and a replaced
 or unstackable linear is noticed. The oracle is the separate linears' own projections."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.int8_rows import grouped_projections, input_group, projections
-from engine.quant import QuantLinear
+from engine.quant.linear import QuantLinear
+from engine.run.int8_rows import grouped_projections, input_group, projections
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("attn_q", "attn_k", "attn_v")

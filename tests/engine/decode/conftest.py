@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from decode_engines import same_weights
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -32,10 +33,19 @@ def engine(gguf_model: Callable[..., Path]) -> Engine:
     The tests hold the decoder to the forest thought loop within fp32 rounding, so the forest
     runs the exact body: the CUDA default's tensor-core settings round in bf16 (their accuracy
     is measured by ops/bench/bench_engine.py --accuracy, RESULTS.md)."""
-    from engine import engine as engine_module
     from engine.engine import Engine
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_module, "CUDA_BODY_SETTINGS", {})
-        model = gguf_model("Q8_0", "tiny", seed=11)
-        return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0)
+    model = gguf_model("Q8_0", "tiny", seed=11)
+    return Engine.load(model, device=DEVICE, precision="int8", cache_bytes=0, body_settings={})
+
+
+@pytest.fixture(scope="module")
+def decoder_engine(engine: Engine) -> Engine:
+    """The decode tests' engine with its thoughts on the decoder (forced on CPU)."""
+    return same_weights(engine, decoder=True)
+
+
+@pytest.fixture(scope="module")
+def forest_engine(engine: Engine) -> Engine:
+    """The same engine with its thoughts as forest steps (the decoder's oracle)."""
+    return same_weights(engine, decoder=False)

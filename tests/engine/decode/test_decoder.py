@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.decoder import Decoder
-from engine.engine import Engine, _fold_into_parent
-from engine.executor import run_forest
-from engine.forest import Segment, SegmentState, build_forest
+from engine.engine import Engine
+from engine.run.decoder import Decoder
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, SegmentState, build_forest
+from engine.thoughts import fold_into_parent
 
 # CPU: the Triton interpreter (eager); on a CUDA machine the same tests run compiled
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,7 +73,7 @@ def test_decoder_matches_the_forest_step_path(engine: Engine, prompts: list[Segm
         errors += ((got - out.logits).abs().amax(-1) / scale).tolist()
         assert torch.equal(got.argmax(-1), out.logits.argmax(-1))
         states = [out.states[forest.packed_index[j]] for j in range(len(picked))]
-        forest_states = [_fold_into_parent(st) for st in states] if step else states
+        forest_states = [fold_into_parent(st) for st in states] if step else states
     tight = [e for e in errors if e <= 1e-6]
     assert len(tight) >= len(errors) - 1, sorted(errors)[-4:]
     assert max(errors) <= 2e-2

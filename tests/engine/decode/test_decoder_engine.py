@@ -1,6 +1,8 @@
-"""`Engine._think` through the decoder (forced on CPU) against the forest-step thought loop."""
+"""`engine.thoughts.think` through the decoder (forced on CPU) against the forest-step thought loop."""
 
 from __future__ import annotations
+
+import pytest
 
 from engine.engine import Engine
 from engine.types import DecideRequest
@@ -18,7 +20,9 @@ def _req(event_id: str, state: str, budget: int, seed: int = 3) -> DecideRequest
     return DecideRequest(event_id, body, seed=seed, gate=1.0, thought_budget=budget)
 
 
-def test_decoder_thoughts_equal_the_forest_thoughts(engine: Engine) -> None:
+def test_decoder_thoughts_equal_the_forest_thoughts(
+    decoder_engine: Engine, forest_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Same draws, budget cut, `</think>` closing and second read-out as the forest loop.
 
     Both loops see the same logits up to fp32 rounding (the decoder's kernels reduce in their
@@ -29,19 +33,15 @@ def test_decoder_thoughts_equal_the_forest_thoughts(engine: Engine) -> None:
         _req("a", "api latency 900ms on checkout, db-3 cpu 95%", budget=1),
         _req("b", "disk 97% on db-3", budget=5, seed=9),
     ]
-    try:
-        engine.use_decoder = False
-        forest = engine.decide(requests)
-        engine.use_decoder = True
-        decoded = engine.decide(requests)
-        # one live thought at a time (as when memory is short): the same bits
-        engine._thought_decoder().max_live = lambda capacity: 1  # type: ignore[method-assign]
-        one_by_one = engine.decide(requests)
-    finally:
-        engine.use_decoder = None
-        del engine._thought_decoder().max_live
-    assert engine._decoder.steps > 0
-    assert all(not b.held and b.members is None for b in engine._decoder._bucket_cache.values())
+    forest = forest_engine.decide(requests)
+    decoded = decoder_engine.decide(requests)
+    decoder = decoder_engine.runner.decoder
+    # one live thought at a time (as when memory is short): the same bits
+    with monkeypatch.context() as patch:
+        patch.setattr(decoder, "max_live", lambda capacity: 1)
+        one_by_one = decoder_engine.decide(requests)
+    assert decoder.steps > 0
+    assert all(not b.held and b.members is None for b in decoder._bucket_cache.values())
     for d, o in zip(decoded, one_by_one, strict=True):
         assert d.traces == o.traces
     thought_tokens = []

@@ -4,15 +4,15 @@ bit-identical alone and beside 15 other thinkers."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
+from decode_engines import same_weights
 
-from engine.decoder import Decoder
 from engine.engine import Engine
-from engine.executor import run_forest
-from engine.forest import Segment, build_forest
+from engine.run.decoder import Decoder
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, build_forest
 from engine.types import DecideRequest
 from schemas.systemone import SystemOneRequest
 from tests.engine.decode.test_decoder_engine import QUESTION
@@ -33,14 +33,9 @@ DOTS = ["ieee", "bf16"]  # the exact decoder's, and the CUDA default body's atte
 
 
 @pytest.fixture(params=DOTS)
-def dots_engine(request: pytest.FixtureRequest, engine: Engine) -> Iterator[Engine]:
-    """The engine with its thought decoder on the given attention dots (restored after)."""
-    before = getattr(engine, "_decoder", None)
-    engine._decoder = Decoder(engine.weights, attention_dots=request.param)
-    try:
-        yield engine
-    finally:
-        engine._decoder = before
+def dots_engine(request: pytest.FixtureRequest, engine: Engine) -> Engine:
+    """The engine's weights with its thought decoder on the given attention dots."""
+    return same_weights(engine, decoder=True, decoder_dots=request.param)
 
 
 @pytest.mark.parametrize("dots", DOTS)
@@ -73,7 +68,7 @@ def test_thought_alone_equals_thought_beside_15_others(dots_engine: Engine) -> N
     engine = dots_engine
     target = _req("target", "api latency 900ms on checkout, db-3 cpu 95%", budget=40)
     alone = engine.decide([target])[0].traces["q"]
-    assert engine._decoder is not None and engine._decoder.steps > 0
+    assert engine.runner.decoder.steps > 0
     assert alone.thought_tokens > 0 and alone.second is not None
     others = [
         _req(f"other-{i}", f"alert {i}: pod restarts x{i * 7}", budget=8 + 5 * i, seed=i) for i in range(15)

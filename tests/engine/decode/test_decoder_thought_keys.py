@@ -1,4 +1,4 @@
-"""Thoughts decoded by `engine.decoder` (forced on CPU: the Triton interpreter) are keyed by what
+"""Thoughts decoded by `engine.run.decoder` (forced on CPU: the Triton interpreter) are keyed by what
 the model sees, not by the question's key: a question renamed, or asked twice in one request,
 gets the same thought and the same read-outs, bit for bit (int8). The forest loop's counterpart is
 tests/engine/test_thought_keys.py."""
@@ -23,14 +23,11 @@ def _decide(engine: Engine, questions: dict) -> dict:
     return result.traces
 
 
-def test_decoder_thoughts_do_not_depend_on_question_keys(engine: Engine) -> None:
-    try:
-        engine.use_decoder = True
-        base = _decide(engine, {"team": QUESTION, "db": NOUL})
-        doubled = _decide(engine, {"db_again": NOUL, "db": NOUL, "who": QUESTION, "team": QUESTION})
-    finally:
-        engine.use_decoder = None
-    assert engine._decoder.steps > 0
+def test_decoder_thoughts_do_not_depend_on_question_keys(decoder_engine: Engine) -> None:
+    engine = decoder_engine
+    base = _decide(engine, {"team": QUESTION, "db": NOUL})
+    doubled = _decide(engine, {"db_again": NOUL, "db": NOUL, "who": QUESTION, "team": QUESTION})
+    assert engine.runner.decoder.steps > 0
     assert base["team"].thought_tokens > 0 and base["team"].second is not None
     # QuestionTrace is a pydantic model: == compares every float exactly
     assert doubled["team"] == doubled["who"] == base["team"]

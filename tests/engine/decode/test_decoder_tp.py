@@ -21,15 +21,15 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU case;
 def test_two_ranks_decode_the_thoughts_of_one_process(gguf_model: Callable[..., Path]) -> None:
     path = gguf_model("Q8_0", "tiny", 0, False, 4)
     requests = [r for r in _requests() if r.gate == 1.0][:3]  # thinkers, 3-token budgets
-    one = Engine.load(path, precision="int8", cache_bytes=0)
-    one.use_decoder = True
+    one = Engine.load(path, precision="int8", cache_bytes=0, decoder=True)
     results = one.decide(requests)
-    assert one._decoder.steps > 0 and all(t.second is not None for r in results for t in r.traces.values())
-    two = Engine.load(path, precision="int8", cache_bytes=0, tp=2)
+    assert one.runner.decoder.steps > 0 and all(
+        t.second is not None for r in results for t in r.traces.values()
+    )
+    two = Engine.load(path, precision="int8", cache_bytes=0, tp=2, decoder=True)  # every rank loads it
     try:
-        two.use_decoder = True  # mirrored to the follower rank with the call
         got = [_bits(r) for r in two.decide(requests)]
-        assert two._decoder.steps > 0
+        assert two.runner.decoder.steps > 0
     finally:
         two.close()
     assert got == [_bits(r) for r in results]

@@ -11,7 +11,7 @@ from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF, THOUGHT_LEN
-from engine.reference import rope_cos_sin
+from engine.run.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
 from tests.engine.kernels.pool import Pool
 

@@ -14,7 +14,7 @@ import torch
 
 from engine.kernels.forest_attention import LongConfig, forest_attention, forest_attention_prep, long_config
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
-from engine.reference import rope_cos_sin
+from engine.run.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
 from tests.engine.kernels.pool import Pool
 

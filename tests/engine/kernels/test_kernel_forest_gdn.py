@@ -40,7 +40,7 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.reference import causal_conv, gated_delta_rule, l2_normalize
+from engine.run.reference import causal_conv, gated_delta_rule, l2_normalize
 from tests.engine.kernels.pool import Pool
 
 HQK, HV, DK, DV = 2, 4, 16, 16

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from engine.decide.readout import _device_mass, _host_mass, fold_vocab_mass, read_letters
 from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
-from engine.readout import _device_mass, _host_mass, fold_vocab_mass, read_letters
 
 V = 3 * CHUNK + 1234  # a partial last chunk
 

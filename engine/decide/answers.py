@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from engine.decision_config import CONFIDENCE_MODES, ConfidenceMode
-from engine.readout import check_probabilities
+from engine.decide.decision_config import CONFIDENCE_MODES, ConfidenceMode
+from engine.decide.readout import check_probabilities
 from schemas.systemone import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 
 NOUL_OPTIONS = ("yes", "no")  # display order: A) yes, B) no

@@ -1,6 +1,6 @@
 """Thought decoding on the int8 path: one-token steps for many sequences, one CUDA graph per bucket.
 
-`Engine._think` on CUDA hands every thinking question's prompt state (a `SegmentState` chain:
+`engine.thoughts.think` on CUDA hands every thinking question's prompt state (a `SegmentState` chain:
 system root, evidence, question + `<think>\\n`) to a `Decoder`, which then advances all of them
 one token per `step`:
 
@@ -14,7 +14,7 @@ one token per `step`:
   `engine.kernels.decode_attention`): the shared system and evidence K/V are never copied.
 - Attention products: fp32 ("ieee") or, as the one-pass body's `attention_dots`, bf16 / tf32
   tensor-core dots (the engine hands the decoder its body's setting: the CUDA default's bf16).
-- Linears: the int8 path's own arithmetic (`engine.quant`): per-row int8 activations (fused
+- Linears: the int8 path's own arithmetic (`engine.quant.linear`): per-row int8 activations (fused
   with the preceding RMSNorm / SwiGLU / gated norm where there is one), exact int32 products,
   the fixed fp32 epilogue, residual adds fused into the GEMM epilogue.
 
@@ -35,16 +35,6 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine.config import ModelConfig
-from engine.forest import SegmentState
-from engine.int8_rows import (
-    attention_output_residual,
-    gdn_output_residual,
-    group_inputs,
-    grouped_projections,
-    lm_head,
-    mlp_residual,
-)
 from engine.kernels.decode_attention import attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
 from engine.kernels.decode_rows import (
@@ -57,9 +47,11 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
-from engine.quant import QuantLinear
-from engine.rope import rope_rows
-from engine.weights import Weights
+from engine.model.weights import Weights
+from engine.run.forest import SegmentState
+from engine.run.graphs import fit
+from engine.run.layers import AttentionInputs, GdnInputs, Int8Layers
+from engine.run.rope import rope_rows
 
 log = structlog.get_logger(__name__)
 
@@ -105,7 +97,7 @@ class _Bucket:
     held: list[DecodeSequence] = field(default_factory=list)
 
 
-class Decoder:
+class Decoder(Int8Layers):
     """One-token decode steps for the int8 weights on one device (see the module docstring)."""
 
     def __init__(
@@ -117,32 +109,19 @@ class Decoder:
         max_pieces: int = MAX_PIECES,
         attention_dots: str = "ieee",
     ) -> None:
-        if not isinstance(weights.output, QuantLinear):
-            raise ValueError("the decoder runs the int8 path: weights must hold QuantLinear linears")
-        self.weights = weights
-        self.config: ModelConfig = weights.config
-        self.device = weights.output_norm.device
-        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
-        if self.graphs and self.device.type != "cuda":
-            raise ValueError("CUDA graphs need CUDA weights")
-        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        self._bind(weights, graphs, "decoder")
         if attention_dots not in ("ieee", "tf32", "bf16"):
             raise ValueError(f"attention_dots must be ieee, tf32 or bf16, got {attention_dots!r}")
-        self.attention_dots = attention_dots  # the body's setting (engine.engine.CUDA_BODY_SETTINGS)
+        self.attention_dots = attention_dots  # the body's setting (engine.run.path.CUDA_BODY_SETTINGS)
         self.buckets = tuple(sorted(buckets))
         self.max_pieces = max_pieces
         c = self.config
-        self.gdn_layers = c.linear_attention_layers
-        self.attn_layers = c.full_attention_layers
-        self._gdn_index = {layer: j for j, layer in enumerate(self.gdn_layers)}
-        self._attn_index = {layer: j for j, layer in enumerate(self.attn_layers)}
         if c.conv_kernel != CONV_WIDTH:
             raise ValueError(f"the conv step kernel is written for width {CONV_WIDTH}, got {c.conv_kernel}")
         # every offset in the tables is relative to this tensor; padding rows point into it
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
         self._pad = self._new_sequence([], 0, 1)
         self._bucket_cache: dict[int, _Bucket] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.steps = 0
 
     # ------------------------------------------------------------------------------ sequences
@@ -265,16 +244,18 @@ class Decoder:
             return torch.zeros(0, self.config.vocab_size, device=self.device)
         for seq in seqs:
             self._make_room(seq)
-        bucket = self._bucket(next(b for b in self.buckets if b >= n))
-        if self.graphs and bucket.graph is None:
-            self._capture(bucket)
-        self._load(bucket, seqs, tokens)
-        if self.graphs:
-            assert bucket.graph is not None and bucket.logits is not None
-            bucket.graph.replay()
-            logits = bucket.logits
-        else:
-            logits = self._forward(bucket)
+        size, ok = fit(n, self.buckets)
+        if not ok:
+            raise ValueError(f"{n} sequences in one step: more than the largest bucket, {self.buckets[-1]}")
+        bucket = self._bucket(size)
+        logits, captured = self._graphs.run(
+            bucket,
+            self._forward,
+            lambda: self._load(bucket, seqs, tokens),
+            lambda: self._load_padding(bucket),
+        )
+        if captured:
+            log.info("decode_graph_captured", bucket=bucket.size)
         for seq in seqs:
             seq.length += 1
             seq.position += 1
@@ -317,61 +298,24 @@ class Decoder:
         """Every row a padding row: a step that reads and writes nothing (graph warm-up, capture)."""
         self._load(bucket, [], [])
 
-    def _capture(self, bucket: _Bucket) -> None:
-        self._load_padding(bucket)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._forward(bucket)  # compiles every kernel before capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.logits = self._forward(bucket)
-        bucket.graph = graph
-        log.info("decode_graph_captured", bucket=bucket.size)
-
     # ------------------------------------------------------------------------------ the step
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        """Embedding -> layers -> final norm -> LM head for the bucket's rows: logits fp32 [B, vocab]."""
-        w, c = self.weights, self.config
-        rows = bucket.rows
-        h = w.token_embd.index_select(0, rows[:, TOKEN]).float()
-        for i, layer in enumerate(w.layers):
-            if c.is_full_attention(i):
-                h = self._attention(i, layer, h, bucket)
-            else:
-                h = self._deltanet(i, layer, h, bucket)
-            h = mlp_residual(h, layer, c.rms_norm_eps)
-        return lm_head(h, w.output_norm, w.output, c.rms_norm_eps)
+        """The layer stack (`engine.run.layers`) for the bucket's rows: logits fp32 [B, vocab]."""
+        return self._stack(bucket.rows[:, TOKEN], bucket)
 
-    def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
-        c = self.config
-        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        j = self._gdn_index[i]
-        qkv, z, b_raw, a_raw = grouped_projections(
-            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
-        )
-        conv = conv_step(
-            qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * c.conv_dim * (c.conv_kernel - 1)
-        )
-        o = gdn_step(
-            conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows, j * nv * dk * dv,
-            num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv,
+    def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:
+        conv = conv_step(x.qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * self.tail_size)
+        return gdn_step(
+            conv, x.b_raw, x.a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.rows,
+            j * self.state_size, **self.gdn_heads,
         )  # fmt: skip
-        return gdn_output_residual(o, z, layer, c.rms_norm_eps, h)
 
-    def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
-        c = self.config
-        pieces = bucket.pieces[self._attn_index[i]]
-        qg, k, v = grouped_projections(
-            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_q", "attn_k", "attn_v")
-        )
+    def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
         q = attention_prep(
-            qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
-            num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-            eps=c.rms_norm_eps,
+            *x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
+            **self.attention_heads,
         )  # fmt: skip
-        out = decode_attention(
-            q, qg, self.base, bucket.rows, pieces, num_kv_heads=c.num_kv_heads, dots=self.attention_dots
+        kv_heads = self.config.num_kv_heads
+        return decode_attention(
+            q, x.qg, self.base, bucket.rows, pieces, num_kv_heads=kv_heads, dots=self.attention_dots
         )
-        return attention_output_residual(out, layer, h)

@@ -1,7 +1,7 @@
-"""Row-local int8 building blocks shared by the graph-captured passes (`engine.body`, `engine.decoder`).
+"""Row-local int8 building blocks shared by the graph-captured passes (`engine.run.body`, `.decoder`).
 
 Each turns fp32 rows into int8 rows plus a per-row scale, or multiplies such rows by a
-`QuantLinear` with the int8 path's own arithmetic (`engine.quant`): exact int32 products and
+`QuantLinear` with the int8 path's own arithmetic (`engine.quant.linear`): exact int32 products and
 the fixed fp32 epilogue. Every op is computed per row with a config fixed by the row length,
 so a row's bits never depend on how many rows share the call.
 """
@@ -15,8 +15,8 @@ import torch
 from engine import kernels
 from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.norm import norm_rows
-from engine.quant import QuantLinear, int8_matmul
-from engine.tp import RowParallelLinear
+from engine.quant.linear import QuantLinear, int8_matmul
+from engine.run.tp import RowParallelLinear
 
 
 def norm_quantize(

@@ -15,8 +15,8 @@ produce is the column one device would produce. Row-parallel linears (`ssm_out`,
 
 so the scaled output equals the single-device output bit for bit. Everything else a rank
 computes is per head or per row and does not depend on how many heads share the device
-(`engine.executor` reduces attention one K/V head group at a time for that reason; on CPU the
-activations come from `engine.elementwise`). The thought decoder, whose quantizers are fused
+(`engine.run.executor` reduces attention one K/V head group at a time for that reason; on CPU the
+activations come from `engine.run.elementwise`). The thought decoder, whose quantizers are fused
 with the op before them, gathers the whole rows first (`RowParallelLinear.gather`) and each
 rank multiplies its own features (`from_whole_rows`).
 
@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 
 from engine import kernels
-from engine.config import ModelConfig
-from engine.quant import QuantLinear, quantize_rows_given_absmax
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear, quantize_rows_given_absmax
 
 log = structlog.get_logger(__name__)
 # Ranks run the same work in lockstep; a collective this late means a rank died or hung.

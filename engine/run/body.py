@@ -1,6 +1,6 @@
 """The whole forest in one pass over the layers, on device tables; one CUDA graph per bucket.
 
-`engine.executor.run_forest` runs a forest level by level: every level reads every weight
+`engine.run.executor.run_forest` runs a forest level by level: every level reads every weight
 again and launches thousands of small kernels from Python. `ForestBody` runs the int8 path's
 forest in one sweep instead:
 
@@ -35,17 +35,6 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine.config import ModelConfig
-from engine.executor import ForestCounters, ForestOutput
-from engine.forest import Forest, SegmentState
-from engine.int8_rows import (
-    attention_output_residual,
-    gdn_output_residual,
-    group_inputs,
-    grouped_projections,
-    lm_head,
-    mlp_residual,
-)
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
 from engine.kernels.forest_gdn import (
@@ -73,9 +62,12 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.quant import QuantLinear
-from engine.rope import rope_rows
-from engine.weights import Weights
+from engine.model.weights import Weights
+from engine.run.executor import ForestCounters, ForestOutput
+from engine.run.forest import Forest, SegmentState
+from engine.run.graphs import fit
+from engine.run.layers import AttentionInputs, GdnInputs, Int8Layers
+from engine.run.rope import rope_rows
 
 log = structlog.get_logger(__name__)
 
@@ -88,14 +80,6 @@ TOKEN_BUCKETS = (
 )  # fmt: skip
 SEGMENT_BUCKETS = (4, 16, 64, 256)
 PIECE_BUCKETS = (4, 8)
-
-
-def _fit(n: int, ladder: tuple[int, ...]) -> tuple[int, bool]:
-    """The smallest ladder entry >= n, or n itself (and False: too big for a captured graph)."""
-    for b in ladder:
-        if b >= n:
-            return b, True
-    return n, False
 
 
 @dataclass(eq=False)
@@ -134,7 +118,7 @@ class _Plan:
     held: list[torch.Tensor] = field(default_factory=list)
 
 
-class ForestBody:
+class ForestBody(Int8Layers):
     """One-pass forest execution for int8 weights on one device (see the module docstring)."""
 
     def __init__(
@@ -158,27 +142,12 @@ class ForestBody:
                 f"gdn_dots must be one of {gdn_allowed} (gdn_chunk {gdn_chunk}) and attention_dots one "
                 f"of {ATTENTION_DOTS}, got {gdn_dots!r} and {attention_dots!r}"
             )
-        if not isinstance(weights.output, QuantLinear):
-            raise ValueError("the forest body runs the int8 path: weights must hold QuantLinear linears")
-        self.weights = weights
-        self.config: ModelConfig = weights.config
-        self.device = weights.output_norm.device
-        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
-        if self.graphs and self.device.type != "cuda":
-            raise ValueError("CUDA graphs need CUDA weights")
-        group_inputs(weights.layers)  # one GEMM per shared input; before any capture
+        self._bind(weights, graphs, "forest body")
         c = self.config
-        self.gdn_layers = c.linear_attention_layers
-        self.attn_layers = c.full_attention_layers
-        self._gdn_index = {layer: j for j, layer in enumerate(self.gdn_layers)}
-        self._attn_index = {layer: j for j, layer in enumerate(self.attn_layers)}
         self.width = c.conv_kernel
-        self.state_size = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
-        self.tail_size = c.conv_dim * (c.conv_kernel - 1)
         # every offset in the tables is relative to this tensor
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
         self._buckets: dict[tuple[int, int, int, int], _Bucket] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.passes = 0
         self.gdn_chunk = gdn_chunk
         self.gdn_dots = gdn_dots
@@ -189,7 +158,7 @@ class ForestBody:
         """Every segment of `forest` in one pass: logits at the read positions and the states."""
         if any(seg.images is not None for seg in forest.segments):
             # Its device tables have no image rows or 3-axis positions: the engine runs evidence
-            # holding images through the level executor first (`Engine._read_stage`).
+            # holding images through the level executor first (`engine.stages.Stages._read_stage`).
             raise ValueError("the one-pass body does not take segments holding images")
         counters = ForestCounters(read_positions=len(forest.read_segments))
         for level in range(forest.num_levels):
@@ -337,7 +306,7 @@ class ForestBody:
             qblocks.extend((s, b, 1) for b in range(0, n, BLOCK_M))
 
         depth = max(len(ch) for ch in chains)
-        p_size, _ = _fit(depth, PIECE_BUCKETS)
+        p_size, _ = fit(depth, PIECE_BUCKETS)
         empty = [[0, 0, 0, 0]] * n_attn
         table = []  # [S][P][n_attn][fields]
         for chain in chains:
@@ -371,8 +340,8 @@ class ForestBody:
 
     # ------------------------------------------------------------------------------ buckets
     def _bucket(self, tokens: int, slots: int, pieces_per_segment: int, levels: int) -> tuple[_Bucket, bool]:
-        t, t_ok = _fit(tokens, TOKEN_BUCKETS)
-        s, s_ok = _fit(slots, SEGMENT_BUCKETS)
+        t, t_ok = fit(tokens, TOKEN_BUCKETS)
+        s, s_ok = fit(slots, SEGMENT_BUCKETS)
         key = (t, s, pieces_per_segment, levels)
         capturable = t_ok and s_ok and pieces_per_segment in PIECE_BUCKETS
         if key in self._buckets:
@@ -428,67 +397,37 @@ class ForestBody:
 
     def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:
         bucket, capturable = self._bucket(tokens, slots, plan.pieces.shape[2], plan.levels)
-        use_graph = self.graphs and capturable
-        if use_graph and bucket.graph is None:
-            self._capture(bucket)
-        self._load(bucket, plan)
-        if use_graph:
-            assert bucket.graph is not None and bucket.logits is not None
-            bucket.graph.replay()
-            logits = bucket.logits
-        else:
-            logits = self._forward(bucket)
+        logits, captured = self._graphs.run(
+            bucket,
+            self._forward,
+            lambda: self._load(bucket, plan),
+            lambda: self._load(bucket, None),
+            capturable=capturable,
+        )
+        if captured:
+            log.info(
+                "body_graph_captured",
+                tokens=bucket.tokens,
+                slots=bucket.slots,
+                pieces=bucket.pieces_per_segment,
+                levels=bucket.levels,
+            )
         self.passes += 1
         out = logits[: plan.reads.numel()].clone()
         return out
 
-    def _capture(self, bucket: _Bucket) -> None:
-        self._load(bucket, None)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._forward(bucket)  # compiles every kernel before capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.logits = self._forward(bucket)
-        bucket.graph = graph
-        log.info(
-            "body_graph_captured",
-            tokens=bucket.tokens,
-            slots=bucket.slots,
-            pieces=bucket.pieces_per_segment,
-            levels=bucket.levels,
-        )
-
     # ------------------------------------------------------------------------------ the pass
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        """Embedding -> layers -> final norm -> LM head at the read rows: logits fp32 [S, vocab]."""
-        w, c = self.weights, self.config
-        eps = c.rms_norm_eps
-        h = w.token_embd.index_select(0, bucket.rows[:, ROW_TOKEN]).float()
-        for i, layer in enumerate(w.layers):
-            if c.is_full_attention(i):
-                h = self._attention(i, layer, h, bucket)
-            else:
-                h = self._deltanet(i, layer, h, bucket)
-            h = mlp_residual(h, layer, eps)
-        read = h.index_select(0, bucket.reads)
-        return lm_head(read, w.output_norm, w.output, eps)
+        """The layer stack (`engine.run.layers`) at the read rows: logits fp32 [S, vocab]."""
+        return self._stack(bucket.rows[:, ROW_TOKEN], bucket, bucket.reads)
 
-    def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
-        c = self.config
-        nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        j = self._gdn_index[i]
-        qkv, z, b_raw, a_raw = grouped_projections(
-            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
-        )
+    def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:
+        c, (qkv, b_raw, a_raw) = self.config, x
         conv = forest_conv(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
         )
-        o = torch.zeros(h.shape[0], nv, dv, device=h.device)
-        heads = dict(num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv)
-        chunked = dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
+        o = torch.zeros(qkv.shape[0], c.linear_num_value_heads, c.linear_value_head_dim, device=qkv.device)
+        heads, chunked = self.gdn_heads, dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
         prep = None
         if self.gdn_chunk:  # the state-free chunk products of every level at once
             prep = forest_gdn_prep(
@@ -501,22 +440,14 @@ class ForestBody:
                 j * self.state_size, o, **heads, **chunked, prep=prep, outputs=False,
             )  # fmt: skip
         forest_gdn_outputs(prep, bucket.segs, o)  # chunk 64 (split walk): every level's outputs at once
-        return gdn_output_residual(o, z, layer, c.rms_norm_eps, h)
+        return o
 
-    def _attention(self, i: int, layer: dict, h: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
-        c = self.config
-        pieces = bucket.pieces[self._attn_index[i]]
-        qg, k, v = grouped_projections(
-            h, layer["attn_norm"], c.rms_norm_eps, layer, ("attn_q", "attn_k", "attn_v")
-        )
+    def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
         q = forest_attention_prep(
-            qg, k, v, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows,
-            bucket.segs, pieces,
-            num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-            eps=c.rms_norm_eps,
+            *x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, bucket.segs,
+            pieces, **self.attention_heads,
         )  # fmt: skip
-        out = forest_attention(
-            q, qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks,
-            num_kv_heads=c.num_kv_heads, dots=self.attention_dots,
+        return forest_attention(
+            q, x.qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks,
+            num_kv_heads=self.config.num_kv_heads, dots=self.attention_dots,
         )  # fmt: skip
-        return attention_output_residual(out, layer, h)

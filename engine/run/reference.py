@@ -8,6 +8,11 @@ softmax, RoPE angles and the delta-rule recurrence never run below fp32.
 Stateful form: `forward_segment` consumes a segment of tokens starting from a `LayerStates`
 (the GDN recurrent states and conv tails plus attention K/V of everything before it) and
 returns the state after it, so prefix-then-suffix equals the whole sequence.
+
+Kept independent of the faster paths on purpose (issue #26): the one-pass body and the decoder
+share one int8 layer stack (`engine.run.layers`) and the level executor has its own, and an
+oracle built from either would check that code against itself. Only the kernels' torch fallbacks
+and the executor borrow its pieces (norms, RoPE, the delta rule), so they are held to it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
-from engine.weights import Weights
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
 
 L2NORM_EPS = 1e-6  # FLA / HF l2norm epsilon for GDN q and k, not the model's rms eps
 

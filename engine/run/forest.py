@@ -8,7 +8,7 @@ and conv tail, attention layers read every ancestor's K/V directly plus their ow
 causally. Nothing is copied per question, and shared evidence runs once.
 
 `Forest` packs the segments into flat token arrays with tables (offsets, parents, levels,
-read positions); `run_forest` executes it level by level (`engine.executor`).
+read positions); `run_forest` executes it level by level (`engine.run.executor`).
 """
 
 from __future__ import annotations

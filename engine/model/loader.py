@@ -1,4 +1,4 @@
-"""Load a qwen35 GGUF into the canonical `Weights` layout (see engine/weights.py).
+"""Load a qwen35 GGUF into the canonical `Weights` layout (see engine/model/weights.py).
 
 Undoes the converter's value-head tiling (only when num_v_heads != num_k_heads) and keeps
 everything else as stored: multiplicative norms, `ssm_a = -exp(A_log)`, squeezed conv
@@ -17,10 +17,10 @@ import structlog
 import torch
 from gguf import GGMLQuantizationType
 
-from engine.config import ModelConfig
-from engine.dequant import SUPPORTED_TYPES, dequantize, numpy_bytes
-from engine.gguf import GGUFError, GGUFFile, TensorRecord, open_gguf
-from engine.weights import Weights, v_head_tiled_to_grouped
+from engine.model.config import ModelConfig
+from engine.model.dequant import SUPPORTED_TYPES, dequantize, numpy_bytes
+from engine.model.gguf import GGUFError, GGUFFile, TensorRecord, open_gguf
+from engine.model.weights import Weights, v_head_tiled_to_grouped
 
 log = structlog.get_logger(__name__)
 

@@ -17,10 +17,10 @@ the level. That matters because torch's elementwise kernels (exp, sigmoid, softp
 cos...) compute a vectorized body and a scalar tail, and CPU `parallel_for` / GPU reduction
 configs split work by the *total* size: in a level-wide tensor the same element can land in
 a different code path and come out 1 ulp apart. The int8 linears need no such care: their
-integer products are exact and the rest of them is row-local (`engine.quant`).
+integer products are exact and the rest of them is row-local (`engine.quant.linear`).
 
 On CUDA the same torch ops run unchanged (slowly): this executor is the oracle the one-pass
-body (`engine.body`, the CUDA int8 path) is compared against, not a serving path, and it makes
+body (`engine.run.body`, the CUDA int8 path) is compared against, not a serving path, and it makes
 no batch-invariance promise there (torch picks GPU reduction layouts from the shape).
 
 Linear layers go through `linear()`: a weight is either a float tensor `[out, in]` or an
@@ -35,10 +35,11 @@ from typing import Any
 
 import torch
 
-from engine import elementwise
-from engine.config import ModelConfig
-from engine.forest import Forest, SegmentState
-from engine.reference import (
+from engine.model.config import ModelConfig
+from engine.model.weights import Weights
+from engine.run import elementwise
+from engine.run.forest import Forest, SegmentState
+from engine.run.reference import (
     apply_partial_rope,
     causal_conv,
     fold_attention_piece,
@@ -47,7 +48,6 @@ from engine.reference import (
     rms_norm,
 )
 from engine.vision.placement import mrope_rows
-from engine.weights import Weights
 
 
 @dataclass
@@ -371,7 +371,7 @@ def _cascade(q: torch.Tensor, local_pos: torch.Tensor, st: SegmentState, i: int,
     """Softmax attention of queries q [Tq, nh, hd] over the chain's K/V, merged in chain order.
 
     Each K/V head's query group is reduced on its own (so the shapes, and the bits, do not
-    depend on how many heads this device holds: see `engine.tp`). Within a group each piece
+    depend on how many heads this device holds: see `engine.run.tp`). Within a group each piece
     (an ancestor's K/V, then the segment's own, causal at `local_pos`) is reduced on its own,
     then folded into a running (max, sum, output) - so the result never depends on how many
     other segments share the batch.

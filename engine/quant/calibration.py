@@ -33,11 +33,11 @@ from typing import Any
 import structlog
 import torch
 
-from engine.executor import run_forest
-from engine.forest import Segment, build_forest
-from engine.prompt import PromptEncoder, render_parts_for_state_text, render_state
-from engine.quant import QuantLinear, SmoothedLinear, fold_smoothing, quantize_linear, smooth_scales
-from engine.weights import Weights
+from engine.model.prompt import PromptEncoder, render_parts_for_state_text, render_state
+from engine.model.weights import Weights
+from engine.quant.linear import QuantLinear, SmoothedLinear, fold_smoothing, quantize_linear, smooth_scales
+from engine.run.executor import run_forest
+from engine.run.forest import Segment, build_forest
 from schemas.systemone import SystemOneRequest
 
 log = structlog.get_logger(__name__)

@@ -1,6 +1,6 @@
 """RoPE cos/sin rows by absolute position, each computed once, the same way in every process.
 
-`engine.reference.rope_cos_sin` evaluates cos and sin over whatever positions it is given. A
+`engine.run.reference.rope_cos_sin` evaluates cos and sin over whatever positions it is given. A
 vectorized libm may round a value differently in a vector body than in its scalar tail, so
 the angle of position p could depend on where p sat in that array - on what else was in the
 batch. Here the fp64 rows are computed in fixed blocks of ROPE_BLOCK positions
@@ -15,8 +15,8 @@ import threading
 
 import torch
 
-from engine.config import ModelConfig
-from engine.reference import rope_cos_sin
+from engine.model.config import ModelConfig
+from engine.run.reference import rope_cos_sin
 
 ROPE_BLOCK = 2048
 

@@ -22,7 +22,7 @@ import numpy as np
 import structlog
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 log = structlog.get_logger(__name__)
 

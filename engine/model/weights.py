@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 FULL_ATTENTION_KEYS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
 LINEAR_ATTENTION_KEYS = (

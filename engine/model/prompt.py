@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 RENDER_VERSION = "jev_render_v3"
 SYSTEM_PROMPT = (
