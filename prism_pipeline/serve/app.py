@@ -154,6 +154,7 @@ def create_app(
         max_pending=cfg.max_pending,
         on_batch=metrics.observe_batch,
     )
+    metrics.engine_batches.set_function(lambda: dispatcher.in_engine)
     dc = engine.decision_config
     ceilings = Ceilings(
         max_gate=(cfg.gate if cfg.gate is not None else dc.gate) if cfg.max_gate is None else cfg.max_gate,

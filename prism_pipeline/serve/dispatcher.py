@@ -138,6 +138,16 @@ class EngineDispatcher:
         self._side_max_tokens = side_max_tokens
         self._tokens: set[CancelToken] = set()  # of the accepted requests, for the drain
         self._drain: asyncio.TimerHandle | None = None
+        self._in_engine = 0
+
+    @property
+    def in_engine(self) -> int:
+        """Batches in the engine now (0 or 1), counted until their stats are recorded.
+
+        A request answered early (on_ready) reaches its client while its batch still runs, so a
+        reader of the batch stats who waits for this to be 0 sees every answered request's batch.
+        """
+        return self._in_engine
 
     @property
     def draining(self) -> bool:
@@ -241,6 +251,13 @@ class EngineDispatcher:
                 self._side = deque(p for p in self._side if not p.claimed)
         if not items:
             return
+        self._in_engine += 1
+        try:
+            await self._run_and_record(items)
+        finally:
+            self._in_engine -= 1
+
+    async def _run_and_record(self, items: list[_Pending]) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         on_ready = None

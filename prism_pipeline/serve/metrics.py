@@ -59,6 +59,11 @@ class ServeMetrics:
             registry=r,
         )
         self.in_flight = Gauge("prism_http_in_flight", "/v1/systemone requests being handled", registry=r)
+        self.engine_batches = Gauge(
+            "prism_http_engine_batches",
+            "Batches in the engine now; a batch's stats are recorded before it leaves this count",
+            registry=r,
+        )
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_requests.observe(stats.requests)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from engine.engine import Engine
@@ -17,3 +18,17 @@ class Served:
     config: AppConfig
     metrics: ServeMetrics
     engine: Engine
+
+
+def wait_until_engine_is_idle(served: Served, timeout_s: float = 30.0) -> None:
+    """Until no /v1/systemone request is being handled and no batch is in the engine (bounded).
+
+    A batch's stats are recorded when its engine call returns, but answers final early (on_ready)
+    reach their clients before that. Once nothing is in flight and the engine holds no batch,
+    every answered request's batch is in the stats, and no earlier request can still add one.
+    """
+    deadline = time.monotonic() + timeout_s
+    while served.metrics.value("prism_http_in_flight") or served.metrics.value("prism_http_engine_batches"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not go idle in {timeout_s} s")
+        time.sleep(0.02)

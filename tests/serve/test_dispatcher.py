@@ -68,6 +68,35 @@ def test_concurrent_requests_share_one_engine_call_off_the_loop(engine: Engine) 
     assert stats[0].requests == 5 and len(stats[0].queue_seconds) == 5
 
 
+def test_a_batch_is_counted_in_the_engine_until_its_stats_are_recorded(engine: Engine) -> None:
+    """`in_engine` is what a reader of the batch stats waits on (tests/serve/serve_helpers.py):
+    it must cover the engine call and the recording of the batch's stats, and end after both."""
+    seen: dict[str, int] = {}
+    stats: list[BatchStats] = []
+
+    class Watching(Recording):
+        def decide(self, requests: list[DecideRequest]) -> list[DecideResult]:
+            seen["during_call"] = d.in_engine
+            return super().decide(requests)
+
+    def on_batch(s: BatchStats) -> None:
+        seen["at_record"] = d.in_engine
+        stats.append(s)
+
+    d = EngineDispatcher(Watching(engine), max_tokens=100_000, max_wait_s=0.05, on_batch=on_batch)
+
+    async def main() -> None:
+        await d.start()
+        seen["before"] = d.in_engine
+        reqs = [request(i) for i in range(3)]
+        await asyncio.gather(*(d.decide(r, engine.count_tokens(r.request)) for r in reqs))
+        await d.stop()
+
+    run(main())
+    assert seen == {"before": 0, "during_call": 1, "at_record": 1}
+    assert d.in_engine == 0 and sum(s.requests for s in stats) == 3
+
+
 def test_token_budget_splits_batches_and_one_thread_runs_them_all(engine: Engine) -> None:
     rec = Recording(engine)
     tokens = engine.count_tokens(request(0).request)

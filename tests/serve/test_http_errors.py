@@ -11,7 +11,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
-from serve_helpers import API_KEY, Served
+from serve_helpers import API_KEY, Served, wait_until_engine_is_idle
 
 from schemas.systemone import SystemOneRequest
 
@@ -245,6 +245,7 @@ def test_metrics_count_requests_and_batches(serve) -> None:  # noqa: ANN001
     for _ in range(3):
         assert post(served, GOOD).status_code == 200
     assert post(served, b"{").status_code == 400
+    wait_until_engine_is_idle(served)  # the last batch's stats are recorded after its answer
     r = httpx.get(f"{served.url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     s = _samples(r.text)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from serve_bat_cases import write_cases
-from serve_helpers import Served
+from serve_helpers import Served, wait_until_engine_is_idle
 
 from engine.engine import Engine
 from prism_pipeline.serve.app import AppConfig, create_app
@@ -56,6 +56,7 @@ def check(result: dict, served: Served, before: tuple[float, float]) -> list[flo
     outcomes = result["outcomes"]
     assert {o["relation"] for o in outcomes} == set(RELATIONS.split(","))
     assert [o for o in outcomes if o["violated"]] == []
+    wait_until_engine_is_idle(served)  # the last batch's stats are recorded after its answers
     batches = served.metrics.value("prism_http_batch_requests_count") - before[0]
     requests = served.metrics.value("prism_http_batch_requests_sum") - before[1]
     assert requests == result["requests"] > 0
@@ -64,6 +65,7 @@ def check(result: dict, served: Served, before: tuple[float, float]) -> list[flo
 
 
 def _counts(served: Served) -> tuple[float, float]:
+    wait_until_engine_is_idle(served)  # an earlier test's last batch must not land in the window
     return (
         served.metrics.value("prism_http_batch_requests_count"),
         served.metrics.value("prism_http_batch_requests_sum"),

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Iterator
 
 import pytest
-from serve_helpers import API_KEY, Served
+from serve_helpers import API_KEY, Served, wait_until_engine_is_idle
 from typesafe_sdk import (
     AsyncTypeSafeClient,
     Choice,
@@ -62,24 +61,6 @@ def sdk_env(monkeypatch: pytest.MonkeyPatch, open_server: Served) -> Iterator[Se
     monkeypatch.setenv(API_KEY_ENV, "unused-by-an-open-server")
     monkeypatch.setenv(DEFAULT_MODEL_ENV, open_server.engine.model_name)
     yield open_server
-
-
-def wait_until_batches_are_counted(served: Served, timeout_s: float = 30.0) -> None:
-    """Until every /v1/systemone request the server answered is in its batch stats (bounded).
-
-    A batch's stats are recorded when its engine call returns, but answers final early (on_ready)
-    reach their clients before that: the last batch of a test (this one's or an earlier one's on
-    the same session server) may still be in the engine when the client has every answer. Every
-    200 on /v1/systemone was decided in exactly one batch, so the two counts meet once it is done.
-    """
-    answered = {"route": "/v1/systemone", "status": "200"}
-    deadline = time.monotonic() + timeout_s
-    while served.metrics.value("prism_http_batch_requests_sum") < served.metrics.value(
-        "prism_http_requests_total", answered
-    ):
-        if time.monotonic() > deadline:
-            return  # the caller's assertions say what is missing
-        time.sleep(0.05)
 
 
 def oracle(served: Served, state: object) -> dict[str, dict]:
@@ -143,7 +124,7 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             ]
         )
     ]
-    wait_until_batches_are_counted(sdk_env)  # an earlier test's batch must not land in this window
+    wait_until_engine_is_idle(sdk_env)  # an earlier test's batch must not land in this window
     before = sdk_env.metrics.value("prism_http_batch_requests_count")
     before_sum = sdk_env.metrics.value("prism_http_batch_requests_sum")
 
@@ -152,7 +133,7 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             return await asyncio.gather(*(client.system_one(state=s, questions=QUESTIONS) for s in states))
 
     responses = asyncio.run(main())
-    wait_until_batches_are_counted(sdk_env)
+    wait_until_engine_is_idle(sdk_env)
     batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
     requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
     assert requests == len(states)
