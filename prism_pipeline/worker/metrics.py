@@ -8,70 +8,49 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import start_http_server
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+from prism_pipeline.metric_set import LATENCY_BUCKETS, SIZE_BUCKETS, MetricSet
 
 
-class WorkerMetrics:
+class WorkerMetrics(MetricSet):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.events_in = Counter("prism_events_in", "Evidence messages consumed", registry=r)
-        self.records_out = Counter("prism_records_out", "Decision records acknowledged by Kafka", registry=r)
-        self.dead_letters = Counter(
-            "prism_dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r
+        super().__init__()
+        self.events_in = self.counter("prism_events_in", "Evidence messages consumed")
+        self.records_out = self.counter("prism_records_out", "Decision records acknowledged by Kafka")
+        self.dead_letters = self.counter(
+            "prism_dead_letters", "Messages sent to the dead-letter topic", ["reason"]
         )
-        self.batch_events = Histogram(
-            "prism_batch_events", "Events per engine batch", buckets=_SIZE_BUCKETS, registry=r
-        )
-        self.batch_tokens = Histogram(
-            "prism_batch_tokens", "Prompt tokens per engine batch", buckets=_TOKEN_BUCKETS, registry=r
-        )
-        self.engine_seconds = Histogram(
-            "prism_engine_seconds",
-            "Wall time of one engine.decide call",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.end_to_end_seconds = Histogram(
+        self.batch_events = self.histogram("prism_batch_events", "Events per engine batch", SIZE_BUCKETS)
+        self.batch_tokens = self.batch_tokens_histogram("prism_batch_tokens")
+        self.engine_seconds = self.engine_seconds_histogram("prism_engine_seconds", LATENCY_BUCKETS)
+        self.end_to_end_seconds = self.histogram(
             "prism_end_to_end_seconds",
             "Kafka timestamp of the evidence to acknowledgement of its decision record",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
         )
-        self.consumer_lag = Gauge(
-            "prism_consumer_lag", "High watermark minus position", ["topic", "partition"], registry=r
+        self.consumer_lag = self.gauge(
+            "prism_consumer_lag", "High watermark minus position", ["topic", "partition"]
         )
-        self.questions = Counter("prism_questions", "Questions decided", registry=r)
-        self.questions_thought = Counter(
-            "prism_questions_thought", "Questions that went through AutoThink", registry=r
+        self.questions = self.counter("prism_questions", "Questions decided")
+        self.questions_thought = self.counter(
+            "prism_questions_thought", "Questions that went through AutoThink"
         )
-        self.autothink_rate = Gauge(
-            "prism_autothink_rate", "Share of decided questions that thought (since start)", registry=r
+        self.autothink_rate = self.gauge(
+            "prism_autothink_rate", "Share of decided questions that thought (since start)"
         )
-        self.cache_hit_rate = Gauge(
-            "prism_cache_hit_rate",
-            "Share of evidence lookups served by the engine's prefix cache",
-            registry=r,
+        self.cache_hit_rate = self.gauge(
+            "prism_cache_hit_rate", "Share of evidence lookups served by the engine's prefix cache"
         )
-        self.cache_hits = Gauge("prism_cache_hits", "Prefix-cache hits since the engine started", registry=r)
-        self.cache_misses = Gauge(
-            "prism_cache_misses", "Prefix-cache misses since the engine started", registry=r
+        self.cache_hits = self.gauge("prism_cache_hits", "Prefix-cache hits since the engine started")
+        self.cache_misses = self.gauge("prism_cache_misses", "Prefix-cache misses since the engine started")
+        self.cache_bytes = self.gauge("prism_cache_bytes", "Bytes held by the prefix cache")
+        self.cache_evictions = self.gauge(
+            "prism_cache_evictions", "Prefix-cache evictions since the engine started"
         )
-        self.cache_bytes = Gauge("prism_cache_bytes", "Bytes held by the prefix cache", registry=r)
-        self.cache_evictions = Gauge(
-            "prism_cache_evictions", "Prefix-cache evictions since the engine started", registry=r
-        )
-        self.paused = Gauge(
-            "prism_partitions_paused", "1 while fetching is paused for backpressure", registry=r
-        )
-        self.pauses = Counter(
-            "prism_backpressure_pauses", "Times fetching was paused for backpressure", registry=r
-        )
-        self.queued_batches = Gauge("prism_queued_batches", "Batches waiting for the engine", registry=r)
+        self.paused = self.gauge("prism_partitions_paused", "1 while fetching is paused for backpressure")
+        self.pauses = self.counter("prism_backpressure_pauses", "Times fetching was paused for backpressure")
+        self.queued_batches = self.gauge("prism_queued_batches", "Batches waiting for the engine")
         self._questions_total = 0
         self._thought_total = 0
         self._server: Any = None
@@ -102,8 +81,3 @@ class WorkerMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """Current value of one sample (tests and the demo summary)."""
-        got = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if got is None else got
