@@ -4,24 +4,13 @@ record is byte-identical to the first (records are pure functions of their event
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from worker_runs import WorkerTopics, kill_worker_when, run_worker_until
 
-from tests.pipeline.kafkautil import (
-    Tail,
-    committed,
-    create_topics,
-    encode,
-    event,
-    produce,
-    spawn_worker,
-    stop_worker,
-    unique,
-    wait_for,
-)
+from tests.pipeline.kafkautil import Tail, committed, encode, event, produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -29,25 +18,17 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 async def test_sigkill_and_restart_loses_nothing_and_duplicates_are_identical(
     kafka_bootstrap: str, worker_args: list[str], tmp_path: Path
 ) -> None:
-    tin, tout, tdlq, group = unique("in"), unique("out"), unique("dlq"), unique("g")
-    await create_topics(kafka_bootstrap, {tin: 2, tout: 1, tdlq: 1})
+    topics = await WorkerTopics.create(kafka_bootstrap)
     events = [event(i, prefix="crash") for i in range(24)]
     await produce(
-        kafka_bootstrap, tin, [(e["event_id"].encode(), encode(e), i % 2) for i, e in enumerate(events)]
+        kafka_bootstrap,
+        topics.input,
+        [(e["event_id"].encode(), encode(e), i % 2) for i, e in enumerate(events)],
     )
     ids = {e["event_id"].encode() for e in events}
     common = [
         *worker_args,
-        "--brokers",
-        kafka_bootstrap,
-        "--input-topic",
-        tin,
-        "--output-topic",
-        tout,
-        "--dlq-topic",
-        tdlq,
-        "--group-id",
-        group,
+        *topics.worker_args(),
         "--max-wait-ms",
         "5",
         "--session-timeout-ms",
@@ -57,27 +38,22 @@ async def test_sigkill_and_restart_loses_nothing_and_duplicates_are_identical(
         "--max-batch-events",
         "1",
     ]
-    async with Tail(kafka_bootstrap, [tout]) as out:
+    async with Tail(kafka_bootstrap, [topics.output]) as out:
         # First worker: commits rarely, so everything it published before the kill is redone.
-        first = spawn_worker([*common, "--commit-interval-ms", "600000"], tmp_path / "first.log")
-        try:
-            await wait_for(
-                lambda: len(out.messages) >= 6 or first.poll() is not None, 45, "the first records"
-            )
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        finally:
-            first.send_signal(signal.SIGKILL)
-            first.wait(10)
+        await kill_worker_when(
+            [*common, "--commit-interval-ms", "600000"],
+            tmp_path / "first.log",
+            lambda: len(out.messages) >= 6,
+            45,
+            "the first records",
+        )
         before_restart = len(out.messages)
         assert before_restart < len(events), "the worker finished before it could be killed"
 
-        second = spawn_worker(common, tmp_path / "second.log")
-        try:
-            await wait_for(
-                lambda: out.keys() >= ids or second.poll() is not None, 50, "a record for every event"
-            )
-        finally:
-            assert stop_worker(second, signal.SIGTERM) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        code = await run_worker_until(
+            common, tmp_path / "second.log", lambda: out.keys() >= ids, 50, "a record for every event"
+        )
+        assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
         await asyncio.sleep(0.5)
 
     by_key: dict[bytes, list[bytes]] = defaultdict(list)
@@ -88,4 +64,4 @@ async def test_sigkill_and_restart_loses_nothing_and_duplicates_are_identical(
     assert duplicated, "the kill produced no redelivery, so the test proved nothing"
     for key, values in duplicated.items():
         assert all(v == values[0] for v in values), f"duplicate records of {key!r} differ"
-    assert await committed(kafka_bootstrap, group, tin, 2) == {0: 12, 1: 12}
+    assert await committed(kafka_bootstrap, topics.group, topics.input, 2) == {0: 12, 1: 12}

@@ -3,29 +3,17 @@ exits 0; the committed offset of each partition equals the outcomes published fo
 
 from __future__ import annotations
 
-import signal
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from aiokafka.structs import ConsumerRecord
+from worker_runs import WorkerTopics, run_worker_until
 
 from schemas.codec import loads
 from schemas.deadletter import DeadLetter
 from schemas.record import DecisionRecord
-from tests.pipeline.kafkautil import (
-    Tail,
-    committed,
-    create_topics,
-    encode,
-    event,
-    produce,
-    read_all,
-    spawn_worker,
-    stop_worker,
-    unique,
-    wait_for,
-)
+from tests.pipeline.kafkautil import Tail, committed, encode, event, produce, read_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -33,25 +21,15 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 async def test_sigterm_commits_exactly_the_published_work(
     kafka_bootstrap: str, worker_args: list[str], tmp_path: Path
 ) -> None:
-    tin, tout, tdlq, group = unique("in"), unique("out"), unique("dlq"), unique("g")
-    await create_topics(kafka_bootstrap, {tin: 2, tout: 1, tdlq: 1})
+    topics = await WorkerTopics.create(kafka_bootstrap)
     n = 60
     messages = [(None, encode(event(i, prefix="term")), i % 2) for i in range(n)]
     for i in (7, 20, 33):
         messages[i] = (None, b"not json", i % 2)
-    await produce(kafka_bootstrap, tin, messages)
+    await produce(kafka_bootstrap, topics.input, messages)
     args = [
         *worker_args,
-        "--brokers",
-        kafka_bootstrap,
-        "--input-topic",
-        tin,
-        "--output-topic",
-        tout,
-        "--dlq-topic",
-        tdlq,
-        "--group-id",
-        group,
+        *topics.worker_args(),
         "--max-wait-ms",
         "5",
         "--max-batch-events",
@@ -61,21 +39,19 @@ async def test_sigterm_commits_exactly_the_published_work(
         "--max-poll-records",
         "8",
     ]
-    async with Tail(kafka_bootstrap, [tout, tdlq]) as out:
-        proc = spawn_worker(args, tmp_path / "worker.log")
-        try:
-            await wait_for(
-                lambda: len(out.messages) >= 6 or proc.poll() is not None, 45, "the first outcomes"
-            )
-        finally:
-            code = stop_worker(proc, signal.SIGTERM)
+    async with Tail(kafka_bootstrap, [topics.output, topics.dead_letters]) as out:
+        code = await run_worker_until(
+            args, tmp_path / "worker.log", lambda: len(out.messages) >= 6, 45, "the first outcomes"
+        )
     log = (tmp_path / "worker.log").read_text()
     assert code == 0, log[-3000:]
     assert '"worker.stopped"' in log
 
-    msgs = await read_all(kafka_bootstrap, [tout, tdlq], len(out.messages), settle=1.0)
-    offsets = outcome_offsets(msgs, tout)
-    done = await committed(kafka_bootstrap, group, tin, 2)
+    msgs = await read_all(
+        kafka_bootstrap, [topics.output, topics.dead_letters], len(out.messages), settle=1.0
+    )
+    offsets = outcome_offsets(msgs, topics.output)
+    done = await committed(kafka_bootstrap, topics.group, topics.input, 2)
     assert sum(len(v) for v in offsets.values()) < n, "SIGTERM came after all the work: nothing was tested"
     for p in (0, 1):
         # Each partition's outcomes are exactly its offsets 0..committed-1, each once.

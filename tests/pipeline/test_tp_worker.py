@@ -6,22 +6,12 @@ value (answers, both read-outs, thoughts, provenance) must be byte-identical, ke
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
+from worker_runs import WorkerTopics, run_worker_until
 
-from tests.pipeline.kafkautil import (
-    Tail,
-    create_topics,
-    encode,
-    event,
-    produce,
-    spawn_worker,
-    stop_worker,
-    unique,
-    wait_for,
-)
+from tests.pipeline.kafkautil import Tail, create_topics, encode, event, produce, unique
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -52,24 +42,15 @@ async def _records(
     bootstrap: str, worker_args: list[str], tin: str, tout: str, n: int, log_path: Path
 ) -> dict[bytes, bytes]:
     """Run one worker until it published n records; its records as key -> value."""
-    args = [
-        *worker_args,
-        "--brokers",
-        bootstrap,
-        "--input-topic",
-        tin,
-        "--output-topic",
-        tout,
-        "--dlq-topic",
-        unique("dlq"),
-        "--group-id",
-        unique("g"),
-    ]
+    topics = WorkerTopics(bootstrap, tin, tout, dead_letters=unique("dlq"), group=unique("g"))
     async with Tail(bootstrap, [tout]) as out:
-        proc = spawn_worker(args, log_path)
-        try:
-            await wait_for(lambda: len(out.messages) >= n or proc.poll() is not None, 240, "records")
-        finally:
-            code = stop_worker(proc, signal.SIGTERM, timeout=120)
+        code = await run_worker_until(
+            [*worker_args, *topics.worker_args()],
+            log_path,
+            lambda: len(out.messages) >= n,
+            240,
+            "records",
+            stop_timeout=120,
+        )
         assert code == 0, log_path.read_text()[-3000:]
         return {m.key: m.value for m in out.messages}
