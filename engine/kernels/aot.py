@@ -168,7 +168,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         quantize_rows,
         rms_norm_quantize,
     )
-    from engine.kernels.decode_attention import attention_prep, decode_attention
+    from engine.kernels.decode_attention import AttentionHeads, PrepInputs, attention_prep, decode_attention
     from engine.kernels.decode_gdn import conv_step, gdn_step
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
     from engine.kernels.decode_rows import PIECE_FIELDS
@@ -245,10 +245,9 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         )  # fmt: skip
         rope = f32(t, 2, c.rope_dims)
         qg, k_rows, v_rows = f32(t, nh * 2 * hd), f32(t, nkv * hd), f32(t, nkv * hd)
-        q = attention_prep(
-            qg, k_rows, v_rows, f32(hd), f32(hd), rope, base, drows, dpieces,
-            num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=1e-6,
-        )  # fmt: skip
+        prep = PrepInputs(qg, k_rows, v_rows, f32(hd), f32(hd), rope)
+        heads = AttentionHeads(nh, nkv, hd, 1e-6)
+        q = attention_prep(prep, base, drows, dpieces, heads)
         decode_attention(f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv)
         gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
         swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
@@ -258,10 +257,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         fpieces = torch.zeros(4, n_pieces, PIECE_FIELDS, dtype=torch.int64)
         qblocks = torch.zeros(t // 16 + 4, QBLOCK_FIELDS, dtype=torch.int64)
         conv_src = torch.zeros(4, width - 1, 2, dtype=torch.int64)
-        forest_attention_prep(
-            qg, k_rows, v_rows, f32(hd), f32(hd), rope, base, frows, segs, fpieces,
-            num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=1e-6,
-        )  # fmt: skip
+        forest_attention_prep(prep, base, frows, segs, fpieces, heads)
         for dots in ATTENTION_DOTS:
             forest_attention(
                 f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots

@@ -31,7 +31,8 @@ own lengths and the constants alone, so a row's bits still never depend on the b
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -66,6 +67,32 @@ SPLIT_MIN_CHUNKS = 2  # chunks of BLOCK_L keys per used split program, at least 
 
 
 BLOCK_L_WIDE = 32  # keys per block at head_dim >= 256 (64 below): a [BLOCK_L, head_dim] fp32 tile
+
+
+class PrepInputs(NamedTuple):
+    """What an attention prep reads for one layer, named once for both preps (decode rows here,
+    packed forest rows in `engine.kernels.forest_attention`) and their oracle.
+
+    qg [N, nh * 2 * hd] (per head [q | gate]), k and v [N, nkv * hd] (any float dtype, unit column
+    stride): each row's projections; q_norm, k_norm [hd]: the layer's per-head RMS weights; rope
+    fp32 [N, 2, rope_dims]: each row's cos and sin.
+    """
+
+    qg: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    rope: torch.Tensor
+
+
+class AttentionHeads(NamedTuple):
+    """A full-attention layer's head geometry and norm epsilon (the model's, fixed at load)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
 
 
 def _block_l(head_dim: int) -> int:
@@ -389,37 +416,22 @@ def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
 
 
 def attention_prep(
-    qg: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope: torch.Tensor,
+    x: PrepInputs,
     base: torch.Tensor,
     rows: torch.Tensor,
     pieces: torch.Tensor,
+    heads: AttentionHeads,
     *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
     backend: Backend = "triton",
 ) -> torch.Tensor:
-    """Normed, rotated queries fp32 [B, nh, hd]; stores each live row's key and value in its buffer.
-
-    qg [B, nh * 2 * hd] (per head [q | gate]), k and v [B, nkv * hd]; rope fp32 [B, 2, rope_dims]
-    (cos, sin); the own piece (last) of `pieces` [B, P, 4] locates the thought buffers.
-    """
-    b = qg.shape[0]
+    """Normed, rotated queries fp32 [B, nh, hd]; stores each live row's key and value in its buffer
+    (the own piece, last, of `pieces` [B, P, 4]) at position thought_len."""
+    b = x.qg.shape[0]
     _check_tables(rows, pieces, b)
-    check_rope(rope, b)
-    if not use_triton(backend, qg):
-        return attention_prep_reference(
-            qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
-        )
-    return launch_prep(
-        _prep, qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
-    )
+    check_rope(x.rope, b)
+    if not use_triton(backend, x.qg):
+        return attention_prep_reference(x, base, rows, pieces, heads)
+    return launch_prep(_prep, x, base, rows, pieces, heads)
 
 
 def check_rope(rope: torch.Tensor, n: int) -> None:
@@ -431,35 +443,26 @@ def check_rope(rope: torch.Tensor, n: int) -> None:
 
 def launch_prep(
     prep: Any,
-    qg: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope: torch.Tensor,
+    x: PrepInputs,
     base: torch.Tensor,
     rows: torch.Tensor,
     pieces: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
+    heads: AttentionHeads,
 ) -> torch.Tensor:
     """Run a prep kernel (this module's for decode rows, the forest's for packed rows: both a
     program per (row, head) over `_prep_head`) and return the normed, rotated queries."""
-    n = qg.shape[0]
-    rd = rope.shape[-1]
-    if head_dim & (head_dim - 1) or rd % 2 or rd > head_dim:
-        raise ValueError(
-            f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {head_dim}, {rd}"
-        )
-    q_out = torch.empty(n, num_heads, head_dim, dtype=torch.float32, device=qg.device)
+    n = x.qg.shape[0]
+    nh, nkv, hd, eps = heads
+    rd = x.rope.shape[-1]
+    if hd & (hd - 1) or rd % 2 or rd > hd:
+        raise ValueError(f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {hd}, {rd}")
+    q_out = torch.empty(n, nh, hd, dtype=torch.float32, device=x.qg.device)
     if n == 0:
         return q_out
-    prep[(n, num_heads + num_kv_heads)](
-        qg, k, v, q_norm.contiguous(), k_norm.contiguous(), rope.contiguous(), base, rows, pieces, q_out,
-        qg.stride(0), k.stride(0), v.stride(0), float(eps),
-        NH=num_heads, NKV=num_kv_heads, HD=head_dim, RD=rd, P=pieces.shape[1],
+    prep[(n, nh + nkv)](
+        x.qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
+        q_out, x.qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
+        NH=nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1],
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q_out
@@ -529,23 +532,34 @@ def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Te
 
 
 def prep_row_reference(
-    qg_row: torch.Tensor,
-    k_row: torch.Tensor,
-    v_row: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope_row: torch.Tensor,
-    nh: int,
-    nkv: int,
-    hd: int,
-    eps: float,
+    x: PrepInputs, r: int, heads: AttentionHeads
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One row's q [nh, hd] and k [nkv, hd] normed and rotated, and v [nkv, hd], by
+    """Row r's q [nh, hd] and k [nkv, hd] normed and rotated, and v [nkv, hd], by
     `engine.run.reference`'s ops: the oracle of both attention preps (decode and forest)."""
-    cos, sin = rope_row[0:1], rope_row[1:2]
-    q = apply_partial_rope(rms_norm(qg_row.float().view(nh, 2 * hd)[:, :hd], q_norm, eps)[None], cos, sin)[0]
-    k = apply_partial_rope(rms_norm(k_row.float().view(1, nkv, hd), k_norm, eps), cos, sin)[0]
-    return q, k, v_row.float().view(nkv, hd)
+    nh, nkv, hd, eps = heads
+    cos, sin = x.rope[r, 0:1], x.rope[r, 1:2]
+    q_heads = x.qg[r].float().view(nh, 2 * hd)[:, :hd]
+    q = apply_partial_rope(rms_norm(q_heads, x.q_norm, eps)[None], cos, sin)[0]
+    k = apply_partial_rope(rms_norm(x.k[r].float().view(1, nkv, hd), x.k_norm, eps), cos, sin)[0]
+    return q, k, x.v[r].float().view(nkv, hd)
+
+
+def prep_rows_reference(
+    x: PrepInputs,
+    base: torch.Tensor,
+    heads: AttentionHeads,
+    own_slot: Callable[[int], tuple[torch.Tensor, int] | None],
+) -> torch.Tensor:
+    """Every row's query by `prep_row_reference`; a row's key and value go to `own_slot(r)`
+    (its own piece's record and the index in it), or nowhere for a padding row (None)."""
+    nh, _, hd, _ = heads
+    q_out = torch.zeros(x.qg.shape[0], nh, hd, dtype=torch.float32, device=x.qg.device)
+    for r in range(x.qg.shape[0]):
+        q_out[r], kr, vr = prep_row_reference(x, r, heads)
+        slot = own_slot(r)
+        if slot is not None:
+            store_kv_reference(base, slot[0], slot[1], kr, vr)
+    return q_out
 
 
 def store_kv_reference(
@@ -592,28 +606,14 @@ def attend_row_reference(
 
 
 def attention_prep_reference(
-    qg: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope: torch.Tensor,
-    base: torch.Tensor,
-    rows: torch.Tensor,
-    pieces: torch.Tensor,
-    nh: int,
-    nkv: int,
-    hd: int,
-    eps: float,
+    x: PrepInputs, base: torch.Tensor, rows: torch.Tensor, pieces: torch.Tensor, heads: AttentionHeads
 ) -> torch.Tensor:
     """`engine.run.reference` norms and RoPE row by row (buffers inside base's storage): the oracle."""
-    b = qg.shape[0]
-    q_out = torch.zeros(b, nh, hd, dtype=torch.float32, device=qg.device)
-    for r in range(b):
-        q_out[r], kr, vr = prep_row_reference(qg[r], k[r], v[r], q_norm, k_norm, rope[r], nh, nkv, hd, eps)
-        if int(rows[r, LIVE]):
-            store_kv_reference(base, pieces[r, -1], int(rows[r, THOUGHT_LEN]), kr, vr)
-    return q_out
+
+    def own_slot(r: int) -> tuple[torch.Tensor, int] | None:
+        return (pieces[r, -1], int(rows[r, THOUGHT_LEN])) if int(rows[r, LIVE]) else None
+
+    return prep_rows_reference(x, base, heads, own_slot)
 
 
 def decode_attention_reference(

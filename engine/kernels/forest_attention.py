@@ -49,6 +49,8 @@ import torch
 
 from engine.kernels._triton import Backend, helper, interpreting, kernel, use_triton
 from engine.kernels.decode_attention import (
+    AttentionHeads,
+    PrepInputs,
     _bf16_operand,
     _fold,
     _gated,
@@ -57,8 +59,7 @@ from engine.kernels.decode_attention import (
     attend_row_reference,
     check_rope,
     launch_prep,
-    prep_row_reference,
-    store_kv_reference,
+    prep_rows_reference,
 )
 from engine.kernels.decode_rows import PIECE_FIELDS
 from engine.kernels.forest_tables import (
@@ -461,50 +462,37 @@ def _check_head_dim(head_dim: int) -> None:
 
 
 def forest_attention_prep(
-    qg: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope: torch.Tensor,
+    x: PrepInputs,
     base: torch.Tensor,
     rows: torch.Tensor,
     segs: torch.Tensor,
     pieces: torch.Tensor,
+    heads: AttentionHeads,
     *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Normed, rotated queries fp32 [T, nh, hd]; stores each live row's key and value in its
     segment's own K/V block (the last piece of `pieces[seg]`) at the row's local index.
 
-    qg [T, nh * 2 * hd] (per head [q | gate]), k and v [T, nkv * hd] (any float dtype, unit
-    column stride); rope fp32 [T, 2, rope_dims] (cos, sin); rows [T, 4], segs [S, 8] and one
-    attention layer's pieces [S, P, 4] as in `engine.kernels.forest_tables`.
+    rows [T, 4], segs [S, 8] and one attention layer's pieces [S, P, 4] as in
+    `engine.kernels.forest_tables`; `x` as in `PrepInputs`.
     """
-    t = qg.shape[0]
-    _check_tables(rows, segs, pieces, None, t, qg)
-    _check_qg(qg, t, num_heads, head_dim)
-    for name, x in (("k", k), ("v", v)):
-        if x.dim() != 2 or x.shape != (t, num_kv_heads * head_dim) or x.stride(1) != 1:
+    t = x.qg.shape[0]
+    _check_tables(rows, segs, pieces, None, t, x.qg)
+    _check_qg(x.qg, t, heads.num_heads, heads.head_dim)
+    width = heads.num_kv_heads * heads.head_dim
+    for name, kv in (("k", x.k), ("v", x.v)):
+        if kv.dim() != 2 or kv.shape != (t, width) or kv.stride(1) != 1:
             raise ValueError(
-                f"{name} must be [{t}, {num_kv_heads * head_dim}] with unit column stride, "
-                f"got {tuple(x.shape)} {x.stride()}"
+                f"{name} must be [{t}, {width}] with unit column stride, got {tuple(kv.shape)} {kv.stride()}"
             )
-    check_rope(rope, t)
+    check_rope(x.rope, t)
     if base.dtype != torch.float32:
         raise ValueError(f"base must be fp32, got {base.dtype}")
-    if not use_triton(backend, qg):
-        return forest_attention_prep_reference(
-            qg, k, v, q_norm, k_norm, rope, base, rows, segs, pieces, num_heads, num_kv_heads, head_dim, eps
-        )
-    _check_head_dim(head_dim)
-    return launch_prep(
-        _prep, qg, k, v, q_norm, k_norm, rope, base, rows, pieces, num_heads, num_kv_heads, head_dim, eps
-    )
+    if not use_triton(backend, x.qg):
+        return forest_attention_prep_reference(x, base, rows, segs, pieces, heads)
+    _check_head_dim(heads.head_dim)
+    return launch_prep(_prep, x, base, rows, pieces, heads)
 
 
 def forest_attention(
@@ -582,29 +570,21 @@ def forest_attention(
 
 # ------------------------------------------------------------------------ torch references
 def forest_attention_prep_reference(
-    qg: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_norm: torch.Tensor,
-    k_norm: torch.Tensor,
-    rope: torch.Tensor,
+    x: PrepInputs,
     base: torch.Tensor,
     rows: torch.Tensor,
     segs: torch.Tensor,
     pieces: torch.Tensor,
-    nh: int,
-    nkv: int,
-    hd: int,
-    eps: float,
+    heads: AttentionHeads,
 ) -> torch.Tensor:
     """`engine.run.reference` norms and RoPE row by row (own blocks inside base's storage): the oracle."""
-    t = qg.shape[0]
-    q_out = torch.zeros(t, nh, hd, dtype=torch.float32, device=qg.device)
-    for r in range(t):
-        q_out[r], kr, vr = prep_row_reference(qg[r], k[r], v[r], q_norm, k_norm, rope[r], nh, nkv, hd, eps)
-        if int(rows[r, ROW_LIVE]):
-            store_kv_reference(base, pieces[int(rows[r, ROW_SEG]), -1], int(rows[r, ROW_LOCAL]), kr, vr)
-    return q_out
+
+    def own_slot(r: int) -> tuple[torch.Tensor, int] | None:
+        if not int(rows[r, ROW_LIVE]):
+            return None
+        return pieces[int(rows[r, ROW_SEG]), -1], int(rows[r, ROW_LOCAL])
+
+    return prep_rows_reference(x, base, heads, own_slot)
 
 
 def forest_attention_reference(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
+from engine.kernels.decode_attention import PrepInputs
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
 from engine.kernels.forest_gdn import (
@@ -443,10 +444,8 @@ class ForestBody(Int8Layers):
         return o
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
-        q = forest_attention_prep(
-            *x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, bucket.segs,
-            pieces, **self.attention_heads,
-        )  # fmt: skip
+        prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
+        q = forest_attention_prep(prep, self.base, bucket.rows, bucket.segs, pieces, self.attention_heads)
         return forest_attention(
             q, x.qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks,
             num_kv_heads=self.config.num_kv_heads, dots=self.attention_dots,

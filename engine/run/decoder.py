@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from engine.kernels.decode_attention import attention_prep, decode_attention
+from engine.kernels.decode_attention import PrepInputs, attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
 from engine.kernels.decode_rows import (
     CONV_OFF,
@@ -311,10 +311,8 @@ class Decoder(Int8Layers):
         )  # fmt: skip
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
-        q = attention_prep(
-            *x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope, self.base, bucket.rows, pieces,
-            **self.attention_heads,
-        )  # fmt: skip
+        prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
+        q = attention_prep(prep, self.base, bucket.rows, pieces, self.attention_heads)
         kv_heads = self.config.num_kv_heads
         return decode_attention(
             q, x.qg, self.base, bucket.rows, pieces, num_kv_heads=kv_heads, dots=self.attention_dots

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from engine.kernels.decode_attention import AttentionHeads
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
 from engine.quant.linear import QuantLinear
@@ -81,8 +82,8 @@ class Int8Layers:
         self.state_size = nv * dk * dv  # one DeltaNet layer's recurrent state, per sequence
         self.tail_size = c.conv_dim * (c.conv_kernel - 1)  # one layer's conv tail, per sequence
         self.gdn_heads = dict(num_k_heads=c.linear_num_key_heads, num_v_heads=nv, k_dim=dk, v_dim=dv)
-        heads = dict(num_heads=c.num_attention_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim)
-        self.attention_heads = heads | {"eps": c.rms_norm_eps}
+        heads = (c.num_attention_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+        self.attention_heads = AttentionHeads(*heads)
 
     def _stack(self, tokens: torch.Tensor, bucket: Any, reads: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding -> layers -> final norm -> LM head (at `reads`, else every row): fp32 logits."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.decode_attention import attention_prep, decode_attention
+from engine.kernels.decode_attention import AttentionHeads, PrepInputs, attention_prep, decode_attention
 from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF, THOUGHT_LEN
@@ -125,9 +125,8 @@ def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int =
     v = torch.randn(b, nkv * hd, generator=gen).to(dev)
     q_norm = (1 + 0.1 * torch.randn(hd, generator=gen)).to(dev)
     k_norm = (1 + 0.1 * torch.randn(hd, generator=gen)).to(dev)
-    args = (qg, k, v, q_norm, k_norm, rope, pool.base, rows, pieces)
-    kw = dict(num_heads=nh, num_kv_heads=nkv, head_dim=hd, eps=cfg.rms_norm_eps)
-    return pool, args, kw
+    heads = AttentionHeads(nh, nkv, hd, cfg.rms_norm_eps)
+    return pool, PrepInputs(qg, k, v, q_norm, k_norm, rope), rows, pieces, heads
 
 
 @pytest.mark.parametrize("dims", ["tiny", "small"])
@@ -135,19 +134,15 @@ def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int =
 def test_attention_prep_and_piece_attention_match_reference(
     dims: str, splits: int | None, dev: torch.device, gen: torch.Generator
 ) -> None:
-    pool, args, kw = _attention_case(dims, dev, gen)
-    qg, rows, pieces = args[0], args[7], args[8]
+    pool, x, rows, pieces, heads = _attention_case(dims, dev, gen)
+    nkv = heads.num_kv_heads
     before = pool.base.clone()
-    q = attention_prep(*args, **kw, backend="triton")
-    out = decode_attention(
-        q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], splits=splits, backend="triton"
-    )
+    q = attention_prep(x, pool.base, rows, pieces, heads, backend="triton")
+    out = decode_attention(q, x.qg, pool.base, rows, pieces, num_kv_heads=nkv, splits=splits)
     after_kernel = pool.base.clone()
     pool.base.copy_(before)
-    q_ref = attention_prep(*args, **kw, backend="torch")
-    out_ref = decode_attention(
-        q_ref, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="torch"
-    )
+    q_ref = attention_prep(x, pool.base, rows, pieces, heads, backend="torch")
+    out_ref = decode_attention(q_ref, x.qg, pool.base, rows, pieces, num_kv_heads=nkv, backend="torch")
     torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(after_kernel, pool.base, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
@@ -159,35 +154,33 @@ def test_tensor_core_dots_stay_near_the_reference(
 ) -> None:
     """bf16 dots (q, k, the probabilities and v rounded to bf16, fp32 sums): within bf16's
     rounding of the fp32 reference, on the pieces' real cascade."""
-    pool, args, kw = _attention_case("small", dev, gen)
-    qg, rows, pieces = args[0], args[7], args[8]
-    q = attention_prep(*args, **kw, backend="triton")
-    out = decode_attention(
-        q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], splits=splits, dots="bf16"
-    )
-    ref = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], backend="torch")
+    pool, x, rows, pieces, heads = _attention_case("small", dev, gen)
+    qg, nkv = x.qg, heads.num_kv_heads
+    q = attention_prep(x, pool.base, rows, pieces, heads, backend="triton")
+    out = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=nkv, splits=splits, dots="bf16")
+    ref = decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=nkv, backend="torch")
     err = (out - ref).abs().max().item()
     assert 0 < err <= 3e-2, err  # rounded (not the fp32 path) and close (bf16: 8 bits of mantissa)
     with pytest.raises(ValueError, match="dots"):
-        decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=kw["num_kv_heads"], dots="fp8")
+        decode_attention(q, qg, pool.base, rows, pieces, num_kv_heads=nkv, dots="fp8")
 
 
 @pytest.mark.parametrize(("splits", "dots"), [(None, "ieee"), (1, "ieee"), (3, "ieee"), (3, "bf16")])
 def test_piece_attention_rows_are_independent(
     splits: int | None, dots: str, dev: torch.device, gen: torch.Generator
 ) -> None:
-    pool, args, kw = _attention_case("tiny", dev, gen)
-    qg, k, v, q_norm, k_norm, rope, base, rows, pieces = args
+    pool, x, rows, pieces, heads = _attention_case("tiny", dev, gen)
+    base = pool.base
     before = pool.base.clone()
 
     def run(order: list[int]) -> list[torch.Tensor]:
         pool.base.copy_(before)
         idx = torch.tensor(order, device=dev)
-        sub = (qg[idx], k[idx], v[idx], q_norm, k_norm, rope[idx].contiguous(), base)
-        q = attention_prep(*sub, rows[idx].contiguous(), pieces[idx].contiguous(), **kw)
+        sub = x._replace(qg=x.qg[idx], k=x.k[idx], v=x.v[idx], rope=x.rope[idx].contiguous())
+        q = attention_prep(sub, base, rows[idx].contiguous(), pieces[idx].contiguous(), heads)
         out = decode_attention(
             q,
-            qg[idx],
+            sub.qg,
             base,
             rows[idx].contiguous(),
             pieces[idx].contiguous(),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from engine.kernels.decode_attention import AttentionHeads, PrepInputs
 from engine.kernels.forest_attention import LongConfig, forest_attention, forest_attention_prep, long_config
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
 from engine.run.reference import rope_cos_sin
@@ -20,7 +21,7 @@ from tests.engine.kernels.pool import Pool
 
 CFG = dims_config("tiny")  # 4 heads, 2 KV heads, head_dim 32, rope_dims 8
 NH, NKV, HD = CFG.num_attention_heads, CFG.num_kv_heads, CFG.head_dim
-KW = dict(num_heads=NH, num_kv_heads=NKV, head_dim=HD, eps=CFG.rms_norm_eps)
+HEADS = AttentionHeads(NH, NKV, HD, CFG.rms_norm_eps)
 QG_W, KV_W = NH * 2 * HD, NKV * HD
 SLACK = 3  # own blocks hold length + SLACK rows: padding rows aim at the spare ones
 
@@ -149,11 +150,8 @@ def _launch(case: Case, members: list[int], dev: torch.device, *, spread: bool) 
 
 
 def _prep(case: Case, lay: Launch, backend: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    qg, k, v = lay.inputs(dtype)
-    return forest_attention_prep(
-        qg, k, v, case.q_norm, case.k_norm, lay.rope, case.pool.base, lay.rows, lay.segs, lay.pieces,
-        **KW, backend=backend,
-    )  # fmt: skip
+    x = PrepInputs(*lay.inputs(dtype), case.q_norm, case.k_norm, lay.rope)
+    return forest_attention_prep(x, case.pool.base, lay.rows, lay.segs, lay.pieces, HEADS, backend=backend)
 
 
 def _attend(
@@ -395,10 +393,8 @@ def test_bad_tables_raise(dev: torch.device, gen: torch.Generator) -> None:
 
     def prep(**over: torch.Tensor) -> None:
         a = dict(rows=lay.rows, segs=lay.segs, pieces=lay.pieces, rope=lay.rope, k=k) | over
-        forest_attention_prep(
-            qg, a["k"], v, case.q_norm, case.k_norm, a["rope"], case.pool.base, a["rows"], a["segs"],
-            a["pieces"], **KW,
-        )  # fmt: skip
+        x = PrepInputs(qg, a["k"], v, case.q_norm, case.k_norm, a["rope"])
+        forest_attention_prep(x, case.pool.base, a["rows"], a["segs"], a["pieces"], HEADS)
 
     def attend(**over: torch.Tensor) -> None:
         a = dict(q=q, qg=qg, rows=lay.rows, segs=lay.segs, pieces=lay.pieces, qblocks=lay.qblocks) | over
