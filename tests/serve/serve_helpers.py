@@ -32,3 +32,12 @@ def wait_until_engine_is_idle(served: Served, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"the server did not go idle in {timeout_s} s")
         time.sleep(0.02)
+
+
+def batch_counts(served: Served) -> tuple[float, float]:
+    """(engine batches, requests in them) so far, once the server is idle (see above)."""
+    wait_until_engine_is_idle(served)
+    return (
+        served.metrics.value("prism_http_batch_requests_count"),
+        served.metrics.value("prism_http_batch_requests_sum"),
+    )

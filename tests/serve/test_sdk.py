@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 
 import pytest
-from serve_helpers import API_KEY, Served, wait_until_engine_is_idle
+from serve_helpers import API_KEY, Served, batch_counts
 from typesafe_sdk import (
     AsyncTypeSafeClient,
     Choice,
@@ -89,12 +89,22 @@ def assert_matches(resp, want: dict[str, dict], tol: float) -> None:  # noqa: AN
     assert math.isclose(sum(choice.probabilities.values()), 1.0, abs_tol=1e-6)
 
 
+def assert_alone_in_its_batch(served: Served, before: tuple[float, float]) -> None:
+    """The zero tolerance below holds for a request decided alone (fp32 is not batch invariant,
+    README): one batch of one request since `before`, else the comparison would test an accident."""
+    batches, requests = batch_counts(served)
+    assert (batches - before[0], requests - before[1]) == (1, 1)
+
+
 def test_sync_client_gets_parsed_answers(sdk_env: Served) -> None:
     state = "Customer writes: I was charged twice for my subscription this month. Please refund one."
+    # An earlier test's request must not share this one's batch, nor the engine with the oracle.
+    before = batch_counts(sdk_env)
     want, input_tokens = oracle(sdk_env, state)
     with TypeSafeClient() as client:
         resp = client.system_one(state=state, questions=QUESTIONS)
         models = client.models.list()
+    assert_alone_in_its_batch(sdk_env, before)
     assert resp.model == sdk_env.engine.model_name
     assert_matches(resp, want, tol=0.0)  # alone in its batch: the very same computation
     assert resp.usage.input_tokens == input_tokens and resp.usage.output_tokens == 0
@@ -104,9 +114,11 @@ def test_sync_client_gets_parsed_answers(sdk_env: Served) -> None:
 
 def test_sync_client_json_state(sdk_env: Served) -> None:
     state = {"ticket": 4512, "subject": "Double charge", "body": "Charged twice", "tags": ["billing"]}
+    before = batch_counts(sdk_env)
     want, _ = oracle(sdk_env, state)
     with TypeSafeClient() as client:
         resp = client.system_one(state=state, questions=QUESTIONS)
+    assert_alone_in_its_batch(sdk_env, before)
     assert_matches(resp, want, tol=0.0)
 
 
@@ -124,18 +136,14 @@ def test_async_client_concurrent_requests_are_batched(sdk_env: Served) -> None:
             ]
         )
     ]
-    wait_until_engine_is_idle(sdk_env)  # an earlier test's batch must not land in this window
-    before = sdk_env.metrics.value("prism_http_batch_requests_count")
-    before_sum = sdk_env.metrics.value("prism_http_batch_requests_sum")
+    before, before_sum = batch_counts(sdk_env)  # an earlier test's batch must not land in this window
 
     async def main() -> list:
         async with AsyncTypeSafeClient() as client:
             return await asyncio.gather(*(client.system_one(state=s, questions=QUESTIONS) for s in states))
 
     responses = asyncio.run(main())
-    wait_until_engine_is_idle(sdk_env)
-    batches = sdk_env.metrics.value("prism_http_batch_requests_count") - before
-    requests = sdk_env.metrics.value("prism_http_batch_requests_sum") - before_sum
+    batches, requests = (a - b for a, b in zip(batch_counts(sdk_env), (before, before_sum), strict=True))
     assert requests == len(states)
     assert batches < len(states), "concurrent requests should share engine batches"
     for state, resp in zip(states, responses, strict=True):

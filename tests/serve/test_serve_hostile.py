@@ -16,7 +16,7 @@ from collections.abc import Callable
 import httpx
 import orjson
 import pytest
-from serve_helpers import API_KEY, Served
+from serve_helpers import API_KEY, Served, wait_until_engine_is_idle
 
 from prism_pipeline.core.ceilings import MAX_STATE_DEPTH
 from prism_pipeline.serve.app import AppConfig
@@ -54,6 +54,13 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60.0) -> None:
 def thinking(serve: Serve) -> Served:
     """Clients may force thoughts (max_gate 1) with a huge operator budget, cut by a 1 s deadline."""
     return serve(AppConfig(gate=0.0, max_gate=1.0, thought_budget=100_000, deadline_s=1.0, max_wait_ms=1.0))
+
+
+@pytest.fixture(scope="module")
+def leaving(serve: Serve) -> Served:
+    """Like `thinking` with no deadline: only the client leaving can stop a thought here (with a
+    deadline, a slow machine would let it stop the thought first, and the test see a 504)."""
+    return serve(AppConfig(gate=0.0, max_gate=1.0, thought_budget=100_000, deadline_s=None, max_wait_ms=1.0))
 
 
 # ---- ceilings ---------------------------------------------------------------------------------------
@@ -101,44 +108,49 @@ def test_past_the_deadline_is_504_and_frees_the_engine(thinking: Served) -> None
     long = threading.Thread(target=lambda: out.setdefault("long", post(thinking.url, LONG)))
     long.start()
     wait_for(lambda: thinking.metrics.value("prism_http_in_flight") >= 1)
-    short = post(thinking.url, SHORT)  # queued behind the long thought, or batched with it
     long.join(120)
     assert out["long"].status_code == 504 and code(out["long"]) == "deadline_exceeded"
-    assert short.status_code == 200, short.text
     wait_for(
         lambda: thinking.metrics.value("prism_http_requests_stopped_total", {"reason": "deadline"}) > stopped
     )
     assert thinking.metrics.value("prism_http_thought_tokens_total") < 100_000
+    # The engine is free: a short request after the stop gets its answer. (Sent during the thought
+    # it would race its own 1 s deadline against a thought step on a loaded machine.)
+    wait_until_engine_is_idle(thinking)
+    short = post(thinking.url, SHORT)
+    assert short.status_code == 200, short.text
 
 
-def test_a_disconnected_clients_thought_stops(thinking: Served) -> None:
-    cancelled = thinking.metrics.value("prism_http_requests_stopped_total", {"reason": "cancelled"})
-    gone = thinking.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "499"})
+def test_a_disconnected_clients_thought_stops(leaving: Served) -> None:
+    wait_until_engine_is_idle(leaving)
+    cancelled = leaving.metrics.value("prism_http_requests_stopped_total", {"reason": "cancelled"})
+    gone = leaving.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "499"})
     body = orjson.dumps({**LONG, "state": "the client leaves"})
-    host, port = thinking.url.removeprefix("http://").split(":")
+    host, port = leaving.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
     sock.sendall(
         b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(body), body)
     )
-    wait_for(lambda: thinking.metrics.value("prism_http_in_flight") >= 1)
-    time.sleep(0.2)  # into the thought
+    # Into the engine: its batch claimed, so the engine itself stops it (a request that leaves
+    # while still waiting for its batch is dropped by the dispatcher, and never counted stopped).
+    wait_for(lambda: leaving.metrics.value("prism_http_engine_batches") >= 1)
     sock.close()
     wait_for(
         lambda: (
-            thinking.metrics.value("prism_http_requests_stopped_total", {"reason": "cancelled"}) > cancelled
+            leaving.metrics.value("prism_http_requests_stopped_total", {"reason": "cancelled"}) > cancelled
         )
     )
     wait_for(
         lambda: (
-            thinking.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "499"})
+            leaving.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "499"})
             > gone
         )
     )
     assert (
-        thinking.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "500"}) == 0
+        leaving.metrics.value("prism_http_requests_total", {"route": "/v1/systemone", "status": "500"}) == 0
     )
-    assert post(thinking.url, SHORT).status_code == 200  # the engine is free again
+    assert post(leaving.url, SHORT).status_code == 200  # the engine is free again
 
 
 # ---- finding 2: deep nesting ---------------------------------------------------------------------------
