@@ -123,16 +123,25 @@ def _prep_kernel(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
     stride_qg, stride_k, stride_v, eps,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    PACKED: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
+    """Program (row, head j) over `_prep_head`; the two row layouts differ only in where a row's
+    piece table and own position are. A decode row (PACKED 0) has a table of its own and writes at
+    its thought length; a packed forest row (PACKED 1) uses its segment's table and writes at its
+    local index (a padding row reads slot 0's table and writes nothing)."""
     row = tl.program_id(0)
     j = tl.program_id(1)
-    # row record (engine.kernels.decode_rows): token, thought_len, state_off, conv_off, live
-    tlen = tl.load(rows_ptr + row * 5 + 1)
-    live = tl.load(rows_ptr + row * 5 + 4)
+    if PACKED:  # row record (engine.kernels.forest_tables): segment slot, local index, live, token
+        live = tl.load(rows_ptr + row * 4 + 2)
+        table = tl.where(live != 0, tl.load(rows_ptr + row * 4), 0)
+        index = tl.load(rows_ptr + row * 4 + 1)
+    else:  # row record (engine.kernels.decode_rows): token, thought_len, state_off, conv_off, live
+        index = tl.load(rows_ptr + row * 5 + 1)
+        live = tl.load(rows_ptr + row * 5 + 4)
+        table = row
     _prep_head(
-        qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + row * P * 4, q_out_ptr,
-        stride_qg, stride_k, stride_v, eps, row, j, tlen, live, NH, HD, RD, P,
+        qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + table * P * 4, q_out_ptr,
+        stride_qg, stride_k, stride_v, eps, row, j, index, live, NH, HD, RD, P,
     )  # fmt: skip
 
 
@@ -431,7 +440,7 @@ def attention_prep(
     check_rope(x.rope, b)
     if not use_triton(backend, x.qg):
         return attention_prep_reference(x, base, rows, pieces, heads)
-    return launch_prep(_prep, x, base, rows, pieces, heads)
+    return launch_prep(x, base, rows, pieces, heads, packed=False)
 
 
 def check_rope(rope: torch.Tensor, n: int) -> None:
@@ -442,15 +451,16 @@ def check_rope(rope: torch.Tensor, n: int) -> None:
 
 
 def launch_prep(
-    prep: Any,
     x: PrepInputs,
     base: torch.Tensor,
     rows: torch.Tensor,
     pieces: torch.Tensor,
     heads: AttentionHeads,
+    *,
+    packed: bool,
 ) -> torch.Tensor:
-    """Run a prep kernel (this module's for decode rows, the forest's for packed rows: both a
-    program per (row, head) over `_prep_head`) and return the normed, rotated queries."""
+    """Run the prep kernel over decode rows (`engine.kernels.decode_rows`) or packed forest rows
+    (`engine.kernels.forest_tables`, `packed`) and return the normed, rotated queries."""
     n = x.qg.shape[0]
     nh, nkv, hd, eps = heads
     rd = x.rope.shape[-1]
@@ -459,10 +469,10 @@ def launch_prep(
     q_out = torch.empty(n, nh, hd, dtype=torch.float32, device=x.qg.device)
     if n == 0:
         return q_out
-    prep[(n, nh + nkv)](
+    _prep[(n, nh + nkv)](
         x.qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
         q_out, x.qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
-        NH=nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1],
+        NH=nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q_out

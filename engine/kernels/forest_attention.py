@@ -54,7 +54,6 @@ from engine.kernels.decode_attention import (
     _bf16_operand,
     _fold,
     _gated,
-    _prep_head,
     _reduce_piece,
     attend_row_reference,
     check_rope,
@@ -158,24 +157,6 @@ def _attention_warps(head_dim: int) -> int:
 def _block_l(head_dim: int) -> int:
     """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
     return 32 if head_dim >= 256 else 64
-
-
-def _prep_kernel(
-    qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
-    stride_qg, stride_k, stride_v, eps,
-    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
-    ON_GPU: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    j = tl.program_id(1)
-    # row record (engine.kernels.forest_tables): segment slot, local index, live, token
-    live = tl.load(rows_ptr + row * 4 + 2)
-    seg = tl.where(live != 0, tl.load(rows_ptr + row * 4), 0)  # padding: read slot 0, write nothing
-    local = tl.load(rows_ptr + row * 4 + 1)
-    _prep_head(
-        qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + seg * P * 4, q_out_ptr,
-        stride_qg, stride_k, stride_v, eps, row, j, local, live, NH, HD, RD, P,
-    )  # fmt: skip
 
 
 def _attention_kernel(
@@ -411,7 +392,6 @@ def _shadow_kernel(
 
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
-_prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 _long_attn = kernel(_long_attention_kernel)
 _shadow = kernel(_shadow_kernel)
@@ -492,7 +472,7 @@ def forest_attention_prep(
     if not use_triton(backend, x.qg):
         return forest_attention_prep_reference(x, base, rows, segs, pieces, heads)
     _check_head_dim(heads.head_dim)
-    return launch_prep(_prep, x, base, rows, pieces, heads)
+    return launch_prep(x, base, rows, pieces, heads, packed=True)
 
 
 def forest_attention(
