@@ -22,7 +22,7 @@ async def test_sigterm_commits_exactly_the_published_work(
     kafka_bootstrap: str, worker_args: list[str], tmp_path: Path
 ) -> None:
     topics = await WorkerTopics.create(kafka_bootstrap)
-    n = 60
+    n = 400  # a backlog far longer than the time SIGTERM takes to land, on any machine
     messages = [(None, encode(event(i, prefix="term")), i % 2) for i in range(n)]
     for i in (7, 20, 33):
         messages[i] = (None, b"not json", i % 2)
