@@ -30,7 +30,7 @@ import orjson
 import structlog
 from pydantic import ValidationError
 
-from engine.decide.readout import _first_argmax as _argmax  # ties go to the earliest option, as answers do
+from engine.decide.readout import first_argmax as _argmax  # ties go to the earliest option, as answers do
 from prism_pipeline.core.seeds import derive_seed
 from schemas.systemone import SystemOneRequest
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.decide.decision_config import CONFIDENCE_MODES, ConfidenceMode
-from engine.decide.readout import check_probabilities
+from engine.decide.readout import check_probabilities, first_argmax
 from schemas.systemone import Answer, ChoiceAnswer, NoulAnswer, Question, ScoreAnswer
 
 NOUL_OPTIONS = ("yes", "no")  # display order: A) yes, B) no
@@ -31,14 +31,6 @@ NOUL_OPTIONS = ("yes", "no")  # display order: A) yes, B) no
 
 def _unit(x: float) -> float:
     return min(1.0, max(0.0, x))
-
-
-def _first_argmax(values: Sequence[float]) -> int:
-    best = 0
-    for i in range(1, len(values)):
-        if values[i] > values[best]:
-            best = i
-    return best
 
 
 def _check_mode(mode: str) -> None:
@@ -75,7 +67,7 @@ def score_confidence(probabilities: Sequence[float]) -> float:
     n = len(p)
     if n < 2:
         raise ValueError(f"score confidence needs at least 2 levels, got {n}")
-    mode = _first_argmax(p)
+    mode = first_argmax(p)
     mid = (n - 1) / 2.0
     spread = math.fsum(p_i * abs(i - mode) for i, p_i in enumerate(p))
     uniform = math.fsum(abs(i - mid) for i in range(n)) / n  # > 0 for n >= 2
@@ -102,7 +94,7 @@ def choice_answer(
     conf = choice_confidence(p) if confidence == "startlux" else max_probability(p)
     return ChoiceAnswer(
         type="choice",
-        choice=names[_first_argmax(p)],
+        choice=names[first_argmax(p)],
         confidence=conf,
         probabilities={name: _unit(v) for name, v in zip(names, p, strict=True)},
     )

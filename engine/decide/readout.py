@@ -73,7 +73,7 @@ def check_probabilities(name: str, probabilities: Sequence[float]) -> list[float
     return values
 
 
-def _first_argmax(values: Sequence[float]) -> int:
+def first_argmax(values: Sequence[float]) -> int:
     """Index of the largest value; ties go to the earliest (display order)."""
     best = 0
     for i in range(1, len(values)):
@@ -105,7 +105,7 @@ class LetterReadout:
     @property
     def top(self) -> int:
         """Position of the most probable letter; ties go to the earliest."""
-        return _first_argmax(self.probabilities)
+        return first_argmax(self.probabilities)
 
     @property
     def top_probability(self) -> float:
