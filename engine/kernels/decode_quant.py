@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import Backend, helper, kernel, next_pow2, use_triton
+from engine.kernels._triton import Backend, cdiv, helper, kernel, next_pow2, use_triton
 from engine.kernels.quant import _round_int8, quantize_rows_reference
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
@@ -30,6 +30,18 @@ MAX_BLOCK = 4096
 UNROLL = 4
 SWIGLU_BLOCK = 4096
 SWIGLU_WARPS = 16
+# "resident" (the row's values kept in registers between the absmax and the quantizing pass,
+# `_swiglu_resident_kernel`) or "passes" (the shipped kernel above: the row read twice and v
+# computed twice). Same bits (tested); bench_rows.py times both. Resident config: 17,408 = 17
+# blocks of 1,024 over 8 warps (68 values a thread) with 4 blocks of gate and up in flight:
+# 128 registers and no spills on sm_90 (triton 3.6), so two programs share an SM and one
+# streams while the other reduces and stores. Rows past RESIDENT_VALUES a thread run "passes".
+SWIGLU_VARIANT = "resident"
+RESIDENT_BLOCK = 1024
+RESIDENT_WARPS = 8
+RESIDENT_VALUES = 72
+RESIDENT_AHEAD = 4  # blocks of gate and up loaded ahead of the one being computed
+RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own choice)
 
 
 def _gated_norm_quant_kernel(
@@ -76,6 +88,56 @@ def _swiglu_quant_kernel(
     tl.store(s_ptr + row, scale)
 
 
+def _swiglu_resident_kernel(
+    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
+    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """`_swiglu_quant_kernel` with the row read once: the NB = cdiv(K, BLOCK) blocks' values
+    v = silu(g) * u (/ div) stay in registers from the absmax pass to the quantizing one (the
+    passes kernel reads the row twice, the second time from L2, and computes v twice). Gate
+    and up of block b + AHEAD are loaded before block b is computed, so AHEAD blocks of the
+    row are in flight while one is computed (the compiler keeps loads in this order). The same
+    elementwise ops on every element and an exact absmax: the same bits, whatever BLOCK, AHEAD
+    and the warps are."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    g_row = g_ptr + row * stride_g
+    u_row = u_ptr + row * stride_u
+    gs = ()
+    us = ()
+    for b in tl.static_range(AHEAD):
+        if b < NB:
+            m = b * BLOCK + offs < K
+            gs = gs + (tl.load(g_row + b * BLOCK + offs, mask=m, other=0.0),)
+            us = us + (tl.load(u_row + b * BLOCK + offs, mask=m, other=0.0),)
+    vs = ()
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in tl.static_range(NB):
+        if b + AHEAD < NB:
+            m = (b + AHEAD) * BLOCK + offs < K
+            gs = gs + (tl.load(g_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+            us = us + (tl.load(u_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+        m = b * BLOCK + offs < K
+        v = _swiglu_value(gs[b].to(tl.float32), us[b].to(tl.float32), div_ptr, b * BLOCK, offs, m, HAS_DIV)
+        amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
+        vs = vs + (v,)
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    for b in tl.static_range(NB):
+        r = tl.math.div_rn(vs[b], tl.zeros((BLOCK,), dtype=tl.float32) + safe)
+        tl.store(q_ptr + row * K + b * BLOCK + offs, _round_int8(r, ON_GPU), mask=b * BLOCK + offs < K)
+    tl.store(s_ptr + row, scale)
+
+
+def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
+    """`_swiglu_block`'s value from its loaded (fp32) gate and up."""
+    v = (g / (1.0 + tl.exp(-g))) * u
+    if HAS_DIV:
+        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+    return v
+
+
 def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV: tl.constexpr):
     """SiLU(gate) * up of one block of a row (over the SmoothQuant divisor if HAS_DIV) and its
     mask: what both passes of the row compute."""
@@ -89,8 +151,10 @@ def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, H
 
 
 _swiglu_block = helper(_swiglu_block)  # type: ignore[assignment]
+_swiglu_value = helper(_swiglu_value)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
 _swiglu = kernel(_swiglu_quant_kernel)
+_swiglu_resident = kernel(_swiglu_resident_kernel)
 
 
 def gated_norm_quantize(
@@ -144,6 +208,18 @@ def swiglu_quantize(
     up = up if up.stride(1) == 1 else up.contiguous()
     q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
     scale = torch.empty(b, dtype=torch.float32, device=gate.device)
+    if SWIGLU_VARIANT == "resident":
+        block = min(next_pow2(k), RESIDENT_BLOCK)
+        warps = RESIDENT_WARPS if block == RESIDENT_BLOCK else 4
+        if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
+            extra = {} if RESIDENT_MAXNREG is None else {"maxnreg": RESIDENT_MAXNREG}
+            _swiglu_resident[(b,)](
+                gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,
+                k, gate.stride(0), up.stride(0),
+                HAS_DIV=divisor is not None, BLOCK=block, NB=cdiv(k, block), AHEAD=RESIDENT_AHEAD,
+                num_warps=warps, enable_fp_fusion=False, **extra,
+            )  # fmt: skip
+            return q, scale
     block = min(next_pow2(k), SWIGLU_BLOCK)
     _swiglu[(b,)](
         gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,

@@ -677,6 +677,111 @@ _gdn_tc_walk = kernel(_forest_gdn_tc_walk_kernel)
 _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
 
 
+# The conv's kernel: "direct" (`_forest_conv_direct_kernel`: a token block lying inside one
+# segment past its first W - 1 rows reads its window straight from the packed rows, no table
+# lookups) or "shipped" (`_forest_conv_kernel`, every row through the source tables). Same bits
+# (tests compare them); bench_rows.py times both. The direct kernel's blocks and warps:
+CONV_VARIANT = "direct"
+CONV_BLOCK_T = 32  # tokens per program (also the segment slots per final-tail program)
+CONV_BLOCK_C = 128
+CONV_WARPS = 4
+CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
+
+
+def _forest_conv_direct_kernel(
+    x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
+    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """`_forest_conv_kernel` with a fast path. Rows of a live segment are packed contiguously
+    (row tok_lo + l holds local position l), so when a block's first and last rows are live rows
+    of one segment and the first sits at local index >= W - 1, every window element of every row
+    of the block is the segment's own row r - (W - 1) + j: the block reads those rows directly,
+    without the per-row segment and source-table loads and their three-way selects, and its
+    loads no longer wait for a chain of table loads. Every other block (segment starts and
+    boundaries, padding) takes the general path, and the final-tail programs theirs, BG rows or
+    slots at a time: those paths hold many pointers per element, and in [BT, BC] tiles they
+    would set the registers (and so the occupancy) of the whole kernel. Each element's window
+    is summed in the same order with the same ops (fp fusion off) on every path and at every
+    tile shape: the bits of the shipped kernel."""
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_c = pid_c * BC + tl.arange(0, BC)
+    cmask = offs_c < C
+    tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
+    if pid_t < num_t_blocks:
+        t0 = pid_t * BT
+        # row record: (segment slot, local index, live, token); the block's first and last rows
+        first = t0.to(tl.int64) * 4
+        last = tl.minimum(t0 + BT, T).to(tl.int64) * 4 - 4
+        direct = (
+            (tl.load(rows_ptr + first + 2) != 0)
+            & (tl.load(rows_ptr + last + 2) != 0)
+            & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
+            & (tl.load(rows_ptr + first + 1) >= W - 1)
+        )
+        if direct:
+            offs_t = t0 + tl.arange(0, BT)
+            m = (offs_t < T)[:, None] & cmask[None, :]
+            acc = tl.zeros((BT, BC), dtype=tl.float32)
+            for j in tl.static_range(W):
+                r = (offs_t - (W - 1) + j).to(tl.int64)  # the row of window element j (oldest first)
+                xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=m, other=0.0)
+                xv = xv.to(tl.float32)
+                wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+                acc += xv * wj[None, :]
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
+        else:
+            for g0 in tl.range(0, BT, BG):
+                offs_t = t0 + g0 + tl.arange(0, BG)
+                in_range = offs_t < T
+                rec = offs_t.to(tl.int64) * 4
+                live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
+                seg = tl.load(rows_ptr + rec, mask=live, other=0)
+                local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
+                tok_lo = tl.load(segs_ptr + seg * 8, mask=live, other=0)
+                acc = tl.zeros((BG, BC), dtype=tl.float32)
+                for j in tl.static_range(W):
+                    lp = local - (W - 1) + j  # local position of window element j (oldest first)
+                    xv = _input_at(
+                        x_ptr, base_ptr, src_ptr, tok_lo, seg, lp, live, offs_c, cmask, tail_c, stride_x,
+                        layer_off, W,
+                    )  # fmt: skip
+                    wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+                    acc += xv * wj[None, :]
+                _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, in_range[:, None] & cmask[None, :])
+    else:
+        # final tails: the last W - 1 inputs of every live segment, oldest first
+        for g0 in tl.range(0, BT, BG):
+            offs_s = (pid_t - num_t_blocks) * BT + g0 + tl.arange(0, BG)
+            smask = offs_s < S
+            rec = offs_s.to(tl.int64) * 8
+            live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
+            tok_lo = tl.load(segs_ptr + rec, mask=live, other=0)
+            length = tl.load(segs_ptr + rec + 1, mask=live, other=0)
+            conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
+            m = live[:, None] & cmask[None, :]
+            dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
+            slots = offs_s.to(tl.int64)
+            for k in tl.static_range(W - 1):
+                lp = length - (W - 1) + k
+                xv = _input_at(
+                    x_ptr, base_ptr, src_ptr, tok_lo, slots, lp, live, offs_c, cmask, tail_c, stride_x,
+                    layer_off, W,
+                )  # fmt: skip
+                tl.store(dst + k, xv, mask=m)
+
+
+def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
+    """SiLU of the window sums, stored to their rows (padding rows: acc = 0, SiLU(0) = 0)."""
+    acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :], acc, mask=m)
+
+
+_conv_out = helper(_conv_out)  # type: ignore[assignment]
+_conv_direct = kernel(_forest_conv_direct_kernel)
+
+
 # ------------------------------------------------------------------------ table checks
 def _check_base(base: torch.Tensor, like: torch.Tensor) -> None:
     if base.dtype != torch.float32 or base.dim() != 1 or base.stride(0) != 1:
@@ -803,6 +908,15 @@ def forest_conv(
         return forest_conv_reference(x, weight, base, rows, segs, conv_src, layer_off)
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
+    if CONV_VARIANT == "direct":
+        t_blocks = cdiv(t, CONV_BLOCK_T)
+        _conv_direct[(t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))](
+            x, weight.contiguous(), base, rows, segs, conv_src, y,
+            layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
+            W=w, BT=CONV_BLOCK_T, BC=CONV_BLOCK_C, BG=min(CONV_GENERAL_ROWS, CONV_BLOCK_T),
+            num_warps=CONV_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        return y
     t_blocks = cdiv(t, BLOCK_T)
     _conv[(t_blocks + cdiv(s, BLOCK_S), cdiv(c, BLOCK_C))](
         x, weight.contiguous(), base, rows, segs, conv_src, y,

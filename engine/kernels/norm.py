@@ -15,13 +15,18 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, kernel, next_pow2, use_triton
+from engine.kernels._triton import Backend, cdiv, kernel, next_pow2, use_triton
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 MAX_BLOCK = 4096
 UNROLL = 1  # blocks of a row pass unrolled together (engine.kernels.quant.UNROLL: rolled, as measured)
+# "resident": the row loaded once and kept in registers for the output pass (rows of up to
+# RESIDENT_VALUES values a thread); "passes": the shipped kernel, two passes over the row.
+# Same bits (the block and warps, which fix the sum's order, are the same); bench_rows.py times both.
+VARIANT = "resident"
+RESIDENT_VALUES = 32
 
 
 def _norm_row_kernel(
@@ -49,7 +54,38 @@ def _norm_row_kernel(
         tl.store(y_row + k0 + offs, v, mask=m)
 
 
+def _norm_resident_kernel(
+    x_ptr, w_ptr, y_ptr, K, stride_x, stride_y, eps,
+    MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """`_norm_row_kernel` with the row read once: its NB = cdiv(K, BLOCK) blocks are loaded
+    together and kept in registers for the output pass. Same BLOCK and warps, same per-lane
+    sum of squares in block order, same `tl.sum`, same elementwise ops: the same bits."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    offs = tl.arange(0, BLOCK)
+    xs = ()
+    for b in tl.static_range(NB):
+        xs = xs + (tl.load(x_row + b * BLOCK + offs, mask=b * BLOCK + offs < K, other=0.0).to(tl.float32),)
+    sq = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in tl.static_range(NB):
+        sq += xs[b] * xs[b]
+    total = tl.sum(sq, axis=0)
+    if MEAN:
+        total = tl.math.div_rn(total, K.to(tl.float32))
+    inv = tl.math.rsqrt(total + eps)
+    for b in tl.static_range(NB):
+        m = b * BLOCK + offs < K
+        v = xs[b] * inv
+        if HAS_W:
+            v = v * tl.load(w_ptr + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_row + b * BLOCK + offs, v, mask=m)
+
+
 _kernel = kernel(_norm_row_kernel)
+_resident = kernel(_norm_resident_kernel)
 
 
 def norm_rows_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, mean: bool) -> torch.Tensor:
@@ -81,10 +117,19 @@ def norm_rows(
     if x2.shape[0] == 0 or k == 0:
         return y.reshape(*lead, k)
     block = min(next_pow2(k), MAX_BLOCK)
+    warps = 8 if block >= 2048 else 4
     w = weight.contiguous() if weight is not None else y
+    nb = cdiv(k, block)
+    if VARIANT == "resident" and nb * block <= RESIDENT_VALUES * 32 * warps:
+        _resident[(x2.shape[0],)](
+            x2, w, y, k, x2.stride(0), y.stride(0), float(eps),
+            MEAN=mean, HAS_W=weight is not None, BLOCK=block, NB=nb,
+            num_warps=warps, enable_fp_fusion=False,
+        )  # fmt: skip
+        return y.reshape(*lead, k)
     _kernel[(x2.shape[0],)](
         x2, w, y, k, x2.stride(0), y.stride(0), float(eps),
         MEAN=mean, HAS_W=weight is not None, BLOCK=block, UNROLL=UNROLL,
-        num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
+        num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return y.reshape(*lead, k)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, helper, kernel, next_pow2, use_triton
+from engine.kernels._triton import Backend, cdiv, helper, kernel, next_pow2, use_triton
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -29,6 +29,13 @@ MAX_BLOCK = 4096
 # H200 (bench_rows.py, 2026-12-01): unrolling 4 made no difference at one row (7 us a call:
 # three dependent passes of one program) and cost 33-60% at 8,192 rows, so the passes stay rolled.
 UNROLL = 1
+# Which kernel runs a row: "resident" (the row loaded once, its blocks kept in registers across
+# the passes) or "passes" (the shipped kernel: three passes, each re-reading the row). Both give
+# the same bits (tests/engine/kernels/test_kernel_quant.py compares them); bench_rows.py times both.
+VARIANT = "resident"
+# The resident kernel holds at most this many fp32 values of a row per thread (a row past it,
+# e.g. a normed 17,408 row at the norm's fixed 8 warps, runs the passes kernel).
+RESIDENT_VALUES = 32
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
 
@@ -86,9 +93,66 @@ def _round_int8(r, ON_GPU: tl.constexpr):
     return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
 
 
+def _quant_resident_kernel(
+    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
+    K, stride_x, stride_q, eps,
+    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """`_quant_row_kernel` with the row read once: its NB = cdiv(K, BLOCK) blocks are loaded
+    together (all loads in flight at once, one memory latency instead of one per block and
+    pass) and kept in registers across the passes. Same blocks, same per-lane accumulation of
+    the sum of squares in block order, same `tl.sum` over [BLOCK] (the shipped BLOCK and warps
+    when NORM), same elementwise ops: the same bits."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    offs = tl.arange(0, BLOCK)
+
+    xs = ()
+    for b in tl.static_range(NB):
+        m = b * BLOCK + offs < K
+        xs = xs + (tl.load(x_row + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32),)
+
+    inv = 1.0
+    if NORM:
+        sq = tl.zeros((BLOCK,), dtype=tl.float32)
+        for b in tl.static_range(NB):
+            sq += xs[b] * xs[b]
+        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
+        inv = tl.math.rsqrt(mean + eps)
+
+    vs = ()
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in tl.static_range(NB):
+        v = _resident_value(xs[b], w_ptr, div_ptr, b * BLOCK, offs, K, inv, NORM, HAS_DIV)
+        amax = tl.maximum(amax, tl.abs(v))
+        vs = vs + (v,)
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+
+    for b in tl.static_range(NB):
+        m = b * BLOCK + offs < K
+        tl.store(q_row + b * BLOCK + offs, _round_int8(tl.math.div_rn(vs[b], safe), ON_GPU), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def _resident_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+    """`_row_block`'s value of one block from its already loaded inputs x (fp32)."""
+    m = k0 + offs < K
+    v = x
+    if NORM:
+        v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_DIV:
+        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
+    return v
+
+
 _row_block = helper(_row_block)  # type: ignore[assignment]
+_resident_value = helper(_resident_value)  # type: ignore[assignment]
 _round_int8 = helper(_round_int8)  # type: ignore[assignment]
 _kernel = kernel(_quant_row_kernel)
+_resident = kernel(_quant_resident_kernel)
 
 
 # ------------------------------------------------------------------------ torch references
@@ -148,16 +212,51 @@ def _launch(
         return q, scale
     if k == 0:
         return q, scale.zero_()
-    block = min(next_pow2(k), MAX_BLOCK)
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholders
     wgt = weight.contiguous() if weight is not None else scale
+    norm = weight is not None
+    resident = resident_blocking(k, norm) if VARIANT == "resident" else None
+    if resident is not None:
+        block, warps = resident
+        _resident[(m,)](
+            x, div, wgt,
+            q, scale, k, x.stride(0), q.stride(0), float(eps),
+            HAS_DIV=divisor is not None, NORM=norm, BLOCK=block, NB=cdiv(k, block),
+            num_warps=warps, enable_fp_fusion=False,
+        )  # fmt: skip
+        return q, scale
+    block = min(next_pow2(k), MAX_BLOCK)
     _kernel[(m,)](
         x, div, wgt,
         q, scale, k, x.stride(0), q.stride(0), float(eps),
-        HAS_DIV=divisor is not None, NORM=weight is not None, BLOCK=block, UNROLL=UNROLL,
+        HAS_DIV=divisor is not None, NORM=norm, BLOCK=block, UNROLL=UNROLL,
         num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
+
+
+def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
+    """(BLOCK, warps) of the resident kernel for rows of k, or None where the row does not fit
+    in RESIDENT_VALUES registers a thread (the passes kernel runs it then).
+
+    With a norm, the block and warps are the passes kernel's: they fix the order in which the
+    sum of squares is reduced (lanes across blocks, then `tl.sum` over the block's layout), so
+    they are not free. Without one nothing is summed (absmax is exact in any order), so the
+    block is the power of two that pads k least (6,144 = 3 x 2,048, 5,120 = 5 x 1,024, not
+    2 x 4,096 with a half-empty second block) and the warps the fewest that fit the row.
+    """
+    if norm:
+        block = min(next_pow2(k), MAX_BLOCK)
+        warps = 8 if block >= 2048 else 4
+        return (block, warps) if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps else None
+    block = min(next_pow2(k), MAX_BLOCK)
+    for b in (MAX_BLOCK, 2048, 1024, 512, 256):
+        if b < block and cdiv(k, b) * b < cdiv(k, block) * block:
+            block = b
+    for warps in (4, 8, 16):
+        if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
+            return block, warps
+    return None
 
 
 def quantize_rows(

@@ -221,3 +221,36 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
         g1, gs1 = swiglu_quantize(gate[r : r + 1], up[r : r + 1], sdiv)
         assert torch.equal(q1[0], q_all[r]) and torch.equal(s1[0], s_all[r])
         assert torch.equal(g1[0], g_all[r]) and torch.equal(gs1[0], gs_all[r])
+
+
+@pytest.mark.parametrize(
+    ("k", "block", "warps", "ahead"),
+    [(300, 2048, 16, 2), (5000, 1024, 8, 2), (5000, 2048, 16, 9), (17408, 1024, 8, 4), (17408, 4096, 32, 1)],
+)
+def test_swiglu_resident_kernel_equals_the_passes_kernel(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, k: int, block: int, warps: int,
+    ahead: int,
+) -> None:  # fmt: skip
+    """The row's values kept in registers (any block, warps, loads ahead) give the shipped
+    two-pass kernel's bits; gate and up are column slices of one stacked GEMM output, as in
+    the engine, and a zero row and a row alone are in the checks."""
+    import engine.kernels.decode_quant as dq
+
+    b = 64 if dev.type == "cuda" else 3
+    stacked = (torch.randn(b, 2 * k + 8, generator=gen) * 3).to(dev)
+    gate, up = stacked[:, :k], stacked[:, k + 8 :]
+    stacked[1] = 0.0
+    sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
+    monkeypatch.setattr(dq, "RESIDENT_BLOCK", block)
+    monkeypatch.setattr(dq, "RESIDENT_WARPS", warps)
+    monkeypatch.setattr(dq, "RESIDENT_AHEAD", ahead)
+    monkeypatch.setattr(dq, "RESIDENT_VALUES", 80)
+    for divisor in (None, sdiv):
+        monkeypatch.setattr(dq, "SWIGLU_VARIANT", "resident")
+        q_new, s_new = swiglu_quantize(gate, up, divisor)
+        q_one, s_one = swiglu_quantize(gate[b - 1 :], up[b - 1 :], divisor)
+        monkeypatch.setattr(dq, "SWIGLU_VARIANT", "passes")
+        q_old, s_old = swiglu_quantize(gate, up, divisor)
+        assert torch.equal(s_new, s_old) and torch.equal(q_new, q_old)
+        assert s_new[1] == 0 and not q_new[1].any()
+        assert torch.equal(q_one[0], q_new[b - 1]) and torch.equal(s_one[0], s_new[b - 1])

@@ -742,3 +742,87 @@ def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen
     keep = ~_written(case, conv=False, state=True)
     assert torch.equal(case.pool.base[keep], after_conv[keep])
     assert torch.equal(_state_out(case, 5), _state_out(case, 1))  # the empty child hands its state on
+
+
+# ------------------------------------------------------------------ the conv's direct kernel
+def _long_conv_case(dev: torch.device, gen: torch.Generator, c: int, w: int = 4):
+    """A packed pass of long and short segments for the conv alone: a stored-start root of 45
+    rows, its child of 37 (sources: the root's last rows), an empty child of the root, a
+    zero-start root of 2 rows and its child of 40 (sources: zero, row, row), a zero-start root
+    of 33, padding rows between them and a padding slot. Blocks of 4..32 rows then lie inside
+    one segment past its start (the direct path), across boundaries and padding, or at starts."""
+    nodes = {0: (None, 45), 1: (0, 37), 2: (None, 2), 3: (2, 40), 4: (0, 0), 6: (None, 33)}
+    order = [None] * 3 + [0, 1, None, 2, 3, None, None, 6]
+    s_count = 7  # slot 5: padding
+    tail = c * (w - 1)
+    pool = Pool((len(nodes) + 2) * N_GDN * tail + 64, dev, gen)
+    stored = pool.take(N_GDN * tail)
+    out = {s: pool.take(N_GDN * tail) for s in nodes}
+    rows: list[list[int]] = []
+    first: dict[int, int] = {}
+    for s in order:
+        if s is None:
+            rows.append([1000, 99, 0, 0])
+            continue
+        first[s] = len(rows)
+        rows += [[s, i, 1, 0] for i in range(nodes[s][1])]
+    first[4] = 0
+    t = len(rows)
+    before: dict[int, list[list[int]]] = {
+        0: [[CONV_TAIL, stored + k] for k in range(w - 1)],
+        2: [[CONV_ZERO, 0]] * (w - 1),
+        6: [[CONV_ZERO, 0]] * (w - 1),
+    }
+    for s in (1, 4, 3):
+        parent = nodes[s][0]
+        p_rows = range(first[parent], first[parent] + nodes[parent][1])
+        before[s] = (before[parent] + [[CONV_ROW, r] for r in p_rows])[-(w - 1) :]
+    segs = torch.zeros(s_count, SEG_FIELDS, dtype=torch.int64)
+    src = torch.zeros(s_count, w - 1, 2, dtype=torch.int64)
+    for s, (_, n) in nodes.items():
+        segs[s, [SEG_TOK_LO, SEG_LENGTH, SEG_CONV_OUT, SEG_LIVE]] = torch.tensor([first[s], n, out[s], 1])
+        src[s] = torch.tensor(before[s])
+    segs[5, [SEG_TOK_LO, SEG_LENGTH, SEG_CONV_OUT]] = torch.tensor([3, 10, stored])  # dead: never written
+    src[5, :, 0] = CONV_TAIL
+    wide = torch.randn(t, c + 8, generator=gen)
+    x = wide.to(dev)[:, 5 : 5 + c]
+    weight = (torch.randn(c, w, generator=gen) * 0.5).to(dev)
+    return x, weight, pool, torch.tensor(rows, dtype=torch.int64).to(dev), segs.to(dev), src.to(dev)
+
+
+@pytest.mark.parametrize(
+    "config", [(4, 16, 1, 2), (8, 32, 2, 4), (16, 128, 4, 4), (32, 128, 8, 4), (32, 64, 4, 32)]
+)
+def test_direct_conv_equals_the_shipped_kernel(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, config: tuple[int, ...]
+) -> None:
+    """The conv's direct kernel (own rows read straight for blocks inside one segment past its
+    start, everything else through the tables) gives the shipped kernel's bits, outputs and
+    final tails, at every block shape; and matches the reference."""
+    import engine.kernels.forest_gdn as fg
+
+    c = 72  # channel blocks of 16..128 with a ragged last one
+    x, weight, pool, rows, segs, src = _long_conv_case(dev, gen, c)
+    before = pool.base.clone()
+    off = LAYER * c * 3
+
+    def run(variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(fg, "CONV_VARIANT", variant)
+        pool.base.copy_(before)
+        y = forest_conv(x, weight, pool.base, rows, segs, src, off)
+        return y, pool.base.clone()
+
+    bt, bc, warps, bg = config
+    monkeypatch.setattr(fg, "CONV_BLOCK_T", bt)
+    monkeypatch.setattr(fg, "CONV_BLOCK_C", bc)
+    monkeypatch.setattr(fg, "CONV_WARPS", warps)
+    monkeypatch.setattr(fg, "CONV_GENERAL_ROWS", bg)
+    y_new, base_new = run("direct")
+    y_old, base_old = run("shipped")
+    assert torch.equal(y_new, y_old)
+    assert torch.equal(base_new, base_old)
+    pool.base.copy_(before)
+    y_ref = forest_conv_reference(x, weight, pool.base, rows, segs, src, off)
+    torch.testing.assert_close(y_new, y_ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(base_new, pool.base)
+    assert not y_new[rows[:, ROW_LIVE] == 0].any()  # padding rows: zeros

@@ -33,3 +33,25 @@ def test_keeps_leading_dims_and_checks_weight() -> None:
     assert torch.allclose(y.norm(dim=-1), torch.ones(3, 4, device=x.device), atol=1e-5)
     with pytest.raises(ValueError, match="weight must be"):
         norm_rows(x, torch.ones(5, device=x.device), 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mean", [True, False])
+@pytest.mark.parametrize("k", [100, 128, 5000])  # 5000: two blocks of 4,096, the second ragged
+def test_resident_kernel_equals_the_passes_kernel(
+    device: str, mean: bool, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row kept in registers gives the shipped two-pass kernel's bits (same block and warps,
+    so the same sum order)."""
+    import engine.kernels.norm as kn
+
+    g = torch.Generator().manual_seed(k + mean)
+    x = (torch.randn(6, k, generator=g) * 3).to(device)
+    x[2] = 0.0
+    w = (torch.rand(k, generator=g) + 0.5).to(device)
+    weight = w if mean else None
+    monkeypatch.setattr(kn, "VARIANT", "resident")
+    y_new = norm_rows(x, weight, 1e-6, mean=mean, backend="triton")
+    monkeypatch.setattr(kn, "VARIANT", "passes")
+    y_old = norm_rows(x, weight, 1e-6, mean=mean, backend="triton")
+    assert torch.equal(y_new, y_old)

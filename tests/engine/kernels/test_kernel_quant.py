@@ -104,3 +104,60 @@ def test_bad_inputs_are_named(dev: torch.device) -> None:
         quantize_rows(x.int())
     with pytest.raises(ValueError, match="eps"):
         rms_norm_quantize(x, torch.ones(8, device=dev), 0.0)
+
+
+# ------------------------------------------------------------------ resident rows == passes
+@pytest.mark.parametrize("k", [40, 300, 2560, 5000, 6144])  # one block .. two of 4,096, ragged ends
+@pytest.mark.parametrize("mode", ["plain", "divisor", "norm"])
+def test_resident_kernel_equals_the_passes_kernel(
+    gen: torch.Generator, dev: torch.device, monkeypatch: pytest.MonkeyPatch, k: int, mode: str
+) -> None:
+    """The row kept in registers gives the bits of the shipped three-pass kernel: the plain
+    quantizers, and the fused norm, whose sum of squares must be reduced in the same order."""
+    import engine.kernels.quant as kq
+
+    m = 64 if ON_CUDA else 4
+    x = _rows(gen, m, k, dev, torch.bfloat16 if k == 300 else torch.float32)
+    x[1] = 0.0  # an all-zero row: scale 0, q 0
+    ties = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -4.5])
+    x[2, :9] = ties.to(x.dtype)  # absmax 127: exact ties
+    vec = (torch.rand(k, generator=gen) + 0.5).to(dev)
+    assert kq.resident_blocking(k, mode == "norm") is not None
+
+    def run(variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(kq, "VARIANT", variant)
+        if mode == "norm":
+            return rms_norm_quantize(x, vec, EPS, backend="triton")
+        return quantize_rows(x, vec if mode == "divisor" else None, backend="triton")
+
+    q_new, s_new = run("resident")
+    q_old, s_old = run("passes")
+    assert torch.equal(s_new, s_old) and torch.equal(q_new, q_old)
+    if mode != "norm":  # and the torch reference's, which the plain quantization equals
+        q_ref, s_ref = quantize_rows_reference(x, vec if mode == "divisor" else None)
+        assert torch.equal(s_new, s_ref) and torch.equal(q_new, q_ref)
+    # a row alone: the same bits as among the others
+    q1, s1 = (
+        rms_norm_quantize(x[m - 1 :].clone(), vec, EPS, backend="triton")
+        if mode == "norm"
+        else quantize_rows(x[m - 1 :].clone(), vec if mode == "divisor" else None, backend="triton")
+    )
+    assert torch.equal(q1, q_new[m - 1 :]) and torch.equal(s1, s_new[m - 1 :])
+
+
+def test_resident_blocking_keeps_the_norms_block_and_fits_rows() -> None:
+    from engine.kernels.quant import MAX_BLOCK, RESIDENT_VALUES, resident_blocking
+
+    for k in (16, 40, 300, 2560, 4096, 5000, 5120, 6144, 8192, 10240, 12288, 17408, 40000):
+        for norm in (False, True):
+            got = resident_blocking(k, norm)
+            if got is None:
+                assert norm or k > 16 * 32 * RESIDENT_VALUES, k
+                continue
+            block, warps = got
+            if norm:  # the passes kernel's block and warps: the sum's order depends on them
+                assert block == min(1 << (k - 1).bit_length(), MAX_BLOCK)
+                assert warps == (8 if block >= 2048 else 4)
+            assert -(-k // block) * block <= RESIDENT_VALUES * 32 * warps
+    assert resident_blocking(6144, False) == (2048, 8)  # 3 full blocks, not 2 x 4,096
+    assert resident_blocking(5120, True) == (4096, 8)
