@@ -684,7 +684,7 @@ _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
 CONV_VARIANT = "direct"
 CONV_BLOCK_T = 32  # tokens per program (also the segment slots per final-tail program)
 CONV_BLOCK_C = 128
-CONV_WARPS = 4
+CONV_WARPS = 8
 CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
 
 

@@ -1,16 +1,19 @@
-"""Time the body's and decoder's memory-bound row kernels at the 27B shapes (CUDA only).
+"""Time the body's and decoder's memory-bound row kernels at the 27B shapes, old against new (CUDA only).
 
-    PYTHONPATH=. python3 ops/bench/bench_rows.py [--out rows.json]
+    PYTHONPATH=. python3 ops/bench/bench_rows.py [--out rows.json] [--rows 1,64,256,8192] [--quick]
 
-The kernels between the GEMMs - RMSNorm + int8 quantization (K = 5,120), plain quantization
-(K = 6,144, the attention output), SwiGLU + quantization (K = 17,408), the GDN output gate +
-quantization (48 x 128) and the forest's causal conv + SiLU (C = 10,240) - move little data
-per row but run ~450 times a forward. Each is timed inside a CUDA graph
-(`triton.testing.do_bench_cudagraph`: no launch overhead, as in the engine's captured passes)
-at M = 1, 64, 256, 8,192 rows, for the launch parameters named on the command line (module
-constants, e.g. the passes' unroll factor or the conv's blocks), and every variant's output is
-checked equal, bit for bit, to the shipped parameters' (a variant that changes bits is reported,
-never chosen). GB/s counts the bytes each kernel must read and write once.
+The kernels between the GEMMs - RMSNorm + int8 quantization (K = 5,120), plain quantization over
+the SmoothQuant divisor (K = 6,144, the attention output), RMSNorm alone (5,120), SwiGLU +
+quantization over the divisor (K = 17,408) and the forest's causal conv + SiLU (C = 10,240) -
+move little data per row but run ~450 times a forward. Each kernel runs in its shipped form
+("passes" / "shipped": the row read once per pass, or the conv's table lookups for every row)
+and in the new ones ("resident": the row kept in registers; "direct": the conv's blocks inside a
+segment read their rows directly), at several launch configs, all in one run, each timed inside
+a CUDA graph (`triton.testing.do_bench_cudagraph`: no launch overhead, as in the engine's
+captured passes). Every variant's outputs are checked equal, bit for bit, to the shipped
+kernel's (a variant that changes bits is reported, never chosen). GB/s counts the bytes each
+kernel must read and write once (per-channel vectors, read by every row from L2, not counted).
+The last lines are a table: us per call of the shipped kernel and the new default, per size.
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -20,22 +23,68 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 import engine.kernels.decode_quant as dq
 import engine.kernels.forest_gdn as fg
+import engine.kernels.norm as kn
 import engine.kernels.quant as kq
 from engine.kernels.forest_tables import ROW_FIELDS, SEG_FIELDS
 
 ROWS = (1, 64, 256, 8192)
-HIDDEN, ATTN_OUT, INTER, HV, DV, CONV_C, CONV_W = 5120, 6144, 17408, 48, 128, 10240, 4
+HIDDEN, ATTN_OUT, INTER, CONV_C, CONV_W = 5120, 6144, 17408, 10240, 4
+
+# variant name -> module settings; the first of each kernel is the shipped kernel (the bits
+# every other one is checked against), the second the new default
+QUANT_VARIANTS = {"passes": {"VARIANT": "passes"}, "resident": {"VARIANT": "resident"}}
 
 
-def timed(fn) -> float:
+def _resident(block: int, warps: int, ahead: int, maxnreg: int | None = None) -> dict[str, Any]:
+    return dict(
+        SWIGLU_VARIANT="resident", RESIDENT_BLOCK=block, RESIDENT_WARPS=warps, RESIDENT_AHEAD=ahead,
+        RESIDENT_MAXNREG=maxnreg,
+    )  # fmt: skip
+
+
+SWIGLU_VARIANTS: dict[str, dict[str, Any]] = {
+    "passes 4096x16 u4": {"SWIGLU_VARIANT": "passes"},
+    "res 1024x8 a4": _resident(1024, 8, 4),
+    "res 1024x8 a6 r128": _resident(1024, 8, 6, 128),
+    "res 2048x16 a2": _resident(2048, 16, 2),
+    "res 4096x32 a2": _resident(4096, 32, 2),
+    "res 2048x16 a9": _resident(2048, 16, 9),
+}
+CONV_VARIANTS: dict[str, dict[str, Any]] = {
+    "shipped 16x128x4": {"CONV_VARIANT": "shipped"},
+    "direct 32x128x8": {"CONV_VARIANT": "direct"},
+    "direct 16x128x4": dict(CONV_VARIANT="direct", CONV_BLOCK_T=16, CONV_WARPS=4, CONV_GENERAL_ROWS=2),
+    "direct 64x128x8": dict(CONV_VARIANT="direct", CONV_BLOCK_T=64, CONV_GENERAL_ROWS=8),
+    "direct 32x256x8": dict(CONV_VARIANT="direct", CONV_BLOCK_C=256),
+}
+QUICK = {"swiglu": 3, "conv": 3}  # --quick: the shipped kernel, the default and the next variants
+
+
+def timed(fn: Callable[[], Any]) -> float:
     import triton.testing
 
-    return float(triton.testing.do_bench_cudagraph(fn, rep=50))
+    return float(triton.testing.do_bench_cudagraph(fn, rep=25))
+
+
+@contextmanager
+def settings(module: Any, values: dict[str, Any]) -> Iterator[None]:
+    """The module's constants set to values for the block, restored after."""
+    old = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(module, name, value)
 
 
 def conv_case(t: int, gen: torch.Generator) -> dict:
@@ -61,80 +110,87 @@ def conv_case(t: int, gen: torch.Generator) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--unroll", default="1,4", help="row passes' unroll factors to time")
-    ap.add_argument(
-        "--swiglu", default="4096x8,8192x8,8192x16,4096x16", help="SwiGLU block x warps to time (unroll 4)"
-    )
-    ap.add_argument("--conv", default="16x128x4,32x128x4,64x64x4,64x128x8,32x256x8,16x256x4",
-                    help="conv blocks BTxBCxwarps to time")  # fmt: skip
+    ap.add_argument("--rows", default=",".join(str(m) for m in ROWS))
+    ap.add_argument("--quick", action="store_true", help="fewer SwiGLU and conv configs")
     args = ap.parse_args()
+    sizes = [int(m) for m in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     out: dict = {"device": torch.cuda.get_device_name(), "rows": []}
+    swiglu_variants = list(SWIGLU_VARIANTS.items())[: QUICK["swiglu"] if args.quick else None]
+    conv_variants = list(CONV_VARIANTS.items())[: QUICK["conv"] if args.quick else None]
 
     def row(name: str, m: int, variant: str, ms: float, nbytes: int, same: bool) -> None:
         r = dict(kernel=name, m=m, variant=variant, us=1e3 * ms, gbps=nbytes / ms / 1e6, bit_equal=same)
         out["rows"].append(r)
         print(
-            f"{name:<14} M={m:>5} {variant:<12} {1e3 * ms:9.2f} us {r['gbps']:7.0f} GB/s  bits={same}",
+            f"{name:<13} M={m:>5} {variant:<20} {1e3 * ms:9.2f} us {r['gbps']:7.0f} GB/s  bits={same}",
             flush=True,
         )
+        if args.out:  # after each row: a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
 
-    unrolls = [int(u) for u in args.unroll.split(",")]
-    shipped = (kq.UNROLL, dq.UNROLL)
-    for m in ROWS:
+    def compare(name: str, m: int, module: Any, variants: list, fn: Callable[[], Any], nbytes: int) -> None:
+        want = None
+        for variant, values in variants:
+            with settings(module, values):
+                got = fn()
+                got = got if isinstance(got, tuple) else (got,)
+                if want is None:
+                    want = tuple(g.clone() for g in got)
+                same = all(torch.equal(p, q) for p, q in zip(got, want, strict=True))
+                row(name, m, variant, timed(fn), nbytes, same)
+
+    quant = list(QUANT_VARIANTS.items())
+    for m in sizes:
         x = torch.randn(m, HIDDEN, device="cuda", generator=gen)
         wn = torch.rand(HIDDEN, device="cuda", generator=gen) + 0.5
         a = torch.randn(m, ATTN_OUT, device="cuda", generator=gen)
         div = torch.rand(ATTN_OUT, device="cuda", generator=gen) + 0.5
-        g = torch.randn(m, INTER, device="cuda", generator=gen)
-        u = torch.randn(m, INTER, device="cuda", generator=gen)
-        o = torch.randn(m, HV, DV, device="cuda", generator=gen)
-        z = torch.randn(m, HV * DV, device="cuda", generator=gen)
-        cases = {
-            "norm+quant": (lambda: kq.rms_norm_quantize(x, wn, 1e-6), m * HIDDEN * 5),
-            "quant/div": (lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5),
-            "swiglu+quant": (lambda: dq.swiglu_quantize(g, u, None), m * INTER * 9),
-            "gated+quant": (lambda: dq.gated_norm_quantize(o, z, wn[:DV], None, 1e-6), m * HV * DV * 9),
-        }
-        want = {name: fn() for name, (fn, _) in cases.items()}
-        for unroll in unrolls:
-            kq.UNROLL = dq.UNROLL = unroll
-            for name, (fn, nbytes) in cases.items():
-                got = fn()
-                same = all(torch.equal(p, q) for p, q in zip(got, want[name], strict=True))
-                row(name, m, f"unroll {unroll}", timed(fn), nbytes, same)
-        kq.UNROLL, dq.UNROLL = shipped
-        shipped_swiglu = (dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS)
-        for spec in args.swiglu.split(","):
-            dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS = (int(v) for v in spec.split("x"))
-            fn, nbytes = cases["swiglu+quant"]
-            got = fn()
-            same = all(torch.equal(p, q) for p, q in zip(got, want["swiglu+quant"], strict=True))
-            row("swiglu+quant", m, spec, timed(fn), nbytes, same)
-        dq.SWIGLU_BLOCK, dq.SWIGLU_WARPS = shipped_swiglu
-    shipped_conv = (fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS)
-    for t in (1, 64, 256, 8192):
-        case = conv_case(t, gen)
-        want = fg.forest_conv(**case)
-        for spec in args.conv.split(","):
-            bt, bc, warps = (int(v) for v in spec.split("x"))
-            fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS = bt, bt, bc, warps  # the kernel needs BS = BT
-            got = fg.forest_conv(**case)
-            row(
-                "conv+silu",
-                t,
-                spec,
-                timed(lambda: fg.forest_conv(**case)),
-                t * CONV_C * 8,
-                torch.equal(got, want),
-            )
-        fg.BLOCK_T, fg.BLOCK_S, fg.BLOCK_C, fg.NUM_WARPS = shipped_conv
-        if args.out:  # after each length: a run cut short keeps its rows
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
+        gu = torch.randn(m, 2 * INTER, device="cuda", generator=gen)  # one stacked gate/up GEMM output
+        g, u = gu[:, :INTER], gu[:, INTER:]
+        sdiv = torch.rand(INTER, device="cuda", generator=gen) + 0.5
+        compare("norm+quant", m, kq, quant, lambda: kq.rms_norm_quantize(x, wn, 1e-6), m * HIDDEN * 5)
+        compare("quant/div", m, kq, quant, lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5)
+        compare("norm", m, kn, quant, lambda: kn.norm_rows(x, wn, 1e-6), m * HIDDEN * 8)
+        compare("swiglu+quant", m, dq, swiglu_variants, lambda: dq.swiglu_quantize(g, u, sdiv), m * INTER * 9)
+        case = conv_case(m, gen)
+
+        def conv() -> tuple[torch.Tensor, torch.Tensor]:
+            return fg.forest_conv(**case), case["base"]
+
+        compare("conv+silu", m, fg, conv_variants, conv, m * CONV_C * 8)
+    summary(out["rows"])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def summary(rows: list[dict]) -> None:
+    """us per call: shipped / new default (speed-up) per kernel and size; any bit mismatch named."""
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    sizes = list(dict.fromkeys(r["m"] for r in rows))
+    print("\nus per call, shipped / new default (x speed-up); best variant at the largest size")
+    head = "".join(f"{'M=' + str(m):>26}" for m in sizes)
+    print(f"{'kernel':<13}{head}   best at M={sizes[-1]}")
+    for k in kernels:
+        line = f"{k:<13}"
+        for m in sizes:
+            rs = [r for r in rows if r["kernel"] == k and r["m"] == m]
+            if len(rs) < 2:
+                line += f"{'-':>26}"
+                continue
+            old, new = rs[0]["us"], rs[1]["us"]
+            line += f"{f'{old:.1f} / {new:.1f} ({old / new:.2f}x)':>26}"
+        last = [r for r in rows if r["kernel"] == k and r["m"] == sizes[-1]]
+        if last:
+            best = min(last, key=lambda r: r["us"])
+            line += f"   {best['variant']} {best['us']:.1f} us {best['gbps']:.0f} GB/s"
+        print(line)
+    bad = [r for r in rows if not r["bit_equal"]]
+    print(f"bit mismatches: {len(bad)}")
+    for r in bad:
+        print(f"  {r['kernel']} M={r['m']} {r['variant']}")
 
 
 if __name__ == "__main__":

@@ -161,3 +161,62 @@ def test_resident_blocking_keeps_the_norms_block_and_fits_rows() -> None:
             assert -(-k // block) * block <= RESIDENT_VALUES * 32 * warps
     assert resident_blocking(6144, False) == (2048, 8)  # 3 full blocks, not 2 x 4,096
     assert resident_blocking(5120, True) == (4096, 8)
+
+
+_LAYOUTS = r"""
+import glob, json, os, re, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+import engine.kernels.norm as kn
+import engine.kernels.quant as kq
+from engine.kernels.aot import compile_launch, record
+
+kq.VARIANT = kn.VARIANT = sys.argv[1]
+with record() as launches:
+    for k in (1000, 2560, 5120):  # blocks of 1,024 (4 warps) and 4,096 (8 warps), one or two of them
+        kq.rms_norm_quantize(torch.zeros(4, k), torch.zeros(k), 1e-6, backend="triton")
+        kn.norm_rows(torch.zeros(4, k), torch.zeros(k), 1e-6, backend="triton")
+        kn.norm_rows(torch.zeros(4, k), None, 1e-6, mean=False, backend="triton")
+for launch in launches:
+    compile_launch(launch)
+sums = set()
+for path in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "*.ttgir")):
+    text = open(path).read()
+    aliases = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{.*\}>)", text, re.M))
+    for body in text.split('"tt.reduce"(')[1:]:
+        region, _, rest = body.partition("}) : (")
+        operand = rest.split(")", 1)[0]  # e.g. tensor<4096xf32, #blocked>
+        shape, layout = operand.removeprefix("tensor<").removesuffix(">").split(", ")
+        if "arith.addf" in region:  # keyed by family: _quant_row/_quant_resident, _norm_row/_norm_resident
+            family = os.path.basename(path).split("_")[1]
+            sums.add(family + " " + shape + " " + aliases.get(layout, layout))
+print(json.dumps(sorted(sums)))
+"""
+
+
+@pytest.mark.slow
+def test_resident_norms_reduce_over_the_shipped_layouts(tmp_path) -> None:  # noqa: ANN001
+    """Compiled for sm_90 (no GPU needed), the resident norm kernels' sums of squares reduce
+    tensors of the same shapes in the same layouts as the passes kernels': the lowering of
+    `tl.sum` (per-thread order, shuffles, cross-warp step) follows from those alone, and the
+    lanes hold the same values, so the sums are the same bits on the GPU too."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia")
+    repo = Path(__file__).resolve().parents[3]
+    got = {}
+    for variant in ("passes", "resident"):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(tmp_path / variant)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
+        run = subprocess.run(
+            [sys.executable, "-c", _LAYOUTS, variant], cwd=repo, env=env, capture_output=True, text=True,
+            timeout=900,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        got[variant] = run.stdout.strip().splitlines()[-1]
+    assert all(f"{f} {n}xf32" in got["passes"] for f in ("quant", "norm") for n in (1024, 4096)), got
+    assert got["resident"] == got["passes"], got
