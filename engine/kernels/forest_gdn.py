@@ -720,40 +720,47 @@ def _forest_conv_direct_kernel(
             & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
             & (tl.load(rows_ptr + first + 1) >= W - 1)
         )
+        offs_t = t0 + tl.arange(0, BT)
+        in_range = offs_t < T
         if direct:
-            offs_t = t0 + tl.arange(0, BT)
-            m = (offs_t < T)[:, None] & cmask[None, :]
-            acc = tl.zeros((BT, BC), dtype=tl.float32)
-            for j in tl.static_range(W):
-                r = (offs_t - (W - 1) + j).to(tl.int64)  # the row of window element j (oldest first)
-                xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=m, other=0.0)
-                xv = xv.to(tl.float32)
-                wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
-                acc += xv * wj[None, :]
+            m = in_range[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W, BT, BC)
             _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
         else:
-            for g0 in tl.range(0, BT, BG):
-                offs_t = t0 + g0 + tl.arange(0, BG)
-                in_range = offs_t < T
-                rec = offs_t.to(tl.int64) * 4
-                live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
-                seg = tl.load(rows_ptr + rec, mask=live, other=0)
-                local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
-                tok_lo = tl.load(segs_ptr + seg * 8, mask=live, other=0)
-                acc = tl.zeros((BG, BC), dtype=tl.float32)
-                for j in tl.static_range(W):
-                    lp = local - (W - 1) + j  # local position of window element j (oldest first)
-                    xv = _input_at(
-                        x_ptr, base_ptr, src_ptr, tok_lo, seg, lp, live, offs_c, cmask, tail_c, stride_x,
-                        layer_off, W,
-                    )  # fmt: skip
-                    wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
-                    acc += xv * wj[None, :]
-                _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, in_range[:, None] & cmask[None, :])
+            # rows at local index >= W - 1 of their segment (and padding rows, which stay zero) in
+            # one tile as above; the rows whose window reaches before their segment (the first
+            # W - 1 of each) through the tables, BG rows at a time, only the steps that hold one
+            rec = offs_t.to(tl.int64) * 4
+            live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
+            local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
+            near = live & (local < W - 1)
+            own = (live & (local >= W - 1))[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, own, stride_x, W, BT, BC)
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, (in_range & ~near)[:, None] & cmask[None, :])
+            step = tl.where(near, (offs_t - t0) // BG, BT)  # the step of each such row
+            for g0 in tl.range(0, tl.minimum(BT, T - t0), BG):
+                if tl.min(tl.where(step == g0 // BG, 0, 1), axis=0) == 0:
+                    offs_g = t0 + g0 + tl.arange(0, BG)
+                    rec_g = offs_g.to(tl.int64) * 4
+                    live_g = (offs_g < T) & (tl.load(rows_ptr + rec_g + 2, mask=offs_g < T, other=0) != 0)
+                    seg = tl.load(rows_ptr + rec_g, mask=live_g, other=0)
+                    local_g = tl.load(rows_ptr + rec_g + 1, mask=live_g, other=0)
+                    near_g = live_g & (local_g < W - 1)
+                    acc_g = tl.zeros((BG, BC), dtype=tl.float32)
+                    for j in tl.static_range(W):
+                        lp = local_g - (W - 1) + j  # local position of window element j (oldest first)
+                        xv = _window_input(
+                            x_ptr, base_ptr, src_ptr, offs_g.to(tl.int64) - (W - 1) + j, seg, lp, live_g,
+                            offs_c, cmask, tail_c, stride_x, layer_off, W,
+                        )  # fmt: skip
+                        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+                        acc_g += xv * wj[None, :]
+                    _conv_out(acc_g, y_ptr, offs_g, stride_y, offs_c, near_g[:, None] & cmask[None, :])
     else:
         # final tails: the last W - 1 inputs of every live segment, oldest first
-        for g0 in tl.range(0, BT, BG):
-            offs_s = (pid_t - num_t_blocks) * BT + g0 + tl.arange(0, BG)
+        s0 = (pid_t - num_t_blocks) * BT
+        for g0 in tl.range(0, tl.minimum(BT, S - s0), BG):
+            offs_s = s0 + g0 + tl.arange(0, BG)
             smask = offs_s < S
             rec = offs_s.to(tl.int64) * 8
             live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
@@ -765,11 +772,53 @@ def _forest_conv_direct_kernel(
             slots = offs_s.to(tl.int64)
             for k in tl.static_range(W - 1):
                 lp = length - (W - 1) + k
-                xv = _input_at(
-                    x_ptr, base_ptr, src_ptr, tok_lo, slots, lp, live, offs_c, cmask, tail_c, stride_x,
+                xv = _window_input(
+                    x_ptr, base_ptr, src_ptr, tok_lo + lp, slots, lp, live, offs_c, cmask, tail_c, stride_x,
                     layer_off, W,
                 )  # fmt: skip
                 tl.store(dst + k, xv, mask=m)
+
+
+def _window_input(
+    x_ptr, base_ptr, src_ptr, own_row, slot, lp, live, offs_c, cmask, tail_c, stride_x, layer_off,
+    W: tl.constexpr,
+):  # fmt: skip
+    """`_input_at`'s values with two loads instead of three: a segment's own row (own_row, for
+    lp >= 0) and a source row of this pass are both rows of x, so one load reads either; only a
+    stored tail's column is read from base. Zeros where `_input_at` gives zeros."""
+    own = live & (lp >= 0)
+    pre = live & (lp < 0)
+    src = (slot * (W - 1) + lp + (W - 1)) * 2
+    kind = tl.load(src_ptr + src, mask=pre, other=0)
+    val = tl.load(src_ptr + src + 1, mask=pre, other=0)
+    from_row = pre & (kind == 1)
+    from_tail = pre & (kind == 2)
+    row = tl.where(own, own_row, val)
+    xv = tl.load(
+        x_ptr + row[:, None] * stride_x + offs_c[None, :],
+        mask=(own | from_row)[:, None] & cmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    tv = tl.load(
+        base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
+        mask=from_tail[:, None] & cmask[None, :],
+        other=0.0,
+    )
+    return tl.where(from_tail[:, None], tv, xv)
+
+
+def _conv_own_rows(
+    x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr
+):  # fmt: skip
+    """Window sums of rows whose window lies in their own segment: element j of row r is row
+    r - (W - 1) + j, summed oldest first (the order of every path); zeros where m is false."""
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for j in tl.static_range(W):
+        r = (offs_t - (W - 1) + j).to(tl.int64)
+        xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
+        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+        acc += xv * wj[None, :]
+    return acc
 
 
 def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
@@ -779,6 +828,8 @@ def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
 
 
 _conv_out = helper(_conv_out)  # type: ignore[assignment]
+_conv_own_rows = helper(_conv_own_rows)  # type: ignore[assignment]
+_window_input = helper(_window_input)  # type: ignore[assignment]
 _conv_direct = kernel(_forest_conv_direct_kernel)
 
 

@@ -1,6 +1,7 @@
 """Time the body's and decoder's memory-bound row kernels at the 27B shapes, old against new (CUDA only).
 
-    PYTHONPATH=. python3 ops/bench/bench_rows.py [--out rows.json] [--rows 1,64,256,8192] [--quick]
+    PYTHONPATH=. python3 ops/bench/bench_rows.py [--out rows.json] [--rows 8192,1,64,256] [--quick]
+        [--budget-s S]
 
 The kernels between the GEMMs - RMSNorm + int8 quantization (K = 5,120), plain quantization over
 the SmoothQuant divisor (K = 6,144, the attention output), RMSNorm alone (5,120), SwiGLU +
@@ -14,6 +15,8 @@ captured passes). Every variant's outputs are checked equal, bit for bit, to the
 kernel's (a variant that changes bits is reported, never chosen). GB/s counts the bytes each
 kernel must read and write once (per-channel vectors, read by every row from L2, not counted).
 The last lines are a table: us per call of the shipped kernel and the new default, per size.
+Sizes run in the order given; with --budget-s, no new size starts after S seconds (the table
+still prints), so a device call with a time limit keeps what it measured.
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,7 +39,7 @@ import engine.kernels.norm as kn
 import engine.kernels.quant as kq
 from engine.kernels.forest_tables import ROW_FIELDS, SEG_FIELDS
 
-ROWS = (1, 64, 256, 8192)
+ROWS = (8192, 1, 64, 256)  # the bandwidth-bound size first: a run cut short has it
 HIDDEN, ATTN_OUT, INTER, CONV_C, CONV_W = 5120, 6144, 17408, 10240, 4
 
 # variant name -> module settings; the first of each kernel is the shipped kernel (the bits
@@ -112,7 +116,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=",".join(str(m) for m in ROWS))
     ap.add_argument("--quick", action="store_true", help="fewer SwiGLU and conv configs")
+    ap.add_argument("--budget-s", type=float, default=0.0, help="start no new size after this (0: none)")
     args = ap.parse_args()
+    start = time.perf_counter()
     sizes = [int(m) for m in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     out: dict = {"device": torch.cuda.get_device_name(), "rows": []}
@@ -143,6 +149,9 @@ def main() -> None:
 
     quant = list(QUANT_VARIANTS.items())
     for m in sizes:
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: M={m} and later sizes skipped", flush=True)
+            break
         x = torch.randn(m, HIDDEN, device="cuda", generator=gen)
         wn = torch.rand(HIDDEN, device="cuda", generator=gen) + 0.5
         a = torch.randn(m, ATTN_OUT, device="cuda", generator=gen)
@@ -169,7 +178,7 @@ def main() -> None:
 def summary(rows: list[dict]) -> None:
     """us per call: shipped / new default (speed-up) per kernel and size; any bit mismatch named."""
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
-    sizes = list(dict.fromkeys(r["m"] for r in rows))
+    sizes = sorted(dict.fromkeys(r["m"] for r in rows))
     print("\nus per call, shipped / new default (x speed-up); best variant at the largest size")
     head = "".join(f"{'M=' + str(m):>26}" for m in sizes)
     print(f"{'kernel':<13}{head}   best at M={sizes[-1]}")
