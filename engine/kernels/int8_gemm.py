@@ -489,12 +489,14 @@ def _int8_streamk_kernel(
     slot_mn = ar[:, None] * BN + an[None, :]  # a [BM, BN] slot, unmasked (rows/cols past the edge unused)
     acc = tl.zeros((BM, BN), dtype=tl.int32)
     piece = start  # first step of the piece being accumulated
+    # the step's K block and tile, carried from step to step (no divisions in the loop)
+    kb = start % kpt
+    pid_m = start // kpt // num_n
+    pid_n = start // kpt % num_n
     for it in range(start, end):
-        tile = it // kpt
-        kb = it - tile * kpt
-        pid_m = tile // num_n
+        tile = pid_m * num_n + pid_n
         offs_m = pid_m * BM + ar
-        offs_n = (tile - pid_m * num_n) * BN + an
+        offs_n = pid_n * BN + an
         # rows/cols past the edge re-read row/col 0 instead of masking; they are never stored
         rows = tl.where(offs_m < M, offs_m, 0)
         cols = tl.where(offs_n < N, offs_n, 0)
@@ -539,6 +541,11 @@ def _int8_streamk_kernel(
                     tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next GEMM
             acc = tl.zeros((BM, BN), dtype=tl.int32)
             piece = it + 1
+        last_kb = kb == kpt - 1
+        kb = tl.where(last_kb, 0, kb + 1)
+        pid_n = tl.where(last_kb, pid_n + 1, pid_n)
+        pid_m = tl.where(pid_n == num_n, pid_m + 1, pid_m)
+        pid_n = tl.where(pid_n == num_n, 0, pid_n)
 
 
 def _dp4a(w, a, acc, ON_GPU: tl.constexpr):
