@@ -58,12 +58,6 @@ def test_exact_integer_product(gen: torch.Generator, dev: torch.device) -> None:
         (37, 200, 300, GemmConfig(16, 64, 32, 4, 2, epilogue_split=2)),
         (37, 208, 300, GemmConfig(16, 64, 32, 4, 2, persistent=True, epilogue_split=2)),
         (37, 208, 300, GemmConfig(16, 32, 32, 4, 2, persistent=True, warp_specialize=True)),
-        # stream K: 21 steps over 8 programs (tiles cut into up to 4 pieces, ragged K), whole
-        # tiles and edges in M and N over 4, and 32-step tiles where the grid is cut to keep
-        # each tile within STREAMK_MAX_PIECES pieces
-        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, stream_k=2)),
-        (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, stream_k=1)),
-        (3, 1024, 40, GemmConfig(16, 32, 32, 4, 2, stream_k=3)),
     ],
 )
 @pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
@@ -84,6 +78,33 @@ def test_kernel_equals_reference_bitwise(
     want = int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
     assert got.dtype == out_dtype and got.shape == (m, n)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "config"),
+    [
+        # 21 steps over 8 programs (interpreter; on CUDA 21 programs of one step): tiles cut
+        # into several pieces, ragged K
+        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, stream_k=2)),
+        # whole tiles, edges in M and N
+        (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, stream_k=1)),
+        # 32-step tiles: the grid is cut so that no tile has more than STREAMK_MAX_PIECES pieces
+        (3, 1024, 40, GemmConfig(16, 32, 32, 4, 2, stream_k=3)),
+    ],
+)
+@pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_streamk_equals_reference_bitwise(
+    gen: torch.Generator,
+    dev: torch.device,
+    m: int,
+    k: int,
+    n: int,
+    config: GemmConfig,
+    res: torch.dtype | None,
+    out_dtype: torch.dtype,
+) -> None:
+    test_kernel_equals_reference_bitwise(gen, dev, m, k, n, config, res, out_dtype)
 
 
 def test_reference_epilogue_order(gen: torch.Generator) -> None:
