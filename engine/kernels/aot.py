@@ -216,6 +216,15 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         # split K (the decode rows' candidate; any split gives the same bits)
         split = GemmConfig(64, 128, 128, 4, 4, split_k=4)
         int8_gemm(q8, weight(inter, h), scale, f32(inter), f32(t, inter), backend="triton", config=split)
+        # stream K at decode's 16 and 64 rows (candidates there; any config gives the same bits)
+        for rows_m, sk in (
+            (16, GemmConfig(16, 128, 256, 4, 4, stream_k=1)),
+            (64, GemmConfig(64, 128, 128, 4, 4, stream_k=1)),
+        ):
+            a_m, s_m = torch.zeros(rows_m, h, dtype=torch.int8), f32(rows_m)
+            int8_gemm(a_m, weight(inter, h), s_m, f32(inter), backend="triton", config=sk)
+            a_i = torch.zeros(rows_m, inter, dtype=torch.int8)
+            int8_gemm(a_i, weight(h, inter), s_m, f32(h), f32(rows_m, h), backend="triton", config=sk)
         # decode's dp4a GEMV at 1 and 4 rows (a candidate for M <= 4; the same bits)
         for rows_m, gemv in (
             (1, GemmConfig(1, 8, 1024, 4, 1, gemv=True)),

@@ -51,6 +51,10 @@ class GemmConfig:
     # decode's M <= 4: `_int8_gemv_kernel` (block_m rows at once, block_n weight rows per
     # program, block_k bytes of K a step) instead of a tensor-core tile (see the kernel)
     gemv: bool = False
+    # > 0: stream K (`_int8_streamk_kernel`): that many programs per SM share the GEMM's
+    # (tile, K block) steps in equal contiguous ranges, so every SM streams the same bytes
+    # whatever the tile count (40 tiles of 128 columns at N = 5,120 leave 92 SMs idle).
+    stream_k: int = 0
 
     def __str__(self) -> str:
         """Short and stable: the benchmark's JSON keys and the notes use it."""
@@ -67,6 +71,8 @@ class GemmConfig:
             s += "/ws"
         if self.gemv:
             s += "/gemv"
+        if self.stream_k:
+            s += f"/sk{self.stream_k}"
         return s
 
 
@@ -434,6 +440,114 @@ def _int32_epilogue_kernel(
     )  # fmt: skip
 
 
+def _cta_barrier(ON_GPU: tl.constexpr):
+    """All threads of the program meet here (`bar.sync`: also orders their memory accesses).
+
+    Not `tl.debug_barrier()`: inside a loop, that op stops Triton from pipelining the loop's
+    loads (sm_90, Triton 3.6); this inline form is emitted after the pipeliner has run. The
+    interpreter runs a program's threads as one, so it needs nothing."""
+    if ON_GPU:
+        tl.inline_asm_elementwise(
+            "bar.sync 0;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+def _int8_streamk_kernel(
+    a_ptr, w_ptr, ws_ptr, count_ptr, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+    M, N, K, num_programs,
+    stride_am, stride_ak, stride_wn, stride_wk, stride_rm, stride_rn, stride_ym, stride_yn,
+    HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MAX_PIECES: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Stream K: the GEMM's steps (tile, K block), tile-major, cut into `num_programs` equal
+    contiguous ranges; program p walks steps [p * T // P, (p + 1) * T // P).
+
+    Why: a decode GEMM only streams its weight, so it is as fast as its slowest SM. Tiles per
+    program (the tile and split kernels) leave SMs idle or a last partial wave (40 tiles at
+    N = 5,120, 272 at N = 34,816 on 264 program slots, 160 split programs on 132); here every
+    program streams the same bytes (+-1 step), all in one wave.
+
+    One flat loop over the range (so Triton pipelines the loads across tile boundaries too):
+    where a tile's steps end, or the range does, the piece is flushed. A whole tile runs the
+    shared epilogue at once; a piece stores its exact int32 partial in the program's own slot
+    (first piece of the range: slot 0, last: slot 1), then adds its step count to the tile's
+    counter; the program that completes the count sums the pieces' slots (integers: any order,
+    the same value) and runs the epilogue, then resets the counter (as the split kernel). A
+    tile's pieces come from at most MAX_PIECES consecutive programs (the host sizes the grid
+    so), read in a static loop: Triton pipelines only innermost loops.
+    """
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    kpt = tl.cdiv(K, BK)  # K blocks (steps) per tile
+    total = tl.cdiv(M, BM) * num_n * kpt
+    start = pid * total // num_programs
+    end = (pid + 1) * total // num_programs
+    offs_k = tl.arange(0, BK)
+    ar = tl.arange(0, BM)
+    an = tl.arange(0, BN)
+    slot_mn = ar[:, None] * BN + an[None, :]  # a [BM, BN] slot, unmasked (rows/cols past the edge unused)
+    acc = tl.zeros((BM, BN), dtype=tl.int32)
+    piece = start  # first step of the piece being accumulated
+    # the step's K block and tile, carried from step to step (no divisions in the loop)
+    kb = start % kpt
+    pid_m = start // kpt // num_n
+    pid_n = start // kpt % num_n
+    for it in range(start, end):
+        tile = pid_m * num_n + pid_n
+        offs_m = pid_m * BM + ar
+        offs_n = pid_n * BN + an
+        # rows/cols past the edge re-read row/col 0 instead of masking; they are never stored
+        rows = tl.where(offs_m < M, offs_m, 0)
+        cols = tl.where(offs_n < N, offs_n, 0)
+        ks = kb * BK + offs_k
+        a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak
+        w_ptrs = w_ptr + cols[None, :] * stride_wn + ks[:, None] * stride_wk
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=ks[None, :] < K, other=0)
+            w = tl.load(w_ptrs, mask=ks[:, None] < K, other=0)
+        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+        if (kb == kpt - 1) | (it == end - 1):
+            first = tile * kpt  # the tile's first step
+            if (piece == first) & (kb == kpt - 1):  # the whole tile in this program
+                _epilogue(
+                    acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+                    stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+                )  # fmt: skip
+            else:
+                slot = (pid * 2 + (piece != start).to(tl.int32)) * (BM * BN)
+                tl.store(ws_ptr + slot + slot_mn, acc)
+                _cta_barrier(ON_GPU)  # every thread's slot stores precede the release below
+                done = tl.atomic_add(count_ptr + tile, it + 1 - piece, sem="acq_rel", scope="gpu")
+                if done + (it + 1 - piece) == kpt:  # the tile's last piece: finish it
+                    # every piece's slot, this program's own too (read back: the MMA-layout
+                    # accumulator plus loaded tiles would spill), in the loads' own layout
+                    p_lo = ((first + 1) * num_programs + total - 1) // total - 1  # owner of `first`
+                    tile_acc = tl.zeros((BM, BN), dtype=tl.int32)
+                    for j in tl.static_range(MAX_PIECES):
+                        p = p_lo + j
+                        p_start = p * total // num_programs
+                        lo = tl.maximum(p_start, first)
+                        if lo < tl.minimum((p + 1) * total // num_programs, first + kpt):
+                            other = (p * 2 + (lo != p_start).to(tl.int32)) * (BM * BN)
+                            tile_acc += tl.load(ws_ptr + other + slot_mn, cache_modifier=".cg")
+                    _epilogue(
+                        tile_acc, offs_m, offs_n, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+                        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, ON_GPU,
+                    )  # fmt: skip
+                    tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next GEMM
+            acc = tl.zeros((BM, BN), dtype=tl.int32)
+            piece = it + 1
+        last_kb = kb == kpt - 1
+        kb = tl.where(last_kb, 0, kb + 1)
+        pid_n = tl.where(last_kb, pid_n + 1, pid_n)
+        pid_m = tl.where(pid_n == num_n, pid_m + 1, pid_m)
+        pid_n = tl.where(pid_n == num_n, 0, pid_n)
+
+
 def _dp4a(w, a, acc, ON_GPU: tl.constexpr):
     """acc + the dot of the four signed bytes packed in each int32 of w and a (elementwise).
 
@@ -501,11 +615,25 @@ def _int8_gemv_kernel(
 _dp4a = helper(_dp4a)  # type: ignore[assignment]
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
 _epilogue_tile = helper(_epilogue_tile)  # type: ignore[assignment]
+_cta_barrier = helper(_cta_barrier)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
 _tma_kernel = kernel(_int8_gemm_tma_kernel)
 _split = kernel(_int8_split_kernel)
 _finish = kernel(_int32_epilogue_kernel)
 _gemv = kernel(_int8_gemv_kernel)
+_streamk = kernel(_int8_streamk_kernel)
+
+
+STREAMK_MAX_PIECES = 8  # a stream-K tile's pieces (programs) at most: the finisher's static loop
+
+
+def streamk_programs(tiles: int, k_blocks: int, slots: int) -> int:
+    """Programs of a stream-K launch: one per slot (SMs x programs per SM), but few enough that
+    each range holds >= ceil((k_blocks - 1) / (MAX_PIECES - 1)) steps, so that no tile is cut
+    into more than STREAMK_MAX_PIECES pieces; never more programs than steps."""
+    total = tiles * k_blocks
+    min_steps = max(1, cdiv(k_blocks - 1, STREAMK_MAX_PIECES - 1))
+    return max(1, min(slots, total // min_steps))
 
 
 def _tma_ready(a: torch.Tensor, w: torch.Tensor) -> bool:
@@ -664,6 +792,23 @@ def int8_gemm(
         return y
     if cfg.gemv:  # a shape the word view cannot take: the tensor-core decode tile (same bits)
         cfg = GemmConfig(16, 64, 256, 4, 4)
+    if cfg.stream_k > 0:
+        k_blocks = cdiv(k, cfg.block_k)
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+        programs = streamk_programs(tiles, k_blocks, _processors(a.device) * cfg.stream_k)
+        if (programs + 1) * tiles * k_blocks < 2**31:  # the step arithmetic is int32
+            ws = torch.empty(programs, 2, cfg.block_m, cfg.block_n, dtype=torch.int32, device=a.device)
+            _streamk[(programs,)](
+                a, w, ws, _tile_counters(a.device, tiles), a_scale, w_scale, res, y, m, n, k, programs,
+                a.stride(0), a.stride(1), w.stride(0), w.stride(1),
+                res.stride(0), res.stride(1), y.stride(0), y.stride(1),
+                HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16,
+                EVEN_K=k % cfg.block_k == 0, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+                MAX_PIECES=STREAMK_MAX_PIECES,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+            )  # fmt: skip
+            return y
+        cfg = GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)  # same bits
     k_blocks = cdiv(k, cfg.block_k)
     if cfg.split_k > 1 and k_blocks > 1:
         k_per = cdiv(k_blocks, cfg.split_k) * cfg.block_k

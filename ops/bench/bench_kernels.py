@@ -67,6 +67,40 @@ DECODE_CANDIDATES = [
     GemmConfig(4, 16, 512, 8, 1, gemv=True),
     GemmConfig(4, 8, 1024, 8, 1, gemv=True),
 ]
+# M in (4, 16] and (16, 64]: decode at 16 and 64 sequences. Each list holds the shipped
+# tables' configs for its M (so every linear's table config is also a candidate), the earlier
+# sweeps' winners, and stream K (`stream_k`: every SM streams an equal share of the steps, one
+# wave whatever the tile count). The lists are short so that `--m 16,64 --models 27B` stays
+# within two minutes on an H200 with its compiles (`--jobs`).
+M16_CANDIDATES = [
+    GemmConfig(16, 32, 512, 4, 4),  # CONFIG_TABLE at M <= 16
+    GemmConfig(16, 128, 256, 4, 4),
+    GemmConfig(16, 256, 256, 8, 3),
+    GemmConfig(16, 64, 256, 4, 4),
+    GemmConfig(16, 64, 256, 4, 4, split_k=2),
+    GemmConfig(16, 64, 512, 4, 3, split_k=4),
+    GemmConfig(16, 128, 256, 4, 4, stream_k=1),  # 3 stages of 32 KB weight in flight per SM
+    GemmConfig(16, 64, 512, 4, 4, stream_k=1),  # 512 contiguous bytes of each weight row a step
+    GemmConfig(16, 128, 512, 4, 3, stream_k=1),
+    GemmConfig(16, 256, 256, 8, 3, stream_k=1),
+    GemmConfig(16, 128, 256, 4, 3, stream_k=2),  # two programs per SM (80 KB shared each)
+    GemmConfig(16, 128, 128, 4, 6, stream_k=2),
+]
+M64_CANDIDATES = [
+    GemmConfig(64, 128, 128, 4, 4),  # CONFIG_TABLE at M <= 384
+    GemmConfig(64, 64, 256, 4, 4, split_k=2),  # SHAPE_TABLE at M <= 64 for N = 5,120
+    GemmConfig(64, 128, 256, 4, 3),
+    GemmConfig(64, 128, 128, 4, 6),
+    GemmConfig(64, 256, 128, 8, 3),
+    GemmConfig(64, 64, 256, 4, 5),
+    GemmConfig(64, 64, 128, 4, 4, split_k=4),  # N = 5,120: 320 programs, all in one wave (3 per SM)
+    GemmConfig(64, 128, 128, 4, 4, stream_k=1),
+    GemmConfig(64, 128, 128, 4, 6, stream_k=1),  # 5 stages of 16 KB weight in flight per SM
+    GemmConfig(64, 128, 256, 4, 3, stream_k=1),
+    GemmConfig(64, 128, 256, 4, 4, stream_k=1),  # 224 KB shared: 3 x 32 KB in flight
+    GemmConfig(64, 64, 256, 4, 4, stream_k=1),
+    GemmConfig(64, 128, 128, 8, 5, stream_k=1),  # two warp groups issue the loads
+]
 # Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
 # 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
 # only 790-920 TOP/s at M = 1,024 (40 column tiles: 3 waves of 2.4 on 132 SMs, and an epilogue
@@ -156,7 +190,8 @@ def preflight(skip_ws: bool) -> int:
     r = torch.randn(m, n, device=DEVICE, generator=gen)
     want = int8_gemm_reference(a, w, a_s, w_s, r)
     bad = 0
-    for cfg in sweep_candidates(DECODE_CANDIDATES + PREFILL_CANDIDATES, skip_ws):
+    every = DECODE_CANDIDATES + M16_CANDIDATES + M64_CANDIDATES + PREFILL_CANDIDATES
+    for cfg in sweep_candidates(list(dict.fromkeys(every)), skip_ws):
         got = int8_gemm(a, w, a_s, w_s, r, config=cfg)
         torch.cuda.synchronize()
         ok = torch.equal(got, want)
@@ -167,6 +202,65 @@ def preflight(skip_ws: bool) -> int:
 
 def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]:
     return [c for c in cands if not (skip_ws and c.warp_specialize)]
+
+
+def candidates_for(m: int) -> list[GemmConfig]:
+    """The configs swept at M rows: GEMVs and 16-row tiles up to 4, the 16- and 64-row decode
+    lists up to 16 and 64, prefill tiles above."""
+    if m <= 4:
+        return DECODE_CANDIDATES
+    if m <= 16:
+        return M16_CANDIDATES
+    if m <= DECODE_MAX_M:
+        return M64_CANDIDATES
+    return PREFILL_CANDIDATES
+
+
+def _compile_job(job: tuple[str, list[tuple[int, int, int, bool]], GemmConfig]) -> str:
+    """In a worker process: run `cfg` once at each (M, N, K, residual) of the sweep on
+    uninitialized tensors, so that Triton compiles it for the sweep's exact argument
+    specializations (each distinct one once) into its on-disk cache, where the sweep's process
+    then finds it."""
+    device, shapes, cfg = job
+    try:
+        for m, n, k, res in shapes:
+            a = torch.empty(m, k, dtype=torch.int8, device=device)
+            w = torch.empty(n, k, dtype=torch.int8, device=device)
+            r = torch.zeros(m, n, device=device) if res else None
+            int8_gemm(a, w, torch.zeros(m, device=device), torch.zeros(n, device=device), r, config=cfg)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - the sweep records the failure itself
+        return f"{cfg}: {type(e).__name__}: {str(e)[:200]}"
+    return ""
+
+
+def precompile(models: list[str], ms: list[int], jobs: int, skip_ws: bool) -> None:
+    """Compile every (candidate, table config) of the sweep in `jobs` processes first: the
+    compiles, one to two seconds each, are most of a short sweep's time otherwise."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    per_cfg: dict[GemmConfig, list[tuple[int, int, int, bool]]] = {}
+    for model in models:
+        for name, n, k, _ in model_linears(model):
+            for m in ms:
+                if name == "lm_head" and m > DECODE_MAX_M:
+                    continue
+                res = name.endswith("+res")
+                for cfg in [config_for(m, n, k), *sweep_candidates(candidates_for(m), skip_ws)]:
+                    if not (cfg.gemv and cfg.block_m < m):
+                        per_cfg.setdefault(cfg, []).append((m, n, k, res))
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        errors = [e for e in pool.map(_compile_job, [(DEVICE, v, c) for c, v in per_cfg.items()]) if e]
+    print(
+        f"# precompiled {len(per_cfg)} configs in {jobs} processes: {time.perf_counter() - t0:.0f} s"
+        + "".join(f"\n#   {e}" for e in errors),
+        flush=True,
+    )
 
 
 def model_linears(model: str) -> list[tuple[str, int, int, int]]:
@@ -233,8 +327,7 @@ def gemm_sweep(
                 t_intmm = bench_stream(lambda w: torch._int_mm(a, w.t()), copies) if m > 16 else None
                 cands = {}
                 if sweep:
-                    cands_m = DECODE_CANDIDATES if m <= DECODE_MAX_M else PREFILL_CANDIDATES
-                    for cfg in sweep_candidates(cands_m, skip_ws):
+                    for cfg in sweep_candidates(candidates_for(m), skip_ws):
                         if cfg.split_k > 1 and m > 2048:
                             continue  # thousands of tiles already; the slices would cost > 1 GB
                         if cfg.gemv and cfg.block_m < m:
@@ -317,6 +410,7 @@ def print_summary(out: dict) -> None:
             f = sum(r["uses_per_step"] * r["floor_ms"] for r in rs)
             ops = sum(r["uses_per_step"] * 2.0 * r["m"] * r["n"] * r["k"] for r in rs)
             print(f"  {model:5s} {m:5d} {t:9.3f} {b:9.3f} {f:12.3f}  {ops / t / 1e9:8.0f}")
+    print_streamk_comparison(rows)
     print("# proposed config per M (step-weighted over all swept linears):")
     for m, c in sorted(out["proposal"]["per_m"].items()):
         print(f"  M={m:5d}  {c}")
@@ -324,6 +418,39 @@ def print_summary(out: dict) -> None:
           f" {len(out['mismatches'])} bit mismatches: {out['mismatches'][:5]}")  # fmt: skip
     failed = out.get("failed", [])
     print(f"# {len(failed)} candidate runs failed" + "".join(f"\n  {f}" for f in failed[:8]))
+
+
+def print_streamk_comparison(rows: list[dict]) -> None:
+    """Per linear and M: the shipped table's config against the best stream-K and the best
+    other candidate (us per call), then the step sums (ms): the sweep's old-vs-new verdict."""
+
+    def best(r: dict, sk: bool) -> tuple[str, float] | None:
+        c = {k: v["ms"] for k, v in r["candidates"].items() if v["bit_equal"] and ("/sk" in k) == sk}
+        return min(c.items(), key=lambda kv: kv[1]) if c else None
+
+    swept = [r for r in rows if r["candidates"]]
+    if not any(best(r, True) for r in swept):
+        return
+    print("\n# stream K against the shipped table and the other candidates (us per call):")
+    head = f"{'table':>8s} {'best other':>32s} {'best stream-K':>34s} {'floor':>7s}"
+    print(f"  {'model':5s} {'linear':13s} {'M':>4s} {head}")
+    sums: dict[tuple[str, int], list[float]] = {}
+    for r in swept:
+        o, k = best(r, False), best(r, True)
+        if o is None or k is None:
+            continue
+        print(
+            f"  {r['model']:5s} {r['name']:13s} {r['m']:4d} {r['table_ms'] * 1e3:8.1f}"
+            f" {o[0]:>24s} {o[1] * 1e3:7.1f} {k[0]:>26s} {k[1] * 1e3:7.1f} {r['floor_ms'] * 1e3:7.1f}"
+        )
+        acc = sums.setdefault((r["model"], r["m"]), [0.0] * 5)
+        u = r["uses_per_step"]
+        for i, t in enumerate((r["table_ms"], o[1], k[1], min(o[1], k[1]), r["floor_ms"])):
+            acc[i] += u * t
+    head = f"{'table ms':>9s} {'best other':>10s} {'best sk':>8s} {'best':>8s} {'floor':>7s}"
+    print(f"  {'model':5s} {'M':>4s} {head}")
+    for (model, m), (t, o, k, b, f) in sums.items():
+        print(f"  {model:5s} {m:4d} {t:9.3f} {o:10.3f} {k:8.3f} {b:8.3f} {f:7.3f}")
 
 
 def attention_case(b: int, prefix: int, nh: int = 24, nkv: int = 4, hd: int = 256, tlen: int = 32):
@@ -424,6 +551,9 @@ def main() -> int:
         "--budget-s", type=float, default=180.0, help="GEMM sweep: skip candidates after this"
     )
     parser.add_argument("--preflight", action="store_true", help="run each GEMM candidate once, then exit")
+    parser.add_argument(
+        "--jobs", type=int, default=8, help="GEMM sweep: compile its configs in N processes first (1: no)"
+    )
     parser.add_argument("--attention", action="store_true", help="only decode attention, 1 vs SPLITS splits")
     parser.add_argument(
         "--skip-ws", action="store_true", help="GEMM sweep: leave out warp-specialized configs"
@@ -447,6 +577,8 @@ def main() -> int:
                 json.dump(dict(rows=rows), f, indent=1)
         return 0
     rows = [] if args.gemm_only else quant_rows()
+    if args.jobs > 1:
+        precompile(args.models.split(","), [int(x) for x in args.m.split(",")], args.jobs, args.skip_ws)
     gemm = gemm_sweep(
         args.models.split(","),
         [int(x) for x in args.m.split(",")],

@@ -10,11 +10,13 @@ import torch
 from engine.kernels.int8_gemm import (
     CONFIG_TABLE,
     SHAPE_TABLE,
+    STREAMK_MAX_PIECES,
     GemmConfig,
     config_for,
     int8_gemm,
     int8_gemm_reference,
     int8_matmul_exact,
+    streamk_programs,
 )
 
 ON_CUDA = torch.cuda.is_available()
@@ -78,6 +80,33 @@ def test_kernel_equals_reference_bitwise(
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize(
+    ("m", "k", "n", "config"),
+    [
+        # 21 steps over 8 programs (interpreter; on CUDA 21 programs of one step): tiles cut
+        # into several pieces, ragged K
+        (5, 200, 70, GemmConfig(16, 32, 32, 4, 2, stream_k=2)),
+        # whole tiles, edges in M and N
+        (37, 200, 300, GemmConfig(16, 32, 32, 4, 2, stream_k=1)),
+        # 32-step tiles: the grid is cut so that no tile has more than STREAMK_MAX_PIECES pieces
+        (3, 1024, 40, GemmConfig(16, 32, 32, 4, 2, stream_k=3)),
+    ],
+)
+@pytest.mark.parametrize("res", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_streamk_equals_reference_bitwise(
+    gen: torch.Generator,
+    dev: torch.device,
+    m: int,
+    k: int,
+    n: int,
+    config: GemmConfig,
+    res: torch.dtype | None,
+    out_dtype: torch.dtype,
+) -> None:
+    test_kernel_equals_reference_bitwise(gen, dev, m, k, n, config, res, out_dtype)
+
+
 def test_reference_epilogue_order(gen: torch.Generator) -> None:
     """The reference rounds row scale first, then column scale, then the residual add, in fp32."""
     a, w, a_scale, w_scale = _operands(gen, 3, 64, 5, torch.device("cpu"))
@@ -107,6 +136,8 @@ def test_configs_give_identical_bits(gen: torch.Generator, dev: torch.device) ->
         GemmConfig(32, 64, 64, 4, 2, persistent=True, epilogue_split=2),
         GemmConfig(32, 64, 64, 4, 2, persistent=True, warp_specialize=True),
     ]
+    configs += [GemmConfig(16, 32, 32, 4, 2, stream_k=s) for s in (1, 2, 5)]
+    configs += [GemmConfig(32, 64, 64, 4, 2, stream_k=1)]
     outs = [int8_gemm(a, w, a_scale, w_scale, backend="triton", config=c) for c in configs]
     for o in outs[1:]:
         assert torch.equal(o, outs[0])
@@ -143,6 +174,36 @@ def test_decode_rows_alone_equal_packed(gen: torch.Generator, dev: torch.device)
     assert torch.equal(full, int8_gemm_reference(a, w, a_scale, w_scale, residual))
 
 
+@pytest.mark.parametrize("stream_k", [1, 3])
+def test_streamk_decode_rows_alone_equal_packed(
+    gen: torch.Generator, dev: torch.device, stream_k: int
+) -> None:
+    """Stream K cuts each M's steps differently among the programs (the step count grows with
+    M's row tiles): a row's bits are still the same alone, in any batch and as the reference."""
+    cfg = GemmConfig(16, 32, 64, 4, 2, stream_k=stream_k)
+    a, w, a_scale, w_scale = _operands(gen, 40, 512, 80, dev)
+    residual = torch.randn(40, 80, generator=gen).to(dev)
+    full = int8_gemm(a, w, a_scale, w_scale, residual, backend="triton", config=cfg)
+    assert torch.equal(full, int8_gemm_reference(a, w, a_scale, w_scale, residual))
+    for lo, hi in [(0, 1), (3, 20), (17, 40)]:
+        part = int8_gemm(a[lo:hi], w, a_scale[lo:hi], w_scale, residual[lo:hi], backend="triton", config=cfg)
+        assert torch.equal(part, full[lo:hi])
+
+
+@pytest.mark.parametrize("slots", [1, 4, 132, 264, 528])
+def test_streamk_programs_bound_the_pieces(slots: int) -> None:
+    """The grid `streamk_programs` picks: no more programs than slots or steps, and no tile's
+    steps spread over more than STREAMK_MAX_PIECES programs' ranges (counted one by one)."""
+    for tiles, k_blocks in [(1, 1), (1, 40), (3, 7), (40, 48), (129, 40), (40, 136), (272, 40), (5, 200)]:
+        total = tiles * k_blocks
+        p = streamk_programs(tiles, k_blocks, slots)
+        assert 1 <= p <= max(1, min(slots, total))
+        owner = [max(q for q in range(p) if q * total // p <= i) for i in range(total)]
+        for t in range(tiles):
+            pieces = len(set(owner[t * k_blocks : (t + 1) * k_blocks]))
+            assert pieces <= STREAMK_MAX_PIECES, (tiles, k_blocks, slots, t, pieces)
+
+
 def test_bad_inputs_are_named(dev: torch.device) -> None:
     a = torch.zeros(4, 32, dtype=torch.int8, device=dev)
     w = torch.zeros(8, 32, dtype=torch.int8, device=dev)
@@ -160,13 +221,15 @@ def test_bad_inputs_are_named(dev: torch.device) -> None:
 
 
 def test_split_counters_are_left_at_zero(gen: torch.Generator, dev: torch.device) -> None:
-    """A fused split GEMM resets its tiles' counters, so the kept buffer serves the next GEMM:
-    repeated and differently tiled split GEMMs all equal the reference."""
+    """A fused split or stream-K GEMM resets its tiles' counters, so the kept buffer serves the
+    next GEMM: repeated and differently tiled split GEMMs all equal the reference."""
     module = importlib.import_module("engine.kernels.int8_gemm")  # the package re-exports the function
 
     a, w, a_scale, w_scale = _operands(gen, 5, 200, 70, dev)
     want = int8_gemm_reference(a, w, a_scale, w_scale)
-    for cfg in [GemmConfig(16, 32, 32, 4, 2, split_k=3), GemmConfig(16, 16, 64, 4, 2, split_k=2)] * 2:
+    configs = [GemmConfig(16, 32, 32, 4, 2, split_k=3), GemmConfig(16, 16, 64, 4, 2, split_k=2)]
+    configs += [GemmConfig(16, 32, 32, 4, 2, stream_k=2), GemmConfig(16, 16, 64, 4, 2, stream_k=1)]
+    for cfg in configs * 2:
         assert torch.equal(int8_gemm(a, w, a_scale, w_scale, backend="triton", config=cfg), want)
         assert int(module._COUNTERS[a.device].abs().sum()) == 0
 
