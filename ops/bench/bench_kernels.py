@@ -101,6 +101,20 @@ M64_CANDIDATES = [
     GemmConfig(64, 64, 256, 4, 4, stream_k=1),
     GemmConfig(64, 128, 128, 8, 5, stream_k=1),  # two warp groups issue the loads
 ]
+# M in (64, 384]: the one- and few-question requests (a), (b). The shipped tables' configs, and
+# stream K: at these M the N = 5,120 linears have 80-160 tiles for 132 SMs (a third to half a
+# wave idle) and the wide stacked ones end in a ragged last wave; stream K gives every SM an
+# equal share of the (tile, K block) steps in one wave.
+M384_CANDIDATES = [
+    GemmConfig(64, 128, 128, 4, 4),  # CONFIG_TABLE at M <= 384
+    GemmConfig(128, 128, 128, 8, 3),
+    GemmConfig(128, 128, 128, 4, 3, epilogue_split=2),
+    GemmConfig(64, 128, 128, 4, 4, split_k=2),
+    GemmConfig(64, 128, 128, 4, 4, stream_k=1),
+    GemmConfig(64, 128, 128, 4, 3, stream_k=2),  # two programs per SM (104 KB shared each)
+    GemmConfig(128, 128, 128, 8, 3, stream_k=1),
+    GemmConfig(128, 128, 128, 8, 4, stream_k=1),
+]
 # Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
 # 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
 # only 790-920 TOP/s at M = 1,024 (40 column tiles: 3 waves of 2.4 on 132 SMs, and an epilogue
@@ -190,7 +204,7 @@ def preflight(skip_ws: bool) -> int:
     r = torch.randn(m, n, device=DEVICE, generator=gen)
     want = int8_gemm_reference(a, w, a_s, w_s, r)
     bad = 0
-    every = DECODE_CANDIDATES + M16_CANDIDATES + M64_CANDIDATES + PREFILL_CANDIDATES
+    every = DECODE_CANDIDATES + M16_CANDIDATES + M64_CANDIDATES + M384_CANDIDATES + PREFILL_CANDIDATES
     for cfg in sweep_candidates(list(dict.fromkeys(every)), skip_ws):
         got = int8_gemm(a, w, a_s, w_s, r, config=cfg)
         torch.cuda.synchronize()
@@ -206,13 +220,15 @@ def sweep_candidates(cands: list[GemmConfig], skip_ws: bool) -> list[GemmConfig]
 
 def candidates_for(m: int) -> list[GemmConfig]:
     """The configs swept at M rows: GEMVs and 16-row tiles up to 4, the 16- and 64-row decode
-    lists up to 16 and 64, prefill tiles above."""
+    lists up to 16 and 64, the few-question list up to 384, prefill tiles above."""
     if m <= 4:
         return DECODE_CANDIDATES
     if m <= 16:
         return M16_CANDIDATES
     if m <= DECODE_MAX_M:
         return M64_CANDIDATES
+    if m <= 384:
+        return M384_CANDIDATES
     return PREFILL_CANDIDATES
 
 
