@@ -574,7 +574,7 @@ def _forest_gdn_tc_invert_kernel(
     w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
     stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BF16: tl.constexpr, ON_GPU: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr,
 ):  # fmt: skip
     """Program (value head, query block) - the value heads of a chunk adjacent, so the three
     that read one key head's q and k find them in L2: the same products as
@@ -600,7 +600,6 @@ def _forest_gdn_tc_invert_kernel(
         op = qg_ptr.dtype.element_ty
         offs = tl.arange(0, 64)
         offs_k = tl.arange(0, DK)
-        offs_v = tl.arange(0, DV)
         valid = c0 + offs < length
         rows = tok_lo + c0 + offs
         at = rows * HV + h
@@ -628,13 +627,15 @@ def _forest_gdn_tc_invert_kernel(
         tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], (q * tl.exp(gam)[:, None]).to(op),
                  mask=valid[:, None])  # fmt: skip
         # the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r; zeros above the diagonal)
-        diff = gam[:, None] - gam[None, :]  # <= 0 on and below the diagonal; masked before exp above it
+        # (one decay matrix for the scores and A: exp(gam_r - gam_c) <= 1 on and below the
+        # diagonal, where gam_r <= gam_c; masked before exp above it)
         r, c = offs[:, None], offs[None, :]
-        scores = _mm(q, tl.trans(k), BF16, ON_GPU) * tl.exp(tl.where(r >= c, diff, float("-inf")))
+        decay = tl.exp(tl.where(r >= c, gam[:, None] - gam[None, :], float("-inf")))
+        scores = _mm(q, tl.trans(k), BF16, ON_GPU) * decay
         tl.store(aqk_ptr + at[:, None] * 64 + c, scores.to(op), mask=valid[:, None])
         # A (strictly lower) and T = (I + A)^-1: blocks of 4 by (I - B)(I + B^2) (B^4 = 0), then
         # two levels of `_inv_level` (4 -> 16 -> 64 rows)
-        a = (kk * beta[:, None]) * tl.exp(tl.where(r > c, diff, float("-inf")))
+        a = tl.where(r > c, (kk * beta[:, None]) * decay, 0.0)
         eye = tl.where(r == c, 1.0, 0.0)
         in4 = (r // 4) == (c // 4)
         b4 = tl.where(in4, a, 0.0)
@@ -642,15 +643,20 @@ def _forest_gdn_tc_invert_kernel(
         d = ib + _mm_tf32(ib, _mm_tf32(b4, b4, ON_GPU), ON_GPU)
         d = _inv_level(d, a, ((r // 16) == (c // 16)) & ((r // 4) != (c // 4)), eye, ON_GPU)
         t = _inv_level(d, a, (r // 16) != (c // 16), eye, ON_GPU)
-        # w and u: one product each (k reloaded from L1/L2 rather than kept live through the inverse)
-        k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-        k = (k * k_scale[:, None]) * (beta * tl.exp(gam))[:, None]
-        tl.store(
-            w_ptr + at[:, None] * DK + offs_k[None, :], _mm(t, k, BF16, ON_GPU).to(op), mask=valid[:, None]
-        )
-        v = tl.load(src + 2 * HQK * DK + h * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
-        u = _mm(t, v * beta[:, None], BF16, ON_GPU)
-        tl.store(u_ptr + at[:, None] * DV + offs_v[None, :], u.to(op), mask=valid[:, None])
+        # w and u: BW columns at a time (a [64, 128] fp32 accumulator and its operand would hold
+        # 128 registers per thread at 4 warps); k reloaded from L1/L2 rather than kept live
+        t_op = t.to(op) if BF16 else t
+        for j in tl.static_range(DK // BW):
+            offs_j = j * BW + tl.arange(0, BW)
+            k = tl.load(src + HQK * DK + hk * DK + offs_j[None, :], mask=valid[:, None], other=0.0)
+            k = (k * k_scale[:, None]) * (beta * tl.exp(gam))[:, None]
+            w = _mm(t_op, k, BF16, ON_GPU)
+            tl.store(w_ptr + at[:, None] * DK + offs_j[None, :], w.to(op), mask=valid[:, None])
+        for j in tl.static_range(DV // BW):
+            offs_j = j * BW + tl.arange(0, BW)
+            v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
+            u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
+            tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
 
 
 def _walk_start(
@@ -1213,14 +1219,15 @@ def _tc_prep(
     # blocks: grid (query block, value head); invert: (value head, query block), so that the
     # value heads of one chunk (and the three of one key head) run side by side
     form, warps = prep_config
-    launch = (
-        _gdn_tc_prep[(qblocks.shape[0], hv)] if form == "blocks" else _gdn_tc_invert[(hv, qblocks.shape[0])]
-    )
+    if form == "blocks":
+        launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
+    else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
+        launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
     launch(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
         prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, prep.chunk_no,
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
-        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16",
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16", **extra,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return prep

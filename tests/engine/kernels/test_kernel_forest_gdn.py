@@ -545,9 +545,11 @@ def _qblocks(segs: torch.Tensor) -> torch.Tensor:
 
 def _chunk_oracle(
     conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
-    lo: int, n: int, chunk: int,
+    lo: int, n: int, chunk: int, heads: tuple[int, int, int, int] = (HQK, HV, DK, DV),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """w, u and gam of one segment's rows in float64, T = (I + A)^-1 by torch.linalg.inv."""
+    """w, u and gam of one segment's rows in float64, T = (I + A)^-1 by torch.linalg.inv
+    (heads: key heads, value heads, dk, dv)."""
+    HQK, HV, DK, DV = heads  # noqa: N806 (the module's names, for other head sizes)
     x = conv[lo : lo + n].double()
     k = l2_normalize(x[:, HQK * DK : 2 * HQK * DK].reshape(n, HQK, DK)).repeat_interleave(HV // HQK, dim=1)
     v = x[:, 2 * HQK * DK :].reshape(n, HV, DV)
@@ -693,11 +695,12 @@ def test_tc_split_walk_equals_the_fused_one(dots: str, dev: torch.device, gen: t
 
 def _tc_prep_oracle(
     conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
-    lo: int, n: int,
+    lo: int, n: int, heads: tuple[int, int, int, int] = (HQK, HV, DK, DV),
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """The chunk-64 prep's other products of one segment's rows in float64: q exp(gam),
     k exp(gam_last - gam) and the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r,
     zeros above the diagonal), chunk by chunk from the segment start."""
+    HQK, HV, DK, _ = heads  # noqa: N806
     x = conv[lo : lo + n].double()
     group = HV // HQK
     q = l2_normalize(x[:, : HQK * DK].reshape(n, HQK, DK)).repeat_interleave(group, dim=1) * DK**-0.5
@@ -715,31 +718,25 @@ def _tc_prep_oracle(
     return dict(qg=qg, kd=kd, scores=scores)
 
 
-@pytest.mark.parametrize("form", TC_PREP_FORMS)
-@pytest.mark.parametrize("dots", ["tf32", "bf16"])
-def test_tc_prep_products_match_a_float64_oracle(
-    dots: str, form: str, dev: torch.device, gen: torch.Generator
+def _check_tc_prep(
+    prep,
+    inputs: list[torch.Tensor],
+    spans: list[tuple[int, int]],
+    dots: str,
+    heads: tuple[int, int, int, int],
 ) -> None:
-    """Each chunk-64 prep form's products (a root of 150 tokens and a child of 70: full and
-    partial chunks) against float64 with T = (I + A)^-1 from torch.linalg.inv. The keys share a
-    common direction (k_i.k_j ~ 0.9), so A is far from small and an inverse that loses accuracy
-    to cancellation would show. Every rounding to the operand dtype costs at most 2 u (the
-    interpreter truncates to bf16; the GPU rounds, 1 u): w and u see three (T, the other
-    operand, the store), bounded against their scale; q exp(gam) and k exp(gam_last - gam) one
-    (the store); the scores three, against |q| |k| = dk^-0.5 (their terms' scale: a score can
-    be far smaller than its terms); gam (fp32, a sum of up to 64 terms) 64 fp32 half-ulps."""
-    pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
-    common = torch.randn(DK, generator=gen).to(dev)
-    conv[:, HQK * DK : 2 * HQK * DK].view(TC_T, HQK, DK).mul_(0.3).add_(common)
-    prep = forest_gdn_prep(
-        conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form
-    )
-    cpu = [x.cpu() for x in (conv, b_raw, a_raw, ssm_a, dt)]
+    """A chunk-64 prep's products of the segments at `spans` (first row, length) against the
+    float64 oracles. Every rounding to the operand dtype costs at most 2 u (the interpreter
+    truncates to bf16; the GPU rounds, 1 u): w and u see three (T, the other operand, the
+    store), bounded against their scale; q exp(gam) and k exp(gam_last - gam) one (the store);
+    the scores three, against |q| |k| = dk^-0.5 (their terms' scale: a score can be far smaller
+    than its terms); gam (fp32, a sum of up to 64 terms) 64 fp32 half-ulps."""
+    cpu = [x.cpu() for x in inputs]
     u_op = UNIT[dots]
-    for lo, n in zip(TC_FIRST, TC_LENGTHS, strict=True):
-        w, u, gam = _chunk_oracle(*cpu, lo, n, TC_CHUNK)
-        want = dict(w=w, u=u, gam=gam, **_tc_prep_oracle(*cpu, lo, n))
-        scale = {name: x.abs().max().item() for name, x in want.items()} | dict(scores=DK**-0.5)
+    for lo, n in spans:
+        w, u, gam = _chunk_oracle(*cpu, lo, n, TC_CHUNK, heads)
+        want = dict(w=w, u=u, gam=gam, **_tc_prep_oracle(*cpu, lo, n, heads))
+        scale = {name: x.abs().max().item() for name, x in want.items()} | dict(scores=heads[2] ** -0.5)
         bounds = dict(
             w=6 * u_op, u=6 * u_op, qg=2 * u_op, kd=2 * u_op, scores=6 * u_op, gam=TC_CHUNK * 2.0**-24
         )
@@ -747,6 +744,53 @@ def test_tc_prep_products_match_a_float64_oracle(
             got = getattr(prep, name)[lo : lo + n].double().cpu()
             err = (got - want[name]).abs().max().item() / scale[name]
             assert err <= bound, (lo, name, err / u_op)
+
+
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_prep_products_match_a_float64_oracle(
+    dots: str, form: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Each chunk-64 prep form's products (a root of 150 tokens and a child of 70: full and
+    partial chunks) against float64 with T = (I + A)^-1 from torch.linalg.inv (bounds:
+    `_check_tc_prep`). The keys share a common direction (k_i.k_j ~ 0.9), so A is far from
+    small and an inverse that loses accuracy to cancellation would show."""
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
+    common = torch.randn(DK, generator=gen).to(dev)
+    conv[:, HQK * DK : 2 * HQK * DK].view(TC_T, HQK, DK).mul_(0.3).add_(common)
+    prep = forest_gdn_prep(
+        conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form
+    )
+    spans = list(zip(TC_FIRST, TC_LENGTHS, strict=True))
+    _check_tc_prep(prep, [conv, b_raw, a_raw, ssm_a, dt], spans, dots, (HQK, HV, DK, DV))
+
+
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
+def test_tc_prep_products_at_the_model_head_size(form: str, dev: torch.device, gen: torch.Generator) -> None:
+    """The 27B head size, dk = dv = 128 (the invert form makes w and u in two column blocks of
+    64 there; the tiny heads take one of 16), one key head and two value heads, bf16: a
+    100-token segment from row 5 (a full and a partial chunk) against the float64 oracles."""
+    hqk, hv, dk, dv = 1, 2, 128, 128
+    t, lo, n = 112, 5, 100
+    segs = torch.zeros(2, SEG_FIELDS, dtype=torch.int64)
+    segs[0, [SEG_TOK_LO, SEG_LENGTH, SEG_LIVE]] = torch.tensor([lo, n, 1])
+    segs = segs.to(dev)
+    x = torch.randn(t, 2 * hqk * dk + hv * dv, generator=gen)
+    x[:, hqk * dk : 2 * hqk * dk] += torch.randn(dk, generator=gen)  # keys sharing a direction
+    ab = torch.randn(t, 2 * hv, generator=gen)
+    inputs = [
+        x,
+        ab[:, :hv],
+        ab[:, hv:],
+        -torch.rand(hv, generator=gen) - 0.1,
+        torch.randn(hv, generator=gen) * 0.1,
+    ]
+    inputs = [a.to(dev) for a in inputs]
+    prep = forest_gdn_prep(
+        *inputs, segs, _qblocks(segs), num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        chunk=TC_CHUNK, dots="bf16", prep_form=form,
+    )  # fmt: skip
+    _check_tc_prep(prep, inputs, [(lo, n)], "bf16", (hqk, hv, dk, dv))
 
 
 @pytest.mark.parametrize("form", TC_PREP_FORMS)
