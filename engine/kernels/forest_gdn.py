@@ -537,9 +537,10 @@ def _forest_gdn_tc_prep_kernel(
 
 
 def _tf32(x, ON_GPU: tl.constexpr):
-    """x as a tf32 operand: on the GPU the tensor cores read it so (the low 13 mantissa bits are
-    dropped); the interpreter's dot multiplies in fp32, so there the bits are dropped by hand
-    and the interpreter tests see the precision the GPU has."""
+    """x as a tf32 operand: on the GPU the tensor cores read the fp32 registers at tf32's 10
+    mantissa bits; the interpreter's dot multiplies in fp32, so there the low 13 bits are
+    dropped by hand (truncation, the worse of truncating and rounding) and the interpreter
+    tests see no more precision than the GPU has."""
     if ON_GPU:
         return x
     else:
@@ -582,10 +583,11 @@ def _forest_gdn_tc_invert_kernel(
     16-row blocks. The raw scores k k^T and q k^T are one 64 x 64 product each (scaled by beta
     and the decay after the product, as the block form does); T = (I + A)^-1 of the whole
     chunk comes from A alone in three levels of blocks (4, 16, 64 rows: `_inv_level`), ten
-    64 x 64 products in tf32 (the inverse's error, about 1e-4 of T, is far below the bf16
-    rounding of T that w and u then see); then w = T (beta exp(gam) k) and u = T (beta v)
-    are one product each at the operand precision. The serial chain is ~14 products on the
-    tensor cores instead of ~60 16-row ones, most of them fp32 FMA."""
+    64 x 64 products in tf32 (enough: w and u are then rounded to bf16 with T, and in a
+    float64 study of 30 chunks they came out as close to exact as the block form's); then
+    w = T (beta exp(gam) k) and u = T (beta v) are one product each (in 64-column blocks) at
+    the operand precision. The chain is 16 products on the tensor cores (wgmma) instead of 64
+    16-row ones (24 of them fp32 FMA for the diagonal inverses), on 4 warps instead of 8."""
     h = tl.program_id(0)
     qb = tl.program_id(1).to(tl.int64) * 3  # query block record: slot, first local index, live
     slot = tl.load(qblocks_ptr + qb)
@@ -612,7 +614,9 @@ def _forest_gdn_tc_invert_kernel(
         soft = tl.where(x > 20.0, x, soft)
         g = tl.where(valid, tl.load(ssm_a_ptr + h).to(tl.float32) * soft, 0.0)
         gam = tl.cumsum(g, axis=0)
-        last = tl.sum(g, axis=0)  # through the chunk's last row
+        # through the chunk's last row: gam's last entry (rows past the end add 0), the very bits
+        # the walk reads as the chunk's total decay
+        last = tl.sum(tl.where(offs == 63, gam, 0.0), axis=0)
         tl.store(g_ptr + at, gam, mask=valid)
         # k: l2-normalised (its scale kept for w's operand later: registers), k exp(gam_last - gam)
         src = conv_ptr + rows[:, None] * stride_conv
