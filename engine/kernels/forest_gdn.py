@@ -1225,6 +1225,8 @@ def _tc_prep(
     form, warps = prep_config
     if form == "blocks":
         launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
+    elif qblocks.shape[0] > 65535:  # the grid's second axis (CUDA's limit); ~1M packed rows
+        raise ValueError(f"prep_form 'invert' takes at most 65535 query blocks, got {qblocks.shape[0]}")
     else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
         launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
     launch(
