@@ -178,6 +178,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         CHUNK,
         TC_CHUNK,
         TC_DOTS,
+        TC_PREP_FORMS,
         TC_WALKS,
         ChunkPrep,
         forest_conv,
@@ -284,6 +285,12 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             forest_gdn(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
+            )  # fmt: skip
+        for dots, form in itertools.product(TC_DOTS, TC_PREP_FORMS):  # both chunk-64 prep forms
+            forest_gdn_prep(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
+                prep_form=form,
             )  # fmt: skip
         for dots in ("ieee", "tf32"):  # the chunked form: its prep and its walk over the chunks
             forest_gdn_prep(

@@ -373,6 +373,23 @@ def _qk(
     tl.store(dst, a.to(aqk_ptr.dtype.element_ty), mask=valid[:, None])
 
 
+def _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, qb, row):
+    """Store at `row` (a chunk's first packed row) the chunk's number: how many query blocks
+    before block qb in the table start a 64-token chunk of a live segment (a count over the
+    table, no host work). The split walk stores the chunk's start state under that number."""
+    n = qb * 0
+    offs_q = tl.arange(0, 256)
+    for i0 in range(0, qb, 256):
+        i = (i0 + offs_q).to(tl.int64)
+        m = i < qb
+        q_slot = tl.load(qblocks_ptr + i * 3, mask=m, other=0)
+        q_lo = tl.load(qblocks_ptr + i * 3 + 1, mask=m, other=1)
+        q_live = m & (tl.load(qblocks_ptr + i * 3 + 2, mask=m, other=0) != 0)
+        q_len = tl.load(segs_ptr + q_slot * 8 + 1, mask=q_live, other=0)
+        n += tl.sum((q_live & (q_lo % 64 == 0) & (q_lo < q_len)).to(tl.int32), axis=0)
+    tl.store(hidx_ptr + row, n)
+
+
 def _forest_gdn_tc_prep_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
     w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
@@ -396,17 +413,7 @@ def _forest_gdn_tc_prep_kernel(
     if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length):
         tok_lo = tl.load(rec)
         if h == 0:
-            n = tl.program_id(0) * 0
-            offs_q = tl.arange(0, 256)
-            for i0 in range(0, tl.program_id(0), 256):
-                i = (i0 + offs_q).to(tl.int64)
-                m = i < tl.program_id(0)
-                q_slot = tl.load(qblocks_ptr + i * 3, mask=m, other=0)
-                q_lo = tl.load(qblocks_ptr + i * 3 + 1, mask=m, other=1)
-                q_live = m & (tl.load(qblocks_ptr + i * 3 + 2, mask=m, other=0) != 0)
-                q_len = tl.load(segs_ptr + q_slot * 8 + 1, mask=q_live, other=0)
-                n += tl.sum((q_live & (q_lo % 64 == 0) & (q_lo < q_len)).to(tl.int32), axis=0)
-            tl.store(hidx_ptr + tok_lo + c0, n)
+            _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, tl.program_id(0), tok_lo + c0)
         hk = h // (HV // HQK)
         ssm_a = tl.load(ssm_a_ptr + h).to(tl.float32)
         dt = tl.load(dt_ptr + h).to(tl.float32)
@@ -527,6 +534,133 @@ def _forest_gdn_tc_prep_kernel(
         y3 = y3 - _mm(a32, y2, BF16, ON_GPU)
         y3 = _mm(t3, y3, BF16, ON_GPU)
         tl.store(u_ptr + at3[:, None] * DV + offs_v[None, :], y3.to(op), mask=v3[:, None])
+
+
+def _tf32(x, ON_GPU: tl.constexpr):
+    """x as a tf32 operand: on the GPU the tensor cores read the fp32 registers at tf32's 10
+    mantissa bits; the interpreter's dot multiplies in fp32, so there the low 13 bits are
+    dropped by hand (truncation, the worse of truncating and rounding) and the interpreter
+    tests see no more precision than the GPU has."""
+    if ON_GPU:
+        return x
+    else:
+        return (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+
+
+def _mm_tf32(a, b, ON_GPU: tl.constexpr):
+    """a @ b with tf32 operands and fp32 accumulation (the chunk inverse's products)."""
+    if ON_GPU:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(_tf32(a, ON_GPU), _tf32(b, ON_GPU), input_precision="ieee")
+
+
+def _inv_level(d, a, part, eye, ON_GPU: tl.constexpr):
+    """One level of the blocked inverse: given d = (I + a_in)^-1 for a_in, the part of the
+    strictly lower triangular a inside blocks of size s (block-diagonal, blocks of s / 4),
+    the inverse for a's part inside blocks of size 4 s. With n = a's entries in `part` (inside
+    the 4s-blocks, outside the s-blocks) I + a_in + n = (I + a_in)(I + m), m = d n, and m is
+    strictly lower triangular at the s-block level with 4 s-blocks per 4s-block, so m^4 = 0 and
+    (I + m)^-1 = (I - m)(I + m^2) exactly: three products and one more for (I + m)^-1 d. The
+    series has four terms (growth of a 4 x 4 block triangular solve), unlike a Neumann product
+    over the 64 rows, whose terms grow binomially when the keys share a direction."""
+    m = _mm_tf32(d, tl.where(part, a, 0.0), ON_GPU)
+    im = eye - m
+    p = im + _mm_tf32(im, _mm_tf32(m, m, ON_GPU), ON_GPU)
+    return _mm_tf32(p, d, ON_GPU)
+
+
+def _forest_gdn_tc_invert_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
+    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
+    stride_conv, stride_b, stride_a, q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """Program (value head, query block) - the value heads of a chunk adjacent, so the three
+    that read one key head's q and k find them in L2: the same products as
+    `_forest_gdn_tc_prep_kernel`, made with whole-chunk matrix products instead of a chain of
+    16-row blocks. The raw scores k k^T and q k^T are one 64 x 64 product each (scaled by beta
+    and the decay after the product, as the block form does); T = (I + A)^-1 of the whole
+    chunk comes from A alone in three levels of blocks (4, 16, 64 rows: `_inv_level`), ten
+    64 x 64 products in tf32 (enough: w and u are then rounded to bf16 with T, and in a
+    float64 study of 30 chunks they came out as close to exact as the block form's); then
+    w = T (beta exp(gam) k) and u = T (beta v) are one product each (in 64-column blocks) at
+    the operand precision. The chain is 16 products on the tensor cores (wgmma) instead of 64
+    16-row ones (24 of them fp32 FMA for the diagonal inverses), on 4 warps instead of 8."""
+    h = tl.program_id(0)
+    qb = tl.program_id(1).to(tl.int64) * 3  # query block record: slot, first local index, live
+    slot = tl.load(qblocks_ptr + qb)
+    c0 = tl.load(qblocks_ptr + qb + 1)
+    rec = segs_ptr + slot * 8
+    length = tl.load(rec + 1)
+    if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length):
+        tok_lo = tl.load(rec)
+        if h == 0:
+            _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, tl.program_id(1), tok_lo + c0)
+        hk = h // (HV // HQK)
+        op = qg_ptr.dtype.element_ty
+        offs = tl.arange(0, 64)
+        offs_k = tl.arange(0, DK)
+        valid = c0 + offs < length
+        rows = tok_lo + c0 + offs
+        at = rows * HV + h
+        # beta and the log decay of this value head; gam from the chunk start (rows past the end add 0)
+        b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+        beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+        x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32)
+        x = x + tl.load(dt_ptr + h).to(tl.float32)
+        soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+        soft = tl.where(x > 20.0, x, soft)
+        g = tl.where(valid, tl.load(ssm_a_ptr + h).to(tl.float32) * soft, 0.0)
+        gam = tl.cumsum(g, axis=0)
+        # through the chunk's last row: gam's last entry (rows past the end add 0), the very bits
+        # the walk reads as the chunk's total decay
+        last = tl.sum(tl.where(offs == 63, gam, 0.0), axis=0)
+        tl.store(g_ptr + at, gam, mask=valid)
+        # k: l2-normalised (its scale kept for w's operand later: registers), k exp(gam_last - gam)
+        src = conv_ptr + rows[:, None] * stride_conv
+        k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+        k_scale = tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)
+        k = k * k_scale[:, None]
+        tl.store(kd_ptr + at[:, None] * DK + offs_k[None, :], (k * tl.exp(last - gam)[:, None]).to(op),
+                 mask=valid[:, None])  # fmt: skip
+        kk = _mm(k, tl.trans(k), BF16, ON_GPU)
+        q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+        q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+        tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], (q * tl.exp(gam)[:, None]).to(op),
+                 mask=valid[:, None])  # fmt: skip
+        # the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r; zeros above the diagonal)
+        # (one decay matrix for the scores and A: exp(gam_r - gam_c) <= 1 on and below the
+        # diagonal, where gam_r <= gam_c; masked before exp above it)
+        r, c = offs[:, None], offs[None, :]
+        decay = tl.exp(tl.where(r >= c, gam[:, None] - gam[None, :], float("-inf")))
+        scores = _mm(q, tl.trans(k), BF16, ON_GPU) * decay
+        tl.store(aqk_ptr + at[:, None] * 64 + c, scores.to(op), mask=valid[:, None])
+        # A (strictly lower) and T = (I + A)^-1: blocks of 4 by (I - B)(I + B^2) (B^4 = 0), then
+        # two levels of `_inv_level` (4 -> 16 -> 64 rows)
+        a = tl.where(r > c, (kk * beta[:, None]) * decay, 0.0)
+        eye = tl.where(r == c, 1.0, 0.0)
+        in4 = (r // 4) == (c // 4)
+        b4 = tl.where(in4, a, 0.0)
+        ib = eye - b4
+        d = ib + _mm_tf32(ib, _mm_tf32(b4, b4, ON_GPU), ON_GPU)
+        d = _inv_level(d, a, ((r // 16) == (c // 16)) & ((r // 4) != (c // 4)), eye, ON_GPU)
+        t = _inv_level(d, a, (r // 16) != (c // 16), eye, ON_GPU)
+        # w and u: BW columns at a time (a [64, 128] fp32 accumulator and its operand would hold
+        # 128 registers per thread at 4 warps); k reloaded from L1/L2 rather than kept live
+        t_op = t.to(op) if BF16 else t
+        for j in tl.static_range(DK // BW):
+            offs_j = j * BW + tl.arange(0, BW)
+            k = tl.load(src + HQK * DK + hk * DK + offs_j[None, :], mask=valid[:, None], other=0.0)
+            k = (k * k_scale[:, None]) * (beta * tl.exp(gam))[:, None]
+            w = _mm(t_op, k, BF16, ON_GPU)
+            tl.store(w_ptr + at[:, None] * DK + offs_j[None, :], w.to(op), mask=valid[:, None])
+        for j in tl.static_range(DV // BW):
+            offs_j = j * BW + tl.arange(0, BW)
+            v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
+            u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
+            tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
 
 
 def _walk_start(
@@ -671,7 +805,12 @@ _tc_q = helper(_tc_q)  # type: ignore[assignment]
 _inv16 = helper(_inv16)  # type: ignore[assignment]
 _kk = helper(_kk)  # type: ignore[assignment]
 _qk = helper(_qk)  # type: ignore[assignment]
+_tc_chunk_number = helper(_tc_chunk_number)  # type: ignore[assignment]
+_tf32 = helper(_tf32)  # type: ignore[assignment]
+_mm_tf32 = helper(_mm_tf32)  # type: ignore[assignment]
+_inv_level = helper(_inv_level)  # type: ignore[assignment]
 _gdn_tc_prep = kernel(_forest_gdn_tc_prep_kernel)
+_gdn_tc_invert = kernel(_forest_gdn_tc_invert_kernel)
 _gdn_tc = kernel(_forest_gdn_tc_kernel)
 _gdn_tc_walk = kernel(_forest_gdn_tc_walk_kernel)
 _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
@@ -983,6 +1122,14 @@ TC_CHUNK = 64  # the tensor-core form: 64-token chunks, bf16 or tf32 operands, f
 TC_DOTS = ("tf32", "bf16")  # the operand precisions of the TC_CHUNK form (chunks 16/32: ieee, tf32)
 TC_WARPS = 4
 TC_PREP_WARPS = 8
+# The chunk-64 prep's forms: "blocks" (shipped: 16-row blocks by forward substitution, one
+# program per chunk and value head over ~60 small products, mostly fp32 FMA) and "invert" (the
+# whole chunk's 64 x 64 products and a blocked inverse on the tensor cores). Both are exact
+# forms of the same products; their bits differ (other rounding points). TC_PREP_FORM is what
+# forest_gdn_prep(chunk=64) runs unless told; the GPU timings decide it.
+TC_PREP_FORMS = ("blocks", "invert")
+TC_PREP_FORM = "blocks"
+TC_INVERT_WARPS = 4
 TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chunk c's products
 TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
 TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
@@ -1025,6 +1172,7 @@ class TcPrep:
     chunk_no: torch.Tensor | None = None  # int32 [T], a chunk's number at its first row
     starts: torch.Tensor | None = None  # split: [NH, HV, dk, dv] every chunk's start state
     updates: torch.Tensor | None = None  # split: [T, HV, dv] the chunks' U = u - w S
+    prep_form: str = "blocks"  # TC_PREP_FORMS: the kernel that made the products
 
 
 def _check_gdn_inputs(
@@ -1104,6 +1252,8 @@ def forest_gdn_prep(
     walk_bv: int | None = None,
     walk_warps: int | None = None,
     walk_stages: int | None = None,
+    prep_form: str | None = None,
+    prep_warps: int | None = None,
 ) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
@@ -1122,6 +1272,9 @@ def forest_gdn_prep(
     heads), walk_warps its warps (None: TC_WALK_WARPS), walk_stages its software-pipeline
     depth (None: TC_STAGES). The bits are the same either way on the
     interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
+    prep_form (TC_PREP_FORMS; None: TC_PREP_FORM) picks the chunk-64 prep kernel and prep_warps
+    its warps (None: TC_PREP_WARPS for "blocks", TC_INVERT_WARPS for "invert"); the forms agree
+    to the operands' rounding, not bitwise.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -1152,9 +1305,16 @@ def forest_gdn_prep(
             raise ValueError(
                 f"walk_warps must be 1, 2, 4 or 8 and walk_stages 1 to 4, got {walk_warps}, {walk_stages}"
             )
+        prep_form = TC_PREP_FORM if prep_form is None else prep_form
+        if prep_form not in TC_PREP_FORMS:
+            raise ValueError(f"prep_form must be one of {TC_PREP_FORMS}, got {prep_form!r}")
+        if prep_warps is None:
+            prep_warps = TC_PREP_WARPS if prep_form == "blocks" else TC_INVERT_WARPS
+        if prep_warps not in (4, 8):
+            raise ValueError(f"prep_warps must be 4 or 8, got {prep_warps}")
         return _tc_prep(
             conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv,
-            (walk_warps, walk_stages),
+            (walk_warps, walk_stages), (prep_form, prep_warps),
         )  # fmt: skip
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
@@ -1194,6 +1354,7 @@ def _tc_prep(
     walk: str,
     walk_bv: int,
     walk_config: tuple[int, int],
+    prep_config: tuple[str, int],
 ) -> TcPrep:
     _block_v(dk, dv)
     t, dev = conv.shape[0], conv.device
@@ -1219,16 +1380,26 @@ def _tc_prep(
         chunk_no=torch.empty(t, dtype=torch.int32, device=dev),
         starts=torch.empty(nh, hv, dk, dv, dtype=op, device=dev),
         updates=torch.empty(t if split else 0, hv, dv, dtype=op, device=dev),
+        prep_form=prep_config[0],
     )
     if t == 0 or qblocks.shape[0] == 0:
         return prep
     conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
-    _gdn_tc_prep[(qblocks.shape[0], hv)](
+    # blocks: grid (query block, value head); invert: (value head, query block), so that the
+    # value heads of one chunk (and the three of one key head) run side by side
+    form, warps = prep_config
+    if form == "blocks":
+        launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
+    elif qblocks.shape[0] > 65535:  # the grid's second axis (CUDA's limit); ~1M packed rows
+        raise ValueError(f"prep_form 'invert' takes at most 65535 query blocks, got {qblocks.shape[0]}")
+    else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
+        launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
+    launch(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
         prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, prep.chunk_no,
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
-        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16",
-        num_warps=TC_PREP_WARPS, enable_fp_fusion=False,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16", **extra,
+        num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return prep
 

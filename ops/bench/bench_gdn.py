@@ -8,10 +8,14 @@ state: two levels), T=8,192 (one segment). Paths: token by token; "tc64 bf16", t
 tensor-core prep + fused walk (the first version); the split form - prep, a walk that makes
 only the state's products, then every chunk's outputs in one parallel launch - at bf16 with
 BV value columns, w warps and s pipeline stages per walk program ("split bf16" is the
-default, BV 32 w4 s2), and at tf32. Each is captured in one CUDA graph per forest and
-replayed: median over `--reps` timed replays after warm-up, of CUDA event time per replay =
-ms per layer. "split bf16" is followed by its parts, each in a graph of its own: the prep, the
-levels' walks, the outputs launch (their sum exceeds the whole by the launch overheads).
+default, BV 32 w4 s2), and at tf32. The chunk-64 prep comes in two forms (`prep_form`): the
+shipped "blocks" (16-row block substitution) and "invert" (whole-chunk products and a blocked
+tf32 inverse): the rows named "inv" run the latter ("inv w8": on 8 warps). Each is captured in
+one CUDA graph per forest and replayed: median over `--reps` timed replays after warm-up, of
+CUDA event time per replay = ms per layer. "split bf16" and "split bf16 inv" are followed by
+their parts, each in a graph of its own: the prep, the levels' walks, the outputs launch (their
+sum exceeds the whole by the launch overheads). Closing table: the two prep forms side by side
+(bf16 split walk: prep alone, whole layer, maxdiff, state).
 `maxdiff` is the largest |o - o_token| over the live rows and `state` the largest difference
 of the final states, both against the token-by-token kernel (the exact path); `s` is the
 seconds since the start when the row was printed (compiles included), so a run cut short
@@ -53,17 +57,23 @@ FORESTS = {
     "(b) 256+3x40": [(256, None), (40, 0), (40, 0), (40, 0)],
     "T=8192": [(8192, None)],
 }
-BREAKDOWN = "split bf16"  # also timed launch kind by launch kind (prep, the levels' walks, outputs)
-# path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) does by default
+# also timed launch kind by launch kind (prep, the levels' walks, outputs)
+BREAKDOWN = ("split bf16", "split bf16 inv")
+OLD, NEW = "blocks", "invert"  # the prep forms compared in the closing table
+# path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) did by default
+# when the "invert" form was written (the prep form is named, so the rows keep their meaning)
 PATHS = {
     "token": (0, "ieee", {}),
-    "tc64 bf16": (TC_CHUNK, "bf16", dict(walk="fused")),
-    "split bf16": (TC_CHUNK, "bf16", {}),
+    "tc64 bf16": (TC_CHUNK, "bf16", dict(walk="fused", prep_form=OLD)),
+    "split bf16": (TC_CHUNK, "bf16", dict(prep_form=OLD)),
+    "split bf16 inv": (TC_CHUNK, "bf16", dict(prep_form=NEW)),
+    "split bf16 inv w8": (TC_CHUNK, "bf16", dict(prep_form=NEW, prep_warps=8)),
     "split BV64 w4": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=4)),
     "split BV64 w8": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=8)),
     "split BV16 w4": (TC_CHUNK, "bf16", dict(walk_bv=16, walk_warps=4)),
     "split BV32 s3": (TC_CHUNK, "bf16", dict(walk_stages=3)),
-    "split tf32": (TC_CHUNK, "tf32", {}),
+    "split tf32": (TC_CHUNK, "tf32", dict(prep_form=OLD)),
+    "split tf32 inv": (TC_CHUNK, "tf32", dict(prep_form=NEW)),
 }
 
 
@@ -120,6 +130,27 @@ def save(path: str | None, results: list[dict]) -> None:
             json.dump(results, f, indent=1)
 
 
+def table(results: list[dict]) -> None:
+    """The two chunk-64 prep forms side by side (bf16 split walk): prep alone, the whole layer,
+    and the accuracy of each against the token-by-token kernel."""
+    got = {(r["forest"], r["path"]): r for r in results}
+    old, new = BREAKDOWN
+    print(
+        f"\nprep forms (bf16 split walk): {OLD} ({old!r}) vs {NEW} ({new!r}); ms/layer, max |diff| vs token"
+    )
+    print(f"{'forest':<14} {'prep old':>9} {'prep new':>9} {'layer old':>9} {'layer new':>9} "
+          f"{'maxdiff old':>11} {'maxdiff new':>11} {'state old':>10} {'state new':>10}")  # fmt: skip
+    for name in FORESTS:
+        a, b = got.get((name, old)), got.get((name, new))
+        pa, pb = got.get((name, f"{old}: prep")), got.get((name, f"{new}: prep"))
+        if not (a and b and pa and pb):
+            continue
+        print(
+            f"{name:<14} {pa['ms']:>9.4f} {pb['ms']:>9.4f} {a['ms']:>9.4f} {b['ms']:>9.4f} "
+            f"{a['maxdiff']:>11.2e} {b['maxdiff']:>11.2e} {a['state_diff']:>10.2e} {b['state_diff']:>10.2e}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -138,7 +169,7 @@ def main() -> None:
         chunk_gated_delta_rule = None
         print(f"fla: not available ({type(e).__name__}: {e})")
     results, made = [], []
-    print(f"{'forest':<14} {'path':<14} {'ms/layer':>9} {'maxdiff':>10} {'state':>10} {'s':>5}")
+    print(f"{'forest':<14} {'path':<18} {'ms/layer':>9} {'maxdiff':>10} {'state':>10} {'s':>5}")
     for name, spec in FORESTS.items():
         segs, qblocks, t, levels = forest(spec, dev)
         conv = torch.nn.functional.silu(torch.randn(t, 2 * HQK * DK + HV * DV, device=dev, generator=gen))
@@ -176,10 +207,10 @@ def main() -> None:
             diff = (o - ref_o).abs().max().item()
             sdiff = (state - ref_state).abs().max().item()
             el = time.perf_counter() - t_start
-            print(f"{name:<14} {path:<14} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e} {el:>5.0f}", flush=True)
+            print(f"{name:<14} {path:<18} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e} {el:>5.0f}", flush=True)
             results.append(dict(forest=name, path=path, ms=ms, maxdiff=diff, state_diff=sdiff))
             save(args.out, results)
-            if path == BREAKDOWN:  # where its time goes: each launch kind in a graph of its own
+            if path in BREAKDOWN:  # where its time goes: each launch kind in a graph of its own
                 prep = forest_gdn_prep(
                     conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
                 )
@@ -211,9 +242,10 @@ def main() -> None:
                 }
                 for part, fn in parts.items():
                     ms = timed(fn, args.reps)
-                    print(f"{name:<14} {'  ' + part:<14} {ms:>9.4f}", flush=True)
+                    print(f"{name:<14} {'  ' + part:<18} {ms:>9.4f}", flush=True)
                     results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
         made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))
+    table(results)
     # fla last, so a slow autotune of its kernels cannot cut our rows short
     for name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o in made:
         if chunk_gated_delta_rule is None or args.no_fla:
@@ -250,7 +282,7 @@ def main() -> None:
             )  # fmt: skip
             diff = (o_fla[0].float() - ref_o).abs().max().item() if levels == 1 else float("nan")
             el = time.perf_counter() - t_start
-            print(f"{name:<14} {label:<14} {ms:>9.4f} {diff:>10.2e} {'':>10} {el:>5.0f}", flush=True)
+            print(f"{name:<14} {label:<18} {ms:>9.4f} {diff:>10.2e} {'':>10} {el:>5.0f}", flush=True)
             results.append(dict(forest=name, path=label, ms=ms, maxdiff=diff))
             save(args.out, results)
         except Exception as e:

@@ -16,6 +16,7 @@ from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
 from engine.kernels.forest_gdn import (
     TC_CHUNK,
+    TC_PREP_FORMS,
     forest_conv,
     forest_conv_reference,
     forest_gdn,
@@ -544,9 +545,11 @@ def _qblocks(segs: torch.Tensor) -> torch.Tensor:
 
 def _chunk_oracle(
     conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
-    lo: int, n: int, chunk: int,
+    lo: int, n: int, chunk: int, heads: tuple[int, int, int, int] = (HQK, HV, DK, DV),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """w, u and gam of one segment's rows in float64, T = (I + A)^-1 by torch.linalg.inv."""
+    """w, u and gam of one segment's rows in float64, T = (I + A)^-1 by torch.linalg.inv
+    (heads: key heads, value heads, dk, dv)."""
+    HQK, HV, DK, DV = heads  # noqa: N806 (the module's names, for other head sizes)
     x = conv[lo : lo + n].double()
     k = l2_normalize(x[:, HQK * DK : 2 * HQK * DK].reshape(n, HQK, DK)).repeat_interleave(HV // HQK, dim=1)
     v = x[:, 2 * HQK * DK :].reshape(n, HV, DV)
@@ -609,6 +612,10 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_warps=3)
     with pytest.raises(ValueError, match="walk_stages 1 to 4"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk_stages=0)
+    with pytest.raises(ValueError, match="prep_form must be one of"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", prep_form="solve")
+    with pytest.raises(ValueError, match="prep_warps must be 4 or 8"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", prep_warps=2)
     tc = forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16")
     with pytest.raises(ValueError, match="out must be contiguous fp32"):
         forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV + 1, device=dev))
@@ -627,9 +634,10 @@ UNIT = {"bf16": 2.0**-8, "tf32": 2.0**-11}
 TC_LENGTHS, TC_FIRST, TC_T = [150, 70], [3, 155], 232  # 3 and 2 chunks, neither a multiple of 64
 
 
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
 def test_tc_chunks_equal_the_token_by_token_recurrence(
-    dots: str, dev: torch.device, gen: torch.Generator
+    dots: str, form: str, dev: torch.device, gen: torch.Generator
 ) -> None:
     """Chunk 64 on tensor cores over a stored-start root of 150 tokens and its child of 70
     (partial chunks, the child from its parent's final state): outputs and final states against
@@ -640,7 +648,7 @@ def test_tc_chunks_equal_the_token_by_token_recurrence(
     does; it computes tf32 in fp32, so there the bound is loose)."""
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
     before = pool.base.clone()
-    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots)
+    got = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots, prep_form=form)
     got_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
     pool.base.copy_(before)
     ref = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=0, backend="torch")
@@ -685,14 +693,115 @@ def test_tc_split_walk_equals_the_fused_one(dots: str, dev: torch.device, gen: t
     assert fused.abs().max() > 0
 
 
+def _tc_prep_oracle(
+    conv: torch.Tensor, b_raw: torch.Tensor, a_raw: torch.Tensor, ssm_a: torch.Tensor, dt: torch.Tensor,
+    lo: int, n: int, heads: tuple[int, int, int, int] = (HQK, HV, DK, DV),
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The chunk-64 prep's other products of one segment's rows in float64: q exp(gam),
+    k exp(gam_last - gam) and the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r,
+    zeros above the diagonal), chunk by chunk from the segment start."""
+    HQK, HV, DK, _ = heads  # noqa: N806
+    x = conv[lo : lo + n].double()
+    group = HV // HQK
+    q = l2_normalize(x[:, : HQK * DK].reshape(n, HQK, DK)).repeat_interleave(group, dim=1) * DK**-0.5
+    k = l2_normalize(x[:, HQK * DK : 2 * HQK * DK].reshape(n, HQK, DK)).repeat_interleave(group, dim=1)
+    g = ssm_a.double() * F.softplus(a_raw[lo : lo + n].double() + dt.double())
+    qg, kd = torch.zeros(n, HV, DK, dtype=torch.float64), torch.zeros(n, HV, DK, dtype=torch.float64)
+    scores = torch.zeros(n, HV, TC_CHUNK, dtype=torch.float64)
+    for c0 in range(0, n, TC_CHUNK):
+        c1 = min(c0 + TC_CHUNK, n)
+        gc = torch.cumsum(g[c0:c1], dim=0)  # [c, HV]
+        qg[c0:c1] = q[c0:c1] * torch.exp(gc)[:, :, None]
+        kd[c0:c1] = k[c0:c1] * torch.exp(gc[-1] - gc)[:, :, None]
+        s = torch.einsum("rhd,chd->rhc", q[c0:c1], k[c0:c1]) * torch.exp(gc[:, :, None] - gc.T[None])
+        scores[c0:c1, :, : c1 - c0] = torch.tril(s.permute(1, 0, 2)).permute(1, 0, 2)
+    return dict(qg=qg, kd=kd, scores=scores)
+
+
+def _check_tc_prep(
+    prep,
+    inputs: list[torch.Tensor],
+    spans: list[tuple[int, int]],
+    dots: str,
+    heads: tuple[int, int, int, int],
+) -> None:
+    """A chunk-64 prep's products of the segments at `spans` (first row, length) against the
+    float64 oracles. Every rounding to the operand dtype costs at most 2 u (the interpreter
+    truncates to bf16; the GPU rounds, 1 u): w and u see three (T, the other operand, the
+    store), bounded against their scale; q exp(gam) and k exp(gam_last - gam) one (the store);
+    the scores three, against |q| |k| = dk^-0.5 (their terms' scale: a score can be far smaller
+    than its terms); gam (fp32, a sum of up to 64 terms) 64 fp32 half-ulps."""
+    cpu = [x.cpu() for x in inputs]
+    u_op = UNIT[dots]
+    for lo, n in spans:
+        w, u, gam = _chunk_oracle(*cpu, lo, n, TC_CHUNK, heads)
+        want = dict(w=w, u=u, gam=gam, **_tc_prep_oracle(*cpu, lo, n, heads))
+        scale = {name: x.abs().max().item() for name, x in want.items()} | dict(scores=heads[2] ** -0.5)
+        bounds = dict(
+            w=6 * u_op, u=6 * u_op, qg=2 * u_op, kd=2 * u_op, scores=6 * u_op, gam=TC_CHUNK * 2.0**-24
+        )
+        for name, bound in bounds.items():
+            got = getattr(prep, name)[lo : lo + n].double().cpu()
+            err = (got - want[name]).abs().max().item() / scale[name]
+            assert err <= bound, (lo, name, err / u_op)
+
+
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_prep_products_match_a_float64_oracle(
+    dots: str, form: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """Each chunk-64 prep form's products (a root of 150 tokens and a child of 70: full and
+    partial chunks) against float64 with T = (I + A)^-1 from torch.linalg.inv (bounds:
+    `_check_tc_prep`). The keys share a common direction (k_i.k_j ~ 0.9), so A is far from
+    small and an inverse that loses accuracy to cancellation would show."""
+    pool, segs, conv, b_raw, a_raw, ssm_a, dt, _ = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
+    common = torch.randn(DK, generator=gen).to(dev)
+    conv[:, HQK * DK : 2 * HQK * DK].view(TC_T, HQK, DK).mul_(0.3).add_(common)
+    prep = forest_gdn_prep(
+        conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form
+    )
+    spans = list(zip(TC_FIRST, TC_LENGTHS, strict=True))
+    _check_tc_prep(prep, [conv, b_raw, a_raw, ssm_a, dt], spans, dots, (HQK, HV, DK, DV))
+
+
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
+def test_tc_prep_products_at_the_model_head_size(form: str, dev: torch.device, gen: torch.Generator) -> None:
+    """The 27B head size, dk = dv = 128 (the invert form makes w and u in two column blocks of
+    64 there; the tiny heads take one of 16), one key head and two value heads, bf16: a
+    100-token segment from row 5 (a full and a partial chunk) against the float64 oracles."""
+    hqk, hv, dk, dv = 1, 2, 128, 128
+    t, lo, n = 112, 5, 100
+    segs = torch.zeros(2, SEG_FIELDS, dtype=torch.int64)
+    segs[0, [SEG_TOK_LO, SEG_LENGTH, SEG_LIVE]] = torch.tensor([lo, n, 1])
+    segs = segs.to(dev)
+    x = torch.randn(t, 2 * hqk * dk + hv * dv, generator=gen)
+    x[:, hqk * dk : 2 * hqk * dk] += torch.randn(dk, generator=gen)  # keys sharing a direction
+    ab = torch.randn(t, 2 * hv, generator=gen)
+    inputs = [
+        x,
+        ab[:, :hv],
+        ab[:, hv:],
+        -torch.rand(hv, generator=gen) - 0.1,
+        torch.randn(hv, generator=gen) * 0.1,
+    ]
+    inputs = [a.to(dev) for a in inputs]
+    prep = forest_gdn_prep(
+        *inputs, segs, _qblocks(segs), num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        chunk=TC_CHUNK, dots="bf16", prep_form=form,
+    )  # fmt: skip
+    _check_tc_prep(prep, inputs, [(lo, n)], "bf16", (hqk, hv, dk, dv))
+
+
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
 def test_tc_segment_bits_do_not_depend_on_the_launch(
-    dots: str, dev: torch.device, gen: torch.Generator
+    dots: str, form: str, dev: torch.device, gen: torch.Generator
 ) -> None:
     """Chunk 64: the root alone, and the child alone from its parent's cached final state, give
     the bits they have packed together (the child's rows at 0, the tables listing only it)."""
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
-    packed = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots)
+    packed = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots, prep_form=form)
     packed_states = [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]
     for s, (lo, n) in enumerate(zip(TC_FIRST, TC_LENGTHS, strict=True)):
         alone_segs = segs[s : s + 1].clone()
@@ -701,7 +810,9 @@ def test_tc_segment_bits_do_not_depend_on_the_launch(
         idx = torch.arange(lo, lo + n, device=dev)
         out = torch.zeros(n, HV, DV, device=dev)
         alone = (conv[idx], b_raw[idx], a_raw[idx], ssm_a, dt)
-        prep = forest_gdn_prep(*alone, alone_segs, _qblocks(alone_segs), **KW, chunk=TC_CHUNK, dots=dots)
+        prep = forest_gdn_prep(
+            *alone, alone_segs, _qblocks(alone_segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form
+        )
         forest_gdn(
             *alone, pool.base, alone_segs, 0, LAYER * STATE, out, **KW, chunk=TC_CHUNK, dots=dots, prep=prep
         )  # fmt: skip
@@ -709,8 +820,11 @@ def test_tc_segment_bits_do_not_depend_on_the_launch(
         assert torch.equal(pool.base[outs[s] + LAYER * STATE :][:STATE], packed_states[s]), s
 
 
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
-def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen: torch.Generator) -> None:
+def test_tc_chunks_over_the_three_level_forest(
+    dots: str, form: str, dev: torch.device, gen: torch.Generator
+) -> None:
     """Chunk 64 over the packed forest of short segments (every one shorter than a chunk, an
     empty one, stored starts, three levels, a padding slot and padding rows): each chain's
     outputs and final states against the chain run as one sequence, within 32 u of the
@@ -722,8 +836,9 @@ def test_tc_chunks_over_the_three_level_forest(dots: str, dev: torch.device, gen
     out = torch.full((y.shape[0], HV, DV), float("nan"), device=dev)
     qb = _qblocks(case.segs)
     prep = forest_gdn_prep(
-        y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.segs, qb, **KW, chunk=TC_CHUNK, dots=dots
-    )
+        y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.segs, qb, **KW, chunk=TC_CHUNK, dots=dots,
+        prep_form=form,
+    )  # fmt: skip
     for level in range(3):  # the body's order: the split walk level by level, then all outputs
         forest_gdn(
             y, case.b_raw, case.a_raw, case.ssm_a, case.dt, case.pool.base, case.segs, level, LAYER * STATE,
