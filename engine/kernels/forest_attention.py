@@ -82,7 +82,6 @@ libdevice: Any = None
 
 NUM_WARPS = 4
 _LOG2E = 1.4426950408889634  # the large-block kernel's exponentials are base 2
-_LN2 = 0.6931471805599453  # a base-2 max back to natural units
 # Precisions of the attention dots (`_reduce_piece`): "ieee" fp32 on the FMA units (the decode
 # kernel's), "tf32" / "bf16" on tensor cores. Each is row-local with a fixed config, so a token's
 # bits still depend on its own segment alone; the choice is one setting per engine.
@@ -194,7 +193,7 @@ def split_config(head_dim: int, dots: str = "bf16") -> SplitConfig | None:
     if dots != "bf16":
         return None
     if head_dim >= 256:
-        return SplitConfig(splits=11, min_keys=1024, capacity=32, block_l=32, num_warps=8)
+        return SplitConfig(splits=11, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=2)
     return SplitConfig(splits=8, min_keys=512, capacity=32, block_l=32, num_warps=4)
 
 
@@ -466,6 +465,7 @@ def _shadow_kernel(
 def _split_plan_kernel(
     segs_ptr, pieces_ptr, qblocks_ptr, rank_ptr, list_ptr, count_ptr, n_qblocks,
     P: tl.constexpr, LONG_MIN: tl.constexpr, MIN_KEYS: tl.constexpr, CHUNK: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """One program: the query blocks whose ancestors are split (live, of a segment the 16-row
     kernel attends, with at least MIN_KEYS ancestor keys), numbered in table order: rank[qb]
@@ -569,32 +569,32 @@ def _split_kernel(
                         HD, BL, DOTS, True, False, False, ON_GPU,
                     )  # fmt: skip
                 first += n_tiles
-            m = m * _LN2  # natural units (an empty range keeps -inf and total 0)
+            m = m * 0.6931471805599453  # natural units: x ln 2 (an empty range keeps -inf, total 0)
             if folding:  # fold into the block's running result (none before split 0)
-                at = (tok_lo + local) * NH + heads
-                o_at = at[:, None] * HD + offs_d[None, :]
-                keep = valid & (s > 0)
-                m_run = tl.load(ml_ptr + at * 2, mask=keep, other=float("-inf"))
-                total_run = tl.load(ml_ptr + at * 2 + 1, mask=keep, other=0.0)
+                row_at = (tok_lo + local) * NH + heads
+                o_at = row_at[:, None] * HD + offs_d[None, :]
+                seen = valid & (s > 0)
+                m_run = tl.load(ml_ptr + row_at * 2, mask=seen, other=float("-inf"))
+                total_run = tl.load(ml_ptr + row_at * 2 + 1, mask=seen, other=0.0)
                 has = total > 0.0
                 m_new = tl.where(has, tl.maximum(m_run, m), m_run)
                 old_scale = tl.where(has, tl.exp(m_run - m_new), 1.0)
                 new_scale = tl.where(has, tl.exp(m - m_new), 0.0)
-                acc_run = tl.load(out_ptr + o_at, mask=keep[:, None], other=0.0)
+                acc_run = tl.load(out_ptr + o_at, mask=seen[:, None], other=0.0)
                 tl.store(out_ptr + o_at, acc_run * old_scale[:, None] + acc_lo * new_scale[:, None],
                          mask=valid[:, None])  # fmt: skip
-                acc_run = tl.load(out_ptr + HH + o_at, mask=keep[:, None], other=0.0)
+                acc_run = tl.load(out_ptr + HH + o_at, mask=seen[:, None], other=0.0)
                 tl.store(out_ptr + HH + o_at, acc_run * old_scale[:, None] + acc_hi * new_scale[:, None],
                          mask=valid[:, None])  # fmt: skip
-                tl.store(ml_ptr + at * 2, m_new, mask=valid)
-                tl.store(ml_ptr + at * 2 + 1, total_run * old_scale + total * new_scale, mask=valid)
+                tl.store(ml_ptr + row_at * 2, m_new, mask=valid)
+                tl.store(ml_ptr + row_at * 2 + 1, total_run * old_scale + total * new_scale, mask=valid)
                 tl.debug_barrier()  # the next split's loads read what every thread stored here
             else:  # the partial of split s, for the 16-row kernel to fold
-                at = ((rank * NKV + kvh) * S + s) * (G * BM) + offs_j
+                ws_at = ((rank * NKV + kvh) * S + s) * (G * BM) + offs_j
                 keep = valid & (total > 0.0)  # an empty range stores only its zero sum
-                tl.store(ws_ml_ptr + at * 2, m, mask=keep)
-                tl.store(ws_ml_ptr + at * 2 + 1, total, mask=valid)
-                w_at = at[:, None] * HD + offs_d[None, :]
+                tl.store(ws_ml_ptr + ws_at * 2, m, mask=keep)
+                tl.store(ws_ml_ptr + ws_at * 2 + 1, total, mask=valid)
+                w_at = ws_at[:, None] * HD + offs_d[None, :]
                 tl.store(ws_acc_ptr + w_at, acc_lo, mask=keep[:, None])
                 tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
 

@@ -5,6 +5,7 @@ bits in a bigger launch at another slot and other packed rows.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -542,16 +543,20 @@ BIG_SEGMENTS = [(300, -1), (40, 0), (200, 0)]
 
 
 def _big_tables(
-    members: list[int], kv: list[list[int]], dev: torch.device, pad: int
+    members: list[int],
+    kv: list[list[int]],
+    dev: torch.device,
+    pad: int,
+    segments: list[tuple[int, int]] = BIG_SEGMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[int, int]]:
-    """rows, segs, pieces [S, 2, 4], qblocks of `members` packed after `pad` padding rows (and a
-    padding slot first when pad > 0); kv[s] is segment s's own piece record."""
+    """rows, segs, pieces [S, 2, 4], qblocks of `members` of `segments` packed after `pad` padding
+    rows (and a padding slot first when pad > 0); kv[s] is segment s's own piece record."""
     rows, segs, pieces, blocks, row_of = [[0, 0, 0, 0]] * pad, [], [], [], {}
     if pad:
         segs.append(_seg_record(0, pad, 0))
         pieces.append([[0, 0, 0, 0], [0, 0, 0, 0]])
     for s in members:
-        slot, (n, parent) = len(segs), BIG_SEGMENTS[s]
+        slot, (n, parent) = len(segs), segments[s]
         row_of[s] = len(rows)
         segs.append(_seg_record(len(rows), n, 1))
         pieces.append([kv[parent] if parent >= 0 else [0, 0, 0, 0], kv[s]])
@@ -609,3 +614,59 @@ def test_27b_heads_alone_equals_packed_and_within_bound(dots: str, gen: torch.Ge
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed - want).abs().max()
     assert err <= bound + 1e-5, f"{dots}: {err:.3g} over {bound:.3g}"
+
+
+# The ancestor split at its real size: a 1,100-token root (the large-block kernel) and two
+# questions after it (3 and 2 query blocks over 1,100 >= min_keys ancestor keys: split).
+SPLIT_BIG_SEGMENTS = [(1100, -1), (40, 0), (20, 0)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+def test_27b_split_alone_equals_packed_at_every_capacity_and_within_bound(gen: torch.Generator) -> None:
+    """The shipped split config compiled: each segment's bits alone equal its bits packed, for a
+    capacity that runs every block's splits in parallel (32), one that folds 3 of the 5 packed
+    blocks in one program (2) and one that folds all (0) - and all three are the same bits; the
+    root keeps the bits of split=False; the questions stay within the bf16 bound of the reference."""
+    dev = torch.device("cuda")
+    segments = SPLIT_BIG_SEGMENTS
+    shipped = split_config(BIG_HD)
+    assert shipped is not None
+    configs = {cap: dataclasses.replace(shipped, capacity=cap) for cap in (32, 2, 0)}
+    block = BIG_NKV * BIG_HD
+    kv, off = [], 0
+    for n, _ in segments:
+        kv.append([off, off + n * block, n, n])
+        off += 2 * n * block
+    base = torch.randn(off, generator=gen).bfloat16().float().to(dev)
+    t_max = sum(n for n, _ in segments) + 8 * (len(segments) + 1)
+    q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
+    qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
+
+    def run(members: list[int], pad: int, **kw: object) -> tuple[torch.Tensor, dict[int, int]]:
+        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad, segments)
+        t = rows.shape[0]
+        q, qg = q_all[:t].clone(), qg_all[:t].clone()
+        for s, r in row_of.items():
+            n = segments[s][0]
+            src = sum(m for m, _ in segments[:s])
+            q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
+        out = forest_attention(
+            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots="bf16", **kw
+        )
+        return out, row_of
+
+    packed = {cap: run([2, 0, 1], pad=8, split=cfg)[0] for cap, cfg in configs.items()}
+    walked, row_of = run([2, 0, 1], pad=8, split=False)
+    want, _ = run([2, 0, 1], pad=8, backend="torch")
+    assert torch.equal(packed[2], packed[32]) and torch.equal(packed[0], packed[32])
+    for s, (n, _) in enumerate(segments):
+        rows = slice(row_of[s], row_of[s] + n)
+        for cap, cfg in configs.items():
+            alone, _ = run([s], pad=0, split=cfg)
+            assert torch.equal(alone[:n], packed[cap][rows]), (s, cap)
+        if s == 0:
+            assert torch.equal(packed[32][rows], walked[rows])  # no long ancestors: not split
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed[32] - want).abs().max()
+    assert err <= bound + 1e-5, f"split: {err:.3g} over {bound:.3g}"
