@@ -211,10 +211,10 @@ def _block_l(head_dim: int) -> int:
 
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, rank_ptr, ws_ml_ptr, ws_acc_ptr,
-    ml_ptr, stride_qg, scale,
+    ml_ptr, stride_qg, scale, capacity,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, SPLIT: tl.constexpr, S: tl.constexpr,
-    CAP: tl.constexpr, ON_GPU: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -241,7 +241,7 @@ def _attention_kernel(
     if SPLIT:  # the ancestors of a split block are already reduced (`_split_kernel`): start from them
         rank = tl.load(rank_ptr + qb)
         if rank >= 0:
-            if rank < CAP:  # its S partials, folded in split order (an empty range is skipped)
+            if rank < capacity:  # its S partials, folded in split order (an empty range is skipped)
                 for s in range(0, S):
                     at = ((rank * (NH // G) + kvh) * S + s) * (G * BM) + (h - kvh * G) * BM + tl.arange(0, BM)
                     sum_p = tl.load(ws_ml_ptr + at * 2 + 1, mask=valid, other=0.0)
@@ -492,13 +492,13 @@ def _split_plan_kernel(
 
 def _split_kernel(
     q_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, list_ptr, count_ptr, ws_ml_ptr, ws_acc_ptr,
-    ml_ptr, out_ptr, n_prog, qk_scale,
+    ml_ptr, out_ptr, n_prog, capacity, qk_scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, CAP: tl.constexpr, BL: tl.constexpr,
+    BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
     DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Persistent programs over the split blocks' work (`_split_plan_kernel` numbered them):
-    unit (rank, KV head, s) for the first CAP blocks, which reduces split s and stores its
+    unit (rank, KV head, s) for the first `capacity` blocks, which reduces split s and stores its
     partial in the workspace; unit (rank, KV head) for the others (taken first: S times
     longer), which reduces splits 0 .. S - 1 one after another, folding each into the block's
     (max, sum, output) kept in (ml, out). Program i takes units i, i + n_prog, ...
@@ -513,8 +513,8 @@ def _split_kernel(
     HH: tl.constexpr = HD // 2
     R: tl.constexpr = GP * BM
     count = tl.load(count_ptr)
-    n_long = tl.maximum(count - CAP, 0) * NKV
-    n_units = n_long + tl.minimum(count, CAP) * NKV * S
+    n_long = tl.maximum(count - capacity, 0) * NKV
+    n_units = n_long + tl.minimum(count, capacity) * NKV * S
     offs_j = tl.arange(0, R)
     g = offs_j // BM
     offs_r = offs_j % BM
@@ -522,7 +522,7 @@ def _split_kernel(
     for u in range(tl.program_id(0), n_units, n_prog):
         folding = u < n_long
         v = u - n_long
-        rank = tl.where(folding, CAP + u // NKV, v // (NKV * S))
+        rank = tl.where(folding, capacity + u // NKV, v // (NKV * S))
         kvh = tl.where(folding, u % NKV, (v // S) % NKV)
         s_lo = tl.where(folding, 0, v % S)
         s_hi = tl.where(folding, S, v % S + 1)
@@ -748,8 +748,8 @@ def forest_attention(
         )
     _attn[(qblocks.shape[0], nh)](
         q, qg, base, segs, pieces, qblocks, out, rank, ws_ml, ws_acc, ml, qg.stride(0), hd**-0.5,
-        BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None,
-        S=scfg.splits if scfg else 1, CAP=scfg.capacity if scfg else 0,
+        scfg.capacity if scfg else 0,
+        BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None, S=scfg.splits if scfg else 1,
         num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
     if cfg is not None:
@@ -818,9 +818,10 @@ def _launch_split(
     )  # fmt: skip
     n_prog = _split_programs(q.device)
     _split[(n_prog,)](
-        q, base, segs, pieces, qblocks, order, count, ws_ml, ws_acc, ml, out, n_prog, hd**-0.5 * _LOG2E,
+        q, base, segs, pieces, qblocks, order, count, ws_ml, ws_acc, ml, out, n_prog, cfg.capacity,
+        hd**-0.5 * _LOG2E,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=next_pow2(group), BM=BLOCK_M, P=p, S=cfg.splits,
-        CAP=cfg.capacity, BL=cfg.block_l, DOTS=dots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BL=cfg.block_l, DOTS=dots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         enable_fp_fusion=False,
     )  # fmt: skip
     return rank, ws_ml, ws_acc, ml
