@@ -33,6 +33,15 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   by packed row), which the kernel loads straight into shared memory; ancestors are rounded in
   registers as they are loaded, in tiles of `ancestor_block_l` keys. Either way a value is
   rounded to nearest even once, so the bits do not depend on which path read it.
+- `_split_plan_kernel` + `_split_kernel` (bf16 dots, `SplitConfig`): a block of the 16-row
+  kernel whose ancestors hold many keys (a question after long evidence) would walk them all in
+  one program per head - 0.87 ms a 27B layer for one question after 8k tokens, 72 programs on
+  132 SMs. The plan kernel numbers those blocks; the persistent split kernel cuts each block's
+  ancestor tiles into `splits` contiguous ranges (bounds from the chain's own lengths) and
+  reduces each (block, KV head, range) in its own unit, the G query heads of the KV head
+  as one tile (each K/V tile loaded once for G heads); the 16-row kernel then folds the
+  partials in range order and goes on with the own block. Blocks past the workspace's capacity
+  run their ranges one after another in one unit (the same loop), folding as they go.
 
 Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
 token's bits depend on its own segment's data alone: never on its segment's slot, its packed
@@ -88,6 +97,10 @@ _LOG2E = 1.4426950408889634  # the large-block kernel's exponentials are base 2
 ATTENTION_DOTS = ("ieee", "tf32", "bf16")
 # The settings under which long segments take the large-block tensor-core kernel.
 LONG_DOTS = ("tf32", "bf16")
+# Whether `forest_attention` splits long ancestors (`SplitConfig`, bf16 dots) when its caller
+# does not say: off until the H200 run of its CUDA tests and `ops/bench/bench_attention.py`
+# decides (then True makes it the engine's: `engine.run.body` passes no `split`).
+SPLIT_BY_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -698,7 +711,7 @@ def forest_attention(
     num_kv_heads: int,
     dots: str = "ieee",
     long: LongConfig | bool = True,
-    split: SplitConfig | bool = True,
+    split: SplitConfig | bool | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
@@ -712,7 +725,8 @@ def forest_attention(
     (the previous behaviour, for benchmarks), a LongConfig is that config (tests, sweeps).
     `split`: the ancestor split of the 16-row kernel's blocks after long ancestors (bf16 dots
     only, `SplitConfig`): True is the shipped config (`split_config`), False walks every
-    block's ancestors in its own program (the previous behaviour), a SplitConfig is that config.
+    block's ancestors in its own program (the previous behaviour), a SplitConfig is that config,
+    None is `SPLIT_BY_DEFAULT`.
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
@@ -736,6 +750,8 @@ def forest_attention(
     if dots in LONG_DOTS and long is not False:
         cfg = long_config(hd, dots) if long is True else long
     scfg: SplitConfig | None = None
+    if split is None:
+        split = SPLIT_BY_DEFAULT
     if dots == "bf16" and split is not False:
         scfg = split_config(hd, dots) if split is True else split
     long_min = cfg.min_length if cfg else 0

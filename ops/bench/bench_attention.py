@@ -67,7 +67,6 @@ SPLIT_SWEEP = [
     SplitConfig(splits=8, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=2),
     SplitConfig(splits=16, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=2),
     SplitConfig(splits=11, min_keys=1024, capacity=32, block_l=32, num_warps=8, num_stages=2),
-    SplitConfig(splits=11, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=1),
     SplitConfig(splits=11, min_keys=1024, capacity=0, block_l=16, num_warps=8, num_stages=2),
 ]
 SYSTEM = 27  # tokens of the cached system segment, the root of every request
