@@ -64,9 +64,9 @@ SWEEP = [
 ]
 # the split configs besides the shipped one (sm_90 resources: ops/bench/NOTES-kernels.md)
 SPLIT_SWEEP = [
-    SplitConfig(splits=8, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=2),
-    SplitConfig(splits=16, min_keys=1024, capacity=32, block_l=16, num_warps=8, num_stages=2),
-    SplitConfig(splits=11, min_keys=1024, capacity=32, block_l=32, num_warps=8, num_stages=2),
+    SplitConfig(splits=8, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2),
+    SplitConfig(splits=16, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2),
+    SplitConfig(splits=11, min_keys=1024, capacity=16, block_l=32, num_warps=8, num_stages=2),
     SplitConfig(splits=11, min_keys=1024, capacity=0, block_l=16, num_warps=8, num_stages=2),
 ]
 SYSTEM = 27  # tokens of the cached system segment, the root of every request
