@@ -272,6 +272,10 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             forest_attention(
                 f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots
             )
+        # the ancestor split (bf16 dots; opt-in until measured: forest_attention.SPLIT_BY_DEFAULT)
+        forest_attention(
+            f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
+        )
         forest_conv(f32(t, conv_dim), f32(conv_dim, width), base, frows, segs, conv_src, 0)
         forest_gdn(
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),

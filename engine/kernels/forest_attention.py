@@ -33,6 +33,15 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   by packed row), which the kernel loads straight into shared memory; ancestors are rounded in
   registers as they are loaded, in tiles of `ancestor_block_l` keys. Either way a value is
   rounded to nearest even once, so the bits do not depend on which path read it.
+- `_split_plan_kernel` + `_split_kernel` (bf16 dots, `SplitConfig`): a block of the 16-row
+  kernel whose ancestors hold many keys (a question after long evidence) would walk them all in
+  one program per head - 0.87 ms a 27B layer for one question after 8k tokens, 72 programs on
+  132 SMs. The plan kernel numbers those blocks; the persistent split kernel cuts each block's
+  ancestor tiles into `splits` contiguous ranges (bounds from the chain's own lengths) and
+  reduces each (block, KV head, range) in its own unit, the G query heads of the KV head
+  as one tile (each K/V tile loaded once for G heads); the 16-row kernel then folds the
+  partials in range order and goes on with the own block. Blocks past the workspace's capacity
+  run their ranges one after another in one unit (the same loop), folding as they go.
 
 Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
 token's bits depend on its own segment's data alone: never on its segment's slot, its packed
@@ -47,12 +56,13 @@ from typing import Any
 
 import torch
 
-from engine.kernels._triton import Backend, helper, interpreting, kernel, use_triton
+from engine.kernels._triton import Backend, helper, interpreting, kernel, next_pow2, use_triton
 from engine.kernels.decode_attention import (
     AttentionHeads,
     PrepInputs,
     _bf16_operand,
     _fold,
+    _fold_where,
     _gated,
     _reduce_piece,
     attend_row_reference,
@@ -87,6 +97,10 @@ _LOG2E = 1.4426950408889634  # the large-block kernel's exponentials are base 2
 ATTENTION_DOTS = ("ieee", "tf32", "bf16")
 # The settings under which long segments take the large-block tensor-core kernel.
 LONG_DOTS = ("tf32", "bf16")
+# Whether `forest_attention` splits long ancestors (`SplitConfig`, bf16 dots) when its caller
+# does not say: off until the H200 run of its CUDA tests and `ops/bench/bench_attention.py`
+# decides (then True makes it the engine's: `engine.run.body` passes no `split`).
+SPLIT_BY_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,56 @@ def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
     return LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64)
 
 
+@dataclass(frozen=True)
+class SplitConfig:
+    """The ancestor split's fixed config (bf16 dots). A query block of a short segment (one the
+    16-row kernel attends: under `min_length` of the large-block config) whose ancestors hold at
+    least `min_keys` keys has its ancestor keys cut into `splits` contiguous ranges of whole
+    tiles of `block_l` keys (tiles aligned to each piece start, numbered piece after piece; range
+    s holds tiles [s NT / S, (s + 1) NT / S) of the chain's NT), each reduced by its own program
+    over the G query heads of one KV head at once (every K/V tile loaded once for all G heads),
+    and the partials are folded in split order. Everything here is fixed or a function of the
+    segment's own chain, so a token's bits still depend on its own segment alone.
+
+    `capacity`: query blocks per call whose splits run in parallel (their partials need a
+    workspace, [capacity, nkv, splits, G * 16, head_dim] fp32); the blocks past it (in query-block
+    table order) run all their splits in one program, folding each partial as it is made. Both
+    ways run the same instructions for a partial and fold in the same order, so which way a block
+    takes - decided by the rest of the batch - does not change its bits (tested alone vs packed
+    with a small capacity)."""
+
+    splits: int
+    min_keys: int
+    capacity: int
+    block_l: int = 32
+    num_warps: int = 8
+    num_stages: int = 1
+
+    def __post_init__(self) -> None:
+        if self.splits < 1 or self.min_keys < 1 or self.capacity < 0:
+            raise ValueError(
+                f"splits and min_keys must be >= 1 and capacity >= 0: {self.splits}, {self.min_keys}, "
+                f"{self.capacity}"
+            )
+        if self.block_l < 16 or self.block_l & (self.block_l - 1):
+            raise ValueError(f"block_l must be a power of two >= 16: {self.block_l}")
+
+
+def split_config(head_dim: int, dots: str = "bf16") -> SplitConfig | None:
+    """The shipped ancestor split for a head size and dot format (bf16 only; None: no split).
+    At 27B one 36-token question after ~8,200 ancestor keys is 3 query blocks x 4 KV heads = 12
+    (block, KV head) pairs: 11 splits make 132 programs, one per H200 SM, each reducing ~745 keys
+    for 96 query rows (6 heads x 16 rows in one 128-row tile). The 16-row kernel walked all the
+    keys in 72 programs of 16 rows (0.87 ms a layer). Short ancestors (< 1,024 keys: the system
+    prompt, workload (b)'s 256-token evidence) keep the 16-row kernel's walk. Capacity 16 (5
+    such questions in one call) keeps the workspace at 69 MB; it never changes a bit."""
+    if dots != "bf16":
+        return None
+    if head_dim >= 256:
+        return SplitConfig(splits=11, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2)
+    return SplitConfig(splits=8, min_keys=512, capacity=16, block_l=32, num_warps=4)
+
+
 def _attention_warps(head_dim: int) -> int:
     """Warps of the attention kernel. At head_dim 256 (q, running output and per-piece output
     [16, 256] fp32, K and V [32, 256]) 4 warps leave sm_90 spilling 6 KB per thread to the stack;
@@ -160,9 +224,11 @@ def _block_l(head_dim: int) -> int:
 
 
 def _attention_kernel(
-    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, stride_qg, scale,
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, rank_ptr, ws_ml_ptr, ws_acc_ptr,
+    ml_ptr, stride_qg, scale, capacity,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
-    BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
+    BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, SPLIT: tl.constexpr, S: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -186,6 +252,24 @@ def _attention_kernel(
     m = tl.full((BM,), float("-inf"), tl.float32)
     total = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, HD), dtype=tl.float32)
+    if SPLIT:  # the ancestors of a split block are already reduced (`_split_kernel`): start from them
+        rank = tl.load(rank_ptr + qb)
+        if rank >= 0:
+            if rank < capacity:  # its S partials, folded in split order (an empty range is skipped)
+                for s in range(0, S):
+                    at = ((rank * (NH // G) + kvh) * S + s) * (G * BM) + (h - kvh * G) * BM + tl.arange(0, BM)
+                    sum_p = tl.load(ws_ml_ptr + at * 2 + 1, mask=valid, other=0.0)
+                    has = sum_p > 0.0
+                    m_p = tl.load(ws_ml_ptr + at * 2, mask=has, other=float("-inf"))
+                    acc_p = tl.load(
+                        ws_acc_ptr + at[:, None] * HD + offs_d[None, :], mask=has[:, None], other=0.0
+                    )
+                    m, total, acc = _fold_where(has, m, total, acc, m_p, sum_p, acc_p)
+            else:  # folded by the split kernel itself, left in (ml, out)
+                at = rows * NH + h
+                m = tl.load(ml_ptr + at * 2, mask=valid, other=float("-inf"))
+                total = tl.load(ml_ptr + at * 2 + 1, mask=valid, other=0.0)
+                acc = tl.load(out_ptr + at[:, None] * HD + offs_d[None, :], mask=valid[:, None], other=0.0)
     for p in tl.static_range(P):
         rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
         k_base = base_ptr + tl.load(rec)
@@ -194,6 +278,8 @@ def _attention_kernel(
         head_rows = tl.load(rec + 3)
         if p == P - 1:
             n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
+        elif SPLIT:
+            n = tl.where(rank >= 0, 0, n)  # a split block's ancestors: done above
         k_base += kvh * head_rows * HD
         v_base += kvh * head_rows * HD
         # the own block causally (key l' <= the row's local index); ancestors whole
@@ -390,11 +476,150 @@ def _shadow_kernel(
     tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + tl.load(own + 1) + at), ON_GPU))
 
 
+def _split_plan_kernel(
+    segs_ptr, pieces_ptr, qblocks_ptr, rank_ptr, list_ptr, count_ptr, n_qblocks,
+    P: tl.constexpr, LONG_MIN: tl.constexpr, MIN_KEYS: tl.constexpr, CHUNK: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """One program: the query blocks whose ancestors are split (live, of a segment the 16-row
+    kernel attends, with at least MIN_KEYS ancestor keys), numbered in table order: rank[qb]
+    (-1: not split), list[rank] = qb, count. A block's rank only decides where its partials
+    are kept and whether its splits run in parallel (`SplitConfig.capacity`), never its bits."""
+    done = n_qblocks * 0
+    for start in range(0, n_qblocks, CHUNK):
+        qb = start + tl.arange(0, CHUNK)
+        inside = qb < n_qblocks
+        live = tl.load(qblocks_ptr + qb * 3 + 2, mask=inside, other=0)
+        seg = tl.load(qblocks_ptr + qb * 3, mask=inside, other=0)
+        keys = tl.zeros((CHUNK,), dtype=tl.int64)
+        for p in tl.static_range(P - 1):
+            keys += tl.load(pieces_ptr + (seg * P + p) * 4 + 2, mask=inside, other=0)
+        split = inside & (live != 0) & (keys >= MIN_KEYS)
+        if LONG_MIN > 0:  # the large-block kernel's segments are not the 16-row kernel's
+            split = split & (tl.load(segs_ptr + seg * 8 + 1, mask=inside, other=0) < LONG_MIN)
+        rank = done + tl.cumsum(split.to(tl.int32), axis=0) - 1
+        tl.store(rank_ptr + qb, tl.where(split, rank, -1), mask=inside)
+        tl.store(list_ptr + rank, qb.to(tl.int32), mask=split)
+        done += tl.sum(split.to(tl.int32), axis=0)
+    tl.store(count_ptr, done)
+
+
+def _split_kernel(
+    q_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, list_ptr, count_ptr, ws_ml_ptr, ws_acc_ptr,
+    ml_ptr, out_ptr, n_prog, capacity, qk_scale,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
+    DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Persistent programs over the split blocks' work (`_split_plan_kernel` numbered them):
+    unit (rank, KV head, s) for the first `capacity` blocks, which reduces split s and stores its
+    partial in the workspace; unit (rank, KV head) for the others (taken first: S times
+    longer), which reduces splits 0 .. S - 1 one after another, folding each into the block's
+    (max, sum, output) kept in (ml, out). Program i takes units i, i + n_prog, ...
+
+    A unit holds the block's BM rows for all G query heads of its KV head as one tile of GP * BM
+    rows (row g * BM + r: head kvh * G + g, the block's row r; heads past G and rows past the
+    segment are zero queries, never stored), so each K/V tile is loaded once for the G heads.
+    A range's tiles use `_long_tile` (one online softmax, base-2 exponentials); its max is then
+    taken to natural units (x ln 2) for the folds, which are `_fold_where`'s, as in the 16-row
+    kernel. Both kinds of unit run one loop for the partial (s from s_lo to s_hi), so a block
+    past the capacity gets the bits it would get within it."""
+    HH: tl.constexpr = HD // 2
+    R: tl.constexpr = GP * BM
+    count = tl.load(count_ptr)
+    n_long = tl.maximum(count - capacity, 0) * NKV
+    n_units = n_long + tl.minimum(count, capacity) * NKV * S
+    offs_j = tl.arange(0, R)
+    g = offs_j // BM
+    offs_r = offs_j % BM
+    offs_d = tl.arange(0, HH)
+    for u in range(tl.program_id(0), n_units, n_prog):
+        folding = u < n_long
+        v = u - n_long
+        rank = tl.where(folding, capacity + u // NKV, v // (NKV * S))
+        kvh = tl.where(folding, u % NKV, (v // S) % NKV)
+        s_lo = tl.where(folding, 0, v % S)
+        s_hi = tl.where(folding, S, v % S + 1)
+        qb = tl.load(list_ptr + rank)
+        seg = tl.load(qblocks_ptr + qb * 3)
+        local0 = tl.load(qblocks_ptr + qb * 3 + 1)
+        tok_lo = tl.load(segs_ptr + seg * 8)
+        length = tl.load(segs_ptr + seg * 8 + 1)
+        local = local0 + offs_r
+        valid = (g < G) & (local < length)
+        heads = kvh * G + g
+        q_at = ((tok_lo + local)[:, None] * NH + heads[:, None]) * HD + offs_d[None, :]
+        q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+        q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+        tiles = rank * 0  # the chain's ancestor tiles (int64)
+        for p in tl.static_range(P - 1):
+            tiles += (tl.load(pieces_ptr + (seg * P + p) * 4 + 2) + BL - 1) // BL
+        for s in range(s_lo, s_hi):
+            lo = s * tiles // S
+            hi = (s + 1) * tiles // S
+            m = tl.full((R,), float("-inf"), tl.float32)
+            total = tl.zeros((R,), dtype=tl.float32)
+            acc_lo = tl.zeros((R, HH), dtype=tl.float32)
+            acc_hi = tl.zeros((R, HH), dtype=tl.float32)
+            first = tiles * 0  # tiles of the pieces before this one
+            for p in tl.static_range(P - 1):
+                rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+                head_rows = tl.load(rec + 3)
+                k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
+                v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+                n = tl.load(rec + 2)
+                n_tiles = (n + BL - 1) // BL
+                a = tl.minimum(tl.maximum(lo - first, 0), n_tiles)
+                b = tl.minimum(tl.maximum(hi - first, 0), n_tiles)
+                full = n // BL  # tiles of BL keys; a piece's last one may be partial (masked)
+                for j in range(a, tl.minimum(b, full)):
+                    m, total, acc_lo, acc_hi = _long_tile(
+                        q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                        HD, BL, DOTS, False, False, False, ON_GPU,
+                    )  # fmt: skip
+                for j in range(tl.maximum(a, full), b):
+                    m, total, acc_lo, acc_hi = _long_tile(
+                        q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                        HD, BL, DOTS, True, False, False, ON_GPU,
+                    )  # fmt: skip
+                first += n_tiles
+            m = m * 0.6931471805599453  # natural units: x ln 2 (an empty range keeps -inf, total 0)
+            if folding:  # fold into the block's running result (none before split 0)
+                row_at = (tok_lo + local) * NH + heads
+                o_at = row_at[:, None] * HD + offs_d[None, :]
+                seen = valid & (s > 0)
+                m_run = tl.load(ml_ptr + row_at * 2, mask=seen, other=float("-inf"))
+                total_run = tl.load(ml_ptr + row_at * 2 + 1, mask=seen, other=0.0)
+                has = total > 0.0
+                m_new = tl.where(has, tl.maximum(m_run, m), m_run)
+                old_scale = tl.where(has, tl.exp(m_run - m_new), 1.0)
+                new_scale = tl.where(has, tl.exp(m - m_new), 0.0)
+                acc_run = tl.load(out_ptr + o_at, mask=seen[:, None], other=0.0)
+                tl.store(out_ptr + o_at, acc_run * old_scale[:, None] + acc_lo * new_scale[:, None],
+                         mask=valid[:, None])  # fmt: skip
+                acc_run = tl.load(out_ptr + HH + o_at, mask=seen[:, None], other=0.0)
+                tl.store(out_ptr + HH + o_at, acc_run * old_scale[:, None] + acc_hi * new_scale[:, None],
+                         mask=valid[:, None])  # fmt: skip
+                tl.store(ml_ptr + row_at * 2, m_new, mask=valid)
+                tl.store(ml_ptr + row_at * 2 + 1, total_run * old_scale + total * new_scale, mask=valid)
+                tl.debug_barrier()  # the next split's loads read what every thread stored here
+            else:  # the partial of split s, for the 16-row kernel to fold
+                ws_at = ((rank * NKV + kvh) * S + s) * (G * BM) + offs_j
+                keep = valid & (total > 0.0)  # an empty range stores only its zero sum
+                tl.store(ws_ml_ptr + ws_at * 2, m, mask=keep)
+                tl.store(ws_ml_ptr + ws_at * 2 + 1, total, mask=valid)
+                w_at = ws_at[:, None] * HD + offs_d[None, :]
+                tl.store(ws_acc_ptr + w_at, acc_lo, mask=keep[:, None])
+                tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
+
+
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
 _attn = kernel(_attention_kernel)
 _long_attn = kernel(_long_attention_kernel)
 _shadow = kernel(_shadow_kernel)
+_split_plan = kernel(_split_plan_kernel)
+_split = kernel(_split_kernel)
 
 
 def _check_table(name: str, t: torch.Tensor, shape: tuple[int | None, ...], like: torch.Tensor) -> None:
@@ -487,6 +712,7 @@ def forest_attention(
     num_kv_heads: int,
     dots: str = "ieee",
     long: LongConfig | bool = True,
+    split: SplitConfig | bool | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
@@ -498,6 +724,10 @@ def forest_attention(
     LONG_DOTS, segments of at least `min_length` tokens take the large-block kernel: `long`
     True is the shipped config (`long_config`), False keeps the 16-row kernel for every segment
     (the previous behaviour, for benchmarks), a LongConfig is that config (tests, sweeps).
+    `split`: the ancestor split of the 16-row kernel's blocks after long ancestors (bf16 dots
+    only, `SplitConfig`): True is the shipped config (`split_config`), False walks every
+    block's ancestors in its own program (the previous behaviour), a SplitConfig is that config,
+    None is `SPLIT_BY_DEFAULT`.
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
@@ -520,10 +750,23 @@ def forest_attention(
     cfg: LongConfig | None = None
     if dots in LONG_DOTS and long is not False:
         cfg = long_config(hd, dots) if long is True else long
-    common = dict(NH=nh, HD=hd, G=nh // num_kv_heads, P=pieces.shape[1], DOTS=dots)
+    scfg: SplitConfig | None = None
+    if split is None:
+        split = SPLIT_BY_DEFAULT
+    if dots == "bf16" and split is not False:
+        scfg = split_config(hd, dots) if split is True else split
+    long_min = cfg.min_length if cfg else 0
+    group = nh // num_kv_heads
+    common = dict(NH=nh, HD=hd, G=group, P=pieces.shape[1], DOTS=dots)
+    rank = ws_ml = ws_acc = ml = out  # not read without a split
+    if scfg is not None:
+        rank, ws_ml, ws_acc, ml = _launch_split(
+            q, base, segs, pieces, qblocks, out, scfg, num_kv_heads=num_kv_heads, long_min=long_min, dots=dots
+        )
     _attn[(qblocks.shape[0], nh)](
-        q, qg, base, segs, pieces, qblocks, out, qg.stride(0), hd**-0.5,
-        BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=cfg.min_length if cfg else 0,
+        q, qg, base, segs, pieces, qblocks, out, rank, ws_ml, ws_acc, ml, qg.stride(0), hd**-0.5,
+        scfg.capacity if scfg else 0,
+        BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None, S=scfg.splits if scfg else 1,
         num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
     if cfg is not None:
@@ -546,6 +789,59 @@ def forest_attention(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
         )  # fmt: skip
     return out
+
+
+def _split_programs(device: torch.device) -> int:
+    """Programs of the persistent split kernel: one per SM on CUDA (each takes every n-th unit,
+    so the count decides only which SM runs a unit, never a bit), a few under the interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 3
+
+
+def _launch_split(
+    q: torch.Tensor,
+    base: torch.Tensor,
+    segs: torch.Tensor,
+    pieces: torch.Tensor,
+    qblocks: torch.Tensor,
+    out: torch.Tensor,
+    cfg: SplitConfig,
+    *,
+    num_kv_heads: int,
+    long_min: int,
+    dots: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Number the split blocks and reduce their ancestors (`_split_plan_kernel`, `_split_kernel`):
+    returns the blocks' ranks and the partials (workspace) or folded results (ml, and out's
+    rows) that the 16-row kernel starts from. Every buffer is sized by the tables' shapes and the
+    config, so a captured graph's launches stay fixed."""
+    t, nh, hd = q.shape
+    group = nh // num_kv_heads
+    n_qblocks = qblocks.shape[0]
+    i32 = dict(dtype=torch.int32, device=q.device)
+    rank = torch.empty(n_qblocks, **i32)
+    order = torch.empty(n_qblocks, **i32)
+    count = torch.empty(1, **i32)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    rows = group * BLOCK_M
+    ws_ml = torch.empty(cfg.capacity, num_kv_heads, cfg.splits, rows, 2, **f32)
+    ws_acc = torch.empty(cfg.capacity, num_kv_heads, cfg.splits, rows, hd, **f32)
+    ml = torch.empty(t, nh, 2, **f32)
+    p = pieces.shape[1]
+    _split_plan[(1,)](
+        segs, pieces, qblocks, rank, order, count, n_qblocks,
+        P=p, LONG_MIN=long_min, MIN_KEYS=cfg.min_keys, CHUNK=256, num_warps=4,
+    )  # fmt: skip
+    n_prog = _split_programs(q.device)
+    _split[(n_prog,)](
+        q, base, segs, pieces, qblocks, order, count, ws_ml, ws_acc, ml, out, n_prog, cfg.capacity,
+        hd**-0.5 * _LOG2E,
+        NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=next_pow2(group), BM=BLOCK_M, P=p, S=cfg.splits,
+        BL=cfg.block_l, DOTS=dots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return rank, ws_ml, ws_acc, ml
 
 
 # ------------------------------------------------------------------------ torch references

@@ -5,6 +5,7 @@ bits in a bigger launch at another slot and other packed rows.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +14,15 @@ import pytest
 import torch
 
 from engine.kernels.decode_attention import AttentionHeads, PrepInputs
-from engine.kernels.forest_attention import LongConfig, forest_attention, forest_attention_prep, long_config
+from engine.kernels.forest_attention import (
+    LongConfig,
+    SplitConfig,
+    _launch_split,
+    forest_attention,
+    forest_attention_prep,
+    long_config,
+    split_config,
+)
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
 from engine.run.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
@@ -41,6 +50,18 @@ LONG = {
     "fp32kv": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17, bf16_kv=False),
     "anc": LongConfig(block_m=32, block_l=32, num_warps=4, min_length=17, ancestor_block_l=16),
 }
+# The ancestor split's configs under test (bf16 dots, beside the shipped large-block config, which
+# takes only the 70-token segment): 3 ranges of 16-key tiles for blocks after >= 12 ancestor keys,
+# so the 17-token segment (77 keys: 5 + 1 tiles, a partial one in each piece) and the 33-token one
+# (12 keys: one tile, two empty ranges) split - 5 query blocks - and the others keep their walk.
+# "wide" runs every block's splits in parallel, "narrow" only the first 2 blocks' (the others fold
+# their splits in one program), "serial" none.
+SPLITS = {
+    "wide": SplitConfig(splits=3, min_keys=12, capacity=8, block_l=16, num_warps=4),
+    "narrow": SplitConfig(splits=3, min_keys=12, capacity=2, block_l=16, num_warps=4),
+    "serial": SplitConfig(splits=3, min_keys=12, capacity=0, block_l=16, num_warps=4),
+}
+SPLIT_SEGMENTS = (2, 3)
 
 
 @dataclass
@@ -161,12 +182,13 @@ def _attend(
     backend: str,
     dots: str = "ieee",
     long: LongConfig | bool = True,
+    split: SplitConfig | bool = True,
 ) -> torch.Tensor:
     qg = lay.inputs()[0]
     base = case.pool.base
     return forest_attention(
         q, qg, base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV, dots=dots, long=long,
-        backend=backend,
+        split=split, backend=backend,
     )  # fmt: skip
 
 
@@ -351,6 +373,85 @@ def test_long_config_is_checked() -> None:
             assert cfg.min_length >= cfg.block_m  # a long segment fills at least one block
 
 
+def test_split_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="splits and min_keys"):
+        SplitConfig(splits=0, min_keys=16, capacity=1)
+    with pytest.raises(ValueError, match="capacity"):
+        SplitConfig(splits=2, min_keys=16, capacity=-1)
+    with pytest.raises(ValueError, match="block_l"):
+        SplitConfig(splits=2, min_keys=16, capacity=1, block_l=24)
+    for hd in (32, 256):
+        cfg = split_config(hd, "bf16")
+        assert cfg is not None and cfg.min_keys >= cfg.splits * cfg.block_l  # no empty range
+        assert split_config(hd, "tf32") is None and split_config(hd, "ieee") is None
+
+
+def test_split_blocks_are_the_short_blocks_after_long_ancestors(
+    dev: torch.device, gen: torch.Generator
+) -> None:
+    """The plan kernel's ranks against the rule computed here: a live block of a segment shorter
+    than the large-block kernel's minimum whose ancestors hold >= min_keys keys, numbered in
+    table order."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    cfg = SPLITS["narrow"]
+    out = torch.zeros(q.shape[0], NH * HD, device=dev)
+    long_min = long_config(HD).min_length
+    rank, *_ = _launch_split(
+        q, case.pool.base, lay.segs, lay.pieces, lay.qblocks, out, cfg, num_kv_heads=NKV, long_min=long_min,
+        dots="bf16",
+    )  # fmt: skip
+    want, next_rank = [], 0
+    for slot, _, live in lay.qblocks.tolist():
+        keys = int(lay.pieces[slot, :-1, 2].sum())
+        if live and keys >= cfg.min_keys and int(lay.segs[slot, 1]) < long_min:
+            want.append(next_rank)
+            next_rank += 1
+        else:
+            want.append(-1)
+    assert rank.tolist() == want
+    assert next_rank == sum(-(-SEGMENTS[s][1] // BLOCK_M) for s in SPLIT_SEGMENTS)
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_split_within_its_rounding_bound(split: str, dev: torch.device, gen: torch.Generator) -> None:
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    out = _attend(case, lay, q, "triton", "bf16", True, SPLITS[split])
+    want, bound = _oracle(case, lay, q, **TENSOR_CORE_ORACLE["bf16"])
+    err = (out - want).abs()
+    assert (err <= bound + 1e-5).all(), f"{split}: error {err.max():.3g} over its bound"
+
+
+def test_split_changes_only_the_split_segments(dev: torch.device, gen: torch.Generator) -> None:
+    """Segments without long ancestors keep the bits of the walk (split=False); the split ones
+    change (another reduction order); ieee and tf32 ignore the split; and the capacity - which
+    blocks run their splits in parallel - changes no bit."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    old = _attend(case, lay, q, "triton", "bf16", True, False)
+    new = {name: _attend(case, lay, q, "triton", "bf16", True, cfg) for name, cfg in SPLITS.items()}
+    changed = 0
+    for s, row0 in lay.row_of.items():
+        rows = slice(row0, row0 + SEGMENTS[s][1])
+        assert new["wide"][rows].abs().amin(dim=1).gt(0).all(), s
+        if s in SPLIT_SEGMENTS:
+            changed += not torch.equal(new["wide"][rows], old[rows])
+        else:
+            assert torch.equal(new["wide"][rows], old[rows]), s
+    assert changed  # another reduction order rounds differently somewhere: the split ran
+    assert torch.equal(new["narrow"], new["wide"])
+    assert torch.equal(new["serial"], new["wide"])
+    for dots in ("ieee", "tf32"):
+        assert torch.equal(
+            _attend(case, lay, q, "triton", dots, True, SPLITS["wide"]),
+            _attend(case, lay, q, "triton", dots, True),
+        )
+
+
 def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
     case = _case(dev, gen)
     lay = _launch(case, [1], dev, spread=False)
@@ -360,24 +461,28 @@ def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
 
 
 @pytest.mark.parametrize(
-    ("dots", "long"), [("ieee", "shipped"), ("tf32", "shipped"), ("bf16", "shipped"), ("tf32", "small"),
-                       ("bf16", "small"), ("bf16", "anc")]
+    ("dots", "long", "split"), [("ieee", "shipped", ""), ("tf32", "shipped", ""), ("bf16", "shipped", ""),
+                                ("tf32", "small", ""), ("bf16", "small", ""), ("bf16", "anc", ""),
+                                ("bf16", "shipped", "wide"), ("bf16", "shipped", "narrow")]
 )  # fmt: skip
 def test_segment_bits_do_not_depend_on_the_launch(
-    dots: str, long: str, dev: torch.device, gen: torch.Generator
+    dots: str, long: str, split: str, dev: torch.device, gen: torch.Generator
 ) -> None:
+    """Under "narrow" the packed launch has 5 split blocks, 3 past the capacity, and a segment alone
+    at most 3: blocks change between parallel splits and one folding program."""
     case = _case(dev, gen)
     members = list(range(len(SEGMENTS)))
     big = _launch(case, members, dev, spread=True)
     case.pool.base.copy_(case.before)
     q_big = _prep(case, big, "triton")
-    out_big = _attend(case, big, q_big, "triton", dots, LONG[long])
+    splitting = SPLITS.get(split, False)
+    out_big = _attend(case, big, q_big, "triton", dots, LONG[long], splitting)
     base_big = case.pool.base.clone()
     for s in members:
         alone = _launch(case, [s], dev, spread=False)
         case.pool.base.copy_(case.before)
         q = _prep(case, alone, "triton")
-        out = _attend(case, alone, q, "triton", dots, LONG[long])
+        out = _attend(case, alone, q, "triton", dots, LONG[long], splitting)
         rows = slice(big.row_of[s], big.row_of[s] + SEGMENTS[s][1])
         assert torch.equal(q, q_big[rows]), s
         assert torch.equal(out, out_big[rows]), s
@@ -438,16 +543,20 @@ BIG_SEGMENTS = [(300, -1), (40, 0), (200, 0)]
 
 
 def _big_tables(
-    members: list[int], kv: list[list[int]], dev: torch.device, pad: int
+    members: list[int],
+    kv: list[list[int]],
+    dev: torch.device,
+    pad: int,
+    segments: list[tuple[int, int]] = BIG_SEGMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[int, int]]:
-    """rows, segs, pieces [S, 2, 4], qblocks of `members` packed after `pad` padding rows (and a
-    padding slot first when pad > 0); kv[s] is segment s's own piece record."""
+    """rows, segs, pieces [S, 2, 4], qblocks of `members` of `segments` packed after `pad` padding
+    rows (and a padding slot first when pad > 0); kv[s] is segment s's own piece record."""
     rows, segs, pieces, blocks, row_of = [[0, 0, 0, 0]] * pad, [], [], [], {}
     if pad:
         segs.append(_seg_record(0, pad, 0))
         pieces.append([[0, 0, 0, 0], [0, 0, 0, 0]])
     for s in members:
-        slot, (n, parent) = len(segs), BIG_SEGMENTS[s]
+        slot, (n, parent) = len(segs), segments[s]
         row_of[s] = len(rows)
         segs.append(_seg_record(len(rows), n, 1))
         pieces.append([kv[parent] if parent >= 0 else [0, 0, 0, 0], kv[s]])
@@ -505,3 +614,59 @@ def test_27b_heads_alone_equals_packed_and_within_bound(dots: str, gen: torch.Ge
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed - want).abs().max()
     assert err <= bound + 1e-5, f"{dots}: {err:.3g} over {bound:.3g}"
+
+
+# The ancestor split at its real size: a 1,100-token root (the large-block kernel) and two
+# questions after it (3 and 2 query blocks over 1,100 >= min_keys ancestor keys: split).
+SPLIT_BIG_SEGMENTS = [(1100, -1), (40, 0), (20, 0)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+def test_27b_split_alone_equals_packed_at_every_capacity_and_within_bound(gen: torch.Generator) -> None:
+    """The shipped split config compiled: each segment's bits alone equal its bits packed, for a
+    capacity that runs every block's splits in parallel (16), one that folds 3 of the 5 packed
+    blocks in one program (2) and one that folds all (0) - and all three are the same bits; the
+    root keeps the bits of split=False; the questions stay within the bf16 bound of the reference."""
+    dev = torch.device("cuda")
+    segments = SPLIT_BIG_SEGMENTS
+    shipped = split_config(BIG_HD)
+    assert shipped is not None
+    configs = {cap: dataclasses.replace(shipped, capacity=cap) for cap in (16, 2, 0)}
+    block = BIG_NKV * BIG_HD
+    kv, off = [], 0
+    for n, _ in segments:
+        kv.append([off, off + n * block, n, n])
+        off += 2 * n * block
+    base = torch.randn(off, generator=gen).bfloat16().float().to(dev)
+    t_max = sum(n for n, _ in segments) + 8 * (len(segments) + 1)
+    q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
+    qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
+
+    def run(members: list[int], pad: int, **kw: object) -> tuple[torch.Tensor, dict[int, int]]:
+        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad, segments)
+        t = rows.shape[0]
+        q, qg = q_all[:t].clone(), qg_all[:t].clone()
+        for s, r in row_of.items():
+            n = segments[s][0]
+            src = sum(m for m, _ in segments[:s])
+            q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
+        out = forest_attention(
+            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots="bf16", **kw
+        )
+        return out, row_of
+
+    packed = {cap: run([2, 0, 1], pad=8, split=cfg)[0] for cap, cfg in configs.items()}
+    walked, row_of = run([2, 0, 1], pad=8, split=False)
+    want, _ = run([2, 0, 1], pad=8, backend="torch")
+    assert torch.equal(packed[2], packed[16]) and torch.equal(packed[0], packed[16])
+    for s, (n, _) in enumerate(segments):
+        rows = slice(row_of[s], row_of[s] + n)
+        for cap, cfg in configs.items():
+            alone, _ = run([s], pad=0, split=cfg)
+            assert torch.equal(alone[:n], packed[cap][rows]), (s, cap)
+        if s == 0:
+            assert torch.equal(packed[16][rows], walked[rows])  # no long ancestors: not split
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed[16] - want).abs().max()
+    assert err <= bound + 1e-5, f"split: {err:.3g} over {bound:.3g}"
