@@ -10,7 +10,7 @@
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 source ops/device/setup.sh
-timeout 60 python3 -m pytest tests/engine/kernels/test_kernel_int8_gemm.py -q -k "stream or counters" \
+timeout "${TESTS_S:-60}" python3 -m pytest tests/engine/kernels/test_kernel_int8_gemm.py -q -k "stream or counters" \
     --confcutdir=tests/engine/kernels -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/pytest_gemm64.log" | tail -2
 timeout "${SWEEP_TIMEOUT:-100}" python3 ops/bench/bench_kernels.py --gemm-only --m "${M:-16,64}" --models 27B \
