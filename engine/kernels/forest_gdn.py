@@ -821,9 +821,12 @@ _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
 # lookups) or "shipped" (`_forest_conv_kernel`, every row through the source tables). Same bits
 # (tests compare them); bench_rows.py times both. The direct kernel's blocks and warps:
 CONV_VARIANT = "direct"
-CONV_BLOCK_T = 32  # tokens per program (also the segment slots per final-tail program)
+# 16 x 128 on 4 warps: the fastest of the benched blockings at every size on the H200
+# (2026-12-02, bench_rows.py, tree f784fa3: 188.8 us at 8,192 rows against 252.6 for 32 x 128 on
+# 8 warps and 749.4 for the shipped kernel; 2.97 / 6.13 us at 1 / 64 rows against 4.39 / 9.73)
+CONV_BLOCK_T = 16  # tokens per program (also the segment slots per final-tail program)
 CONV_BLOCK_C = 128
-CONV_WARPS = 8
+CONV_WARPS = 4
 CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
 
 
@@ -1130,6 +1133,17 @@ TC_PREP_WARPS = 8
 TC_PREP_FORMS = ("blocks", "invert")
 TC_PREP_FORM = "blocks"
 TC_INVERT_WARPS = 4
+# The invert kernel's compiled build for heads whose sizes are not multiples of 64 (w and u in
+# 16-column blocks: the tiny test heads) faulted with an illegal address on the H200
+# (2026-12-02, bf16, dk = dv = 16; the 27B heads, 64-column blocks, ran and matched the blocks
+# form's error). Until that is understood the invert form runs compiled only on such heads; the
+# interpreter (CPU tests) still runs both widths.
+INVERT_HEAD_MULTIPLE = 64
+
+
+def invert_compiles_for(dk: int, dv: int) -> bool:
+    """Whether the invert prep form may run compiled at these head sizes (see above)."""
+    return dk % INVERT_HEAD_MULTIPLE == 0 and dv % INVERT_HEAD_MULTIPLE == 0
 TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chunk c's products
 TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
 TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
@@ -1390,6 +1404,11 @@ def _tc_prep(
     form, warps = prep_config
     if form == "blocks":
         launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
+    elif conv.is_cuda and not invert_compiles_for(dk, dv):
+        raise ValueError(
+            f"prep_form 'invert' runs compiled only for head sizes that are multiples of "
+            f"{INVERT_HEAD_MULTIPLE} (got dk {dk}, dv {dv}): see INVERT_HEAD_MULTIPLE"
+        )
     elif qblocks.shape[0] > 65535:  # the grid's second axis (CUDA's limit); ~1M packed rows
         raise ValueError(f"prep_form 'invert' takes at most 65535 query blocks, got {qblocks.shape[0]}")
     else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)

@@ -86,10 +86,16 @@ class GemmConfig:
 # (two programs per SM) replaced the persistent TMA tile at large M. M = 1: the dp4a GEMV, from
 # the sweep of 2026-12-01 ~18:25 UTC at tree 3d38e28 (--m 1,4 --models 27B): 7.01 ms a 27B step
 # over the linears against 8.42 for the tiles (HBM floor 6.00); at M = 4 the tiles stayed ahead.
+# M in (4, 16], (16, 64], (64, 256] and (256, 384]: the sweep of 2026-12-02 ~06:08 UTC at tree
+# f784fa3 over the 27B linears as the engine launches them, stacked inputs included (--m
+# 16,64,256,384 --models 27B, then gemm_table.py --merge --margin 0.05; RESULTS.md session 8):
+# 27B step sums 7.77 -> 7.31 ms at M = 16, 9.46 -> 8.47 at 64, 15.57 -> 14.97 at 256, 19.81 ->
+# 19.03 at 384; stream K won only the MLP gate+up and the LM head at M = 64.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
     (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
     (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
-    (16, GemmConfig(16, 32, 512, 4, 4)),
+    (16, GemmConfig(16, 64, 256, 4, 4)),
+    (64, GemmConfig(64, 64, 256, 4, 5)),
     (384, GemmConfig(64, 128, 128, 4, 4)),
     (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
 )
@@ -124,8 +130,8 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
     (5120, 6144): (
         (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
         (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
-        (16, GemmConfig(16, 32, 512, 4, 4)),
-        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 64, 256, 4, 5)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
@@ -155,16 +161,16 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
     ),
     (5120, 17408): (
         (1, GemmConfig(1, 4, 1024, 2, 1, gemv=True)),
-        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
-        (16, GemmConfig(16, 32, 512, 4, 4)),
-        (64, GemmConfig(64, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (64, GemmConfig(64, 64, 256, 4, 5)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
     (248320, 5120): (
         (1, GemmConfig(1, 8, 1024, 4, 1, gemv=True)),
         (4, GemmConfig(16, 128, 512, 4, 3)),
-        (16, GemmConfig(16, 32, 512, 4, 4)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 256, 4, 4, stream_k=1)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
@@ -219,6 +225,32 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
         (4, GemmConfig(16, 128, 256, 4, 4)),
         (16, GemmConfig(16, 32, 512, 4, 4)),
         (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (16480, 5120): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 6)),
+        (256, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (14336, 5120): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 128, 4, 6)),
+        (256, GemmConfig(128, 128, 128, 8, 3)),
+        (384, GemmConfig(64, 128, 128, 4, 4)),
+        (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
+    ),
+    (34816, 5120): (
+        (1, GemmConfig(1, 8, 512, 2, 1, gemv=True)),
+        (4, GemmConfig(16, 64, 256, 4, 4, split_k=2)),
+        (16, GemmConfig(16, 64, 256, 4, 4)),
+        (64, GemmConfig(64, 128, 256, 4, 4, stream_k=1)),
+        (256, GemmConfig(64, 128, 128, 4, 4)),
         (1 << 62, GemmConfig(128, 128, 128, 4, 3, epilogue_split=2)),
     ),
 }

@@ -39,11 +39,13 @@ from engine.kernels.decode_attention import PrepInputs
 from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
 from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
 from engine.kernels.forest_gdn import (
+    TC_PREP_FORMS,
     forest_conv,
     forest_gdn,
     forest_gdn_outputs,
     forest_gdn_prep,
     gdn_dots_for,
+    invert_compiles_for,
 )
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -130,14 +132,22 @@ class ForestBody(Int8Layers):
         gdn_chunk: int = 0,
         gdn_dots: str = "ieee",
         attention_dots: str = "ieee",
+        gdn_prep: str = "blocks",
     ) -> None:
         """gdn_chunk: 0 runs the recurrence token by token; C > 0 in chunks of C tokens
         (`engine.kernels.forest_gdn`: the same recurrence in another summation order), whose
         matrix products run at `gdn_dots` precision (`gdn_dots_for(C)`: C = 64 is the
         tensor-core form, bf16 or tf32 operands). attention_dots: the precision of
-        the attention dots (`engine.kernels.forest_attention.ATTENTION_DOTS`). Each setting
-        changes rounding, never invariance: a segment's bits still depend on its own inputs."""
+        the attention dots (`engine.kernels.forest_attention.ATTENTION_DOTS`). gdn_prep: which
+        kernel makes the chunk-64 form's state-free products (`TC_PREP_FORMS`: "blocks", 16-row
+        block substitution, or "invert", whole-chunk products and a blocked inverse; other
+        rounding points, the same products; "auto": invert where it runs compiled at the model's
+        head sizes, `invert_compiles_for`, else blocks - a function of the model alone). Each
+        setting changes rounding, never invariance: a segment's bits still depend on its own
+        inputs."""
         gdn_allowed = gdn_dots_for(gdn_chunk)
+        if gdn_prep not in (*TC_PREP_FORMS, "auto"):
+            raise ValueError(f"gdn_prep must be one of {TC_PREP_FORMS} or 'auto', got {gdn_prep!r}")
         if gdn_dots not in gdn_allowed or attention_dots not in ATTENTION_DOTS:
             raise ValueError(
                 f"gdn_dots must be one of {gdn_allowed} (gdn_chunk {gdn_chunk}) and attention_dots one "
@@ -152,6 +162,10 @@ class ForestBody(Int8Layers):
         self.passes = 0
         self.gdn_chunk = gdn_chunk
         self.gdn_dots = gdn_dots
+        if gdn_prep == "auto":
+            fits = invert_compiles_for(c.linear_key_head_dim, c.linear_value_head_dim)
+            gdn_prep = "invert" if fits else "blocks"
+        self.gdn_prep = gdn_prep
         self.attention_dots = attention_dots
 
     # ------------------------------------------------------------------------------ public
@@ -433,7 +447,7 @@ class ForestBody(Int8Layers):
         if self.gdn_chunk:  # the state-free chunk products of every level at once
             prep = forest_gdn_prep(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, bucket.qblocks,
-                **heads, **chunked,
+                **heads, **chunked, prep_form=self.gdn_prep,
             )  # fmt: skip
         for level in range(bucket.levels):
             forest_gdn(

@@ -553,6 +553,7 @@ ACCURACY_SETTINGS: dict[str, dict] = {
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
+    "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
 }
 MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
 
@@ -634,6 +635,7 @@ VARIANTS: dict[str, dict | None] = {
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
+    "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
 }
 
 
