@@ -63,7 +63,10 @@ log = structlog.get_logger(__name__)
 # question key (engine.decide.sampling.thought_key): every thought, and so its second read-out, moves.
 # 0.4.0: CUDA thoughts decode with the body's attention dots (bf16 on the CUDA default), and a
 # top-k draw is plain float64 Python arithmetic (engine.decide.sampling._draw): CUDA thoughts move.
-ENGINE_VERSION = "0.4.0"
+# 0.5.0: the CUDA body's chunk-64 GDN products come from whole-chunk products and a blocked
+# inverse (`gdn_prep` "auto": the invert form at head sizes that are multiples of 64, every
+# released size): CUDA read-outs and thoughts move by rounding; CPU records keep their bits.
+ENGINE_VERSION = "0.5.0"
 # An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
 # merged 2x2; a 1,024 x 768 screenshot keeps its size, 768 tokens). The model's own bound is 16 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 2_097_152

@@ -31,8 +31,17 @@ BODY_BY_DEFAULT = True
 # 3,260 ms for the exact body, and at the 4B shape against the fp32 reference path they agree on
 # 33 of 35 decisive read-outs (the exact int8 body: 34 of 35) with a smaller largest |delta p|
 # (0.143 vs 0.189): the int8 quantization, not these dots, sets the distance to fp32. On CPU (the
-# interpreter, tests) the body keeps its exact defaults.
-CUDA_BODY_SETTINGS: Mapping[str, int | str] = {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"}
+# interpreter, tests) the body keeps its exact defaults. gdn_prep "auto" (2026-12-02, session 8):
+# the chunk's state-free products by whole-chunk products and a blocked inverse where the head
+# sizes are multiples of 64 (every released model): 27B (c) 561.7 -> 545.5 ms, (b) 37.1 -> 36.2,
+# 4B (a) 10.1 -> 9.2 ms in one process on one weight build, and at the 4B shape against fp32
+# 35 of 35 decisive read-outs agree (the blocks form: 33 of 35), largest |delta p| 0.166.
+CUDA_BODY_SETTINGS: Mapping[str, int | str] = {
+    "gdn_chunk": 64,
+    "gdn_dots": "bf16",
+    "attention_dots": "bf16",
+    "gdn_prep": "auto",
+}
 EXACT_DOTS = "ieee"  # the exact body's (and a body-less decoder's) attention dots
 
 

@@ -177,3 +177,16 @@ def test_unknown_precision_settings_raise(engine: Engine) -> None:
         ForestBody(engine.weights, attention_dots="fp8")
     with pytest.raises(ValueError, match="gdn_dots must be one of"):
         ForestBody(engine.weights, gdn_dots="bf16")
+    with pytest.raises(ValueError, match="gdn_prep must be one of"):
+        ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="solve")
+
+
+def test_auto_gdn_prep_is_a_function_of_the_head_sizes(engine: Engine) -> None:
+    """"auto" takes the invert form exactly where it runs compiled (head sizes that are multiples
+    of 64: every released model) and the blocks form elsewhere (the tiny test heads); an explicit
+    form is kept as given."""
+    c = engine.weights.config
+    fits = c.linear_key_head_dim % 64 == 0 and c.linear_value_head_dim % 64 == 0
+    auto = ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="auto")
+    assert auto.gdn_prep == ("invert" if fits else "blocks")
+    assert ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="invert").gdn_prep == "invert"
