@@ -822,7 +822,7 @@ _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
 # (tests compare them); bench_rows.py times both. The direct kernel's blocks and warps:
 CONV_VARIANT = "direct"
 # 16 x 128 on 4 warps: the fastest of the benched blockings at every size on the H200
-# (2026-12-02, bench_rows.py, tree f784fa3: 188.8 us at 8,192 rows against 252.6 for 32 x 128 on
+# (2026-12-02, bench_rows.py, tree 9866e5c: 188.8 us at 8,192 rows against 252.6 for 32 x 128 on
 # 8 warps and 749.4 for the shipped kernel; 2.97 / 6.13 us at 1 / 64 rows against 4.39 / 9.73)
 CONV_BLOCK_T = 16  # tokens per program (also the segment slots per final-tail program)
 CONV_BLOCK_C = 128

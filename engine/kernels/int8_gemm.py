@@ -87,7 +87,7 @@ class GemmConfig:
 # the sweep of 2026-12-01 ~18:25 UTC at tree 3d38e28 (--m 1,4 --models 27B): 7.01 ms a 27B step
 # over the linears against 8.42 for the tiles (HBM floor 6.00); at M = 4 the tiles stayed ahead.
 # M in (4, 16], (16, 64], (64, 256] and (256, 384]: the sweep of 2026-12-02 ~06:08 UTC at tree
-# f784fa3 over the 27B linears as the engine launches them, stacked inputs included (--m
+# 9866e5c over the 27B linears as the engine launches them, stacked inputs included (--m
 # 16,64,256,384 --models 27B, then gemm_table.py --merge --margin 0.05; RESULTS.md session 8):
 # 27B step sums 7.77 -> 7.31 ms at M = 16, 9.46 -> 8.47 at 64, 15.57 -> 14.97 at 256, 19.81 ->
 # 19.03 at 384; stream K won only the MLP gate+up and the LM head at M = 64.
