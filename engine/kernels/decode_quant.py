@@ -7,6 +7,12 @@
 Quantization is `engine.kernels.quant`'s: scale = absmax / 127 (IEEE division), q =
 clamp(rint(v / scale), -127, 127). A row is reduced by one program with a block fixed by the
 row length, so its bits never depend on how many rows the call has.
+
+SwiGLU keeps a row's values in registers between the absmax and the quantizing pass
+(`_swiglu_resident_kernel`, rows of up to RESIDENT_VALUES a thread: K <= 18,432); a longer row
+is read and computed twice (`_swiglu_long_row_kernel`). No sums, only elementwise steps and an
+exact absmax, so every block, warp count and path gives the same bits. On the H200 the
+resident kernel was 1.3-1.7x faster at the 27B row (bench_rows.py, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -21,27 +27,22 @@ from engine.kernels.quant import _round_int8, quantize_rows_reference
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 
-MAX_BLOCK = 4096
-# SwiGLU + quantization: its row passes (K = 17,408 at 27B: five blocks) unrolled this many blocks,
-# the block and the warps of its one program per row. None of them changes a bit (no sums: absmax
-# and elementwise steps). Measured on the H200 (bench_rows.py, 2026-12-01, bits equal in every
-# variant), us per call at 1 / 64 / 8,192 rows: rolled 8 warps 13.9 / 14.2 / 759; unrolled 4, 8
-# warps 13.0 / 13.4 / 638; unrolled 4, 16 warps 9.5 / 9.9 / 545 (block 8,192 was slower).
-UNROLL = 4
-SWIGLU_BLOCK = 4096
-SWIGLU_WARPS = 16
-# "resident" (the row's values kept in registers between the absmax and the quantizing pass,
-# `_swiglu_resident_kernel`) or "passes" (the shipped kernel above: the row read twice and v
-# computed twice). Same bits (tested); bench_rows.py times both. Resident config: 17,408 = 17
-# blocks of 1,024 over 8 warps (68 values a thread) with 4 blocks of gate and up in flight:
-# 128 registers and no spills on sm_90 (triton 3.6), so two programs share an SM and one
-# streams while the other reduces and stores. Rows past RESIDENT_VALUES a thread run "passes".
-SWIGLU_VARIANT = "resident"
+# SwiGLU + quantization, resident: 17,408 (27B) = 17 blocks of 1,024 over 8 warps (68 values a
+# thread) with 4 blocks of gate and up in flight (sm_90, triton 3.6: 180 registers, no spills);
+# 1.3-1.7x the long-row kernel's speed on the H200 (bench_rows.py, 2026-12-02). Rows past
+# RESIDENT_VALUES a thread run the long-row kernel (0: every row does, as bench_rows.py times it).
 RESIDENT_BLOCK = 1024
 RESIDENT_WARPS = 8
 RESIDENT_VALUES = 72
 RESIDENT_AHEAD = 4  # blocks of gate and up loaded ahead of the one being computed
 RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own choice)
+# The long-row kernel: its passes unrolled 4 blocks, blocks of 4,096 on 16 warps. Measured on the
+# H200 at 17,408 (bench_rows.py, 2026-12-01, then the only kernel), us per call at 1 / 64 / 8,192
+# rows: rolled 8 warps 13.9 / 14.2 / 759; unrolled 4, 8 warps 13.0 / 13.4 / 638; unrolled 4,
+# 16 warps 9.5 / 9.9 / 545 (block 8,192 was slower).
+LONG_ROW_UNROLL = 4
+LONG_ROW_BLOCK = 4096
+LONG_ROW_WARPS = 16
 
 
 def _gated_norm_quant_kernel(
@@ -69,37 +70,17 @@ def _gated_norm_quant_kernel(
     tl.store(s_ptr + row, scale)
 
 
-def _swiglu_quant_kernel(
-    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
-    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr, ON_GPU: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
-        amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
-    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
-    safe = tl.where(scale > 0, scale, 1.0)
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
-        r = tl.math.div_rn(v, tl.zeros((BLOCK,), dtype=tl.float32) + safe)
-        tl.store(q_ptr + row * K + k0 + offs, _round_int8(r, ON_GPU), mask=m)
-    tl.store(s_ptr + row, scale)
-
-
 def _swiglu_resident_kernel(
     g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
     HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """`_swiglu_quant_kernel` with the row read once: the NB = cdiv(K, BLOCK) blocks' values
-    v = silu(g) * u (/ div) stay in registers from the absmax pass to the quantizing one (the
-    passes kernel reads the row twice, the second time from L2, and computes v twice). Gate
-    and up of block b + AHEAD are loaded before block b is computed, so AHEAD blocks of the
-    row are in flight while one is computed (the compiler keeps loads in this order). The same
-    elementwise ops on every element and an exact absmax: the same bits, whatever BLOCK, AHEAD
-    and the warps are."""
+    """One row, read once: the NB = cdiv(K, BLOCK) blocks' values v = silu(g) * u (/ div)
+    stay in registers from the absmax pass to the quantizing one. Gate and up of block
+    b + AHEAD are loaded before block b is computed, so AHEAD blocks of the row are in flight
+    while one is computed (the compiler keeps loads in this order). The same elementwise ops
+    on every element and an exact absmax: the same bits, whatever BLOCK, AHEAD and the warps
+    are, and the long-row kernel's."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     g_row = g_ptr + row * stride_g
@@ -130,8 +111,30 @@ def _swiglu_resident_kernel(
     tl.store(s_ptr + row, scale)
 
 
+def _swiglu_long_row_kernel(
+    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
+    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """A row too long for `_swiglu_resident_kernel`'s registers: gate and up read, and v
+    computed, once for the absmax and again to quantize (the second read mostly from L2)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
+        amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
+        r = tl.math.div_rn(v, tl.zeros((BLOCK,), dtype=tl.float32) + safe)
+        tl.store(q_ptr + row * K + k0 + offs, _round_int8(r, ON_GPU), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
 def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
-    """`_swiglu_block`'s value from its loaded (fp32) gate and up."""
+    """SiLU(gate) * up of the block at k0 from its gate and up (fp32), over the SmoothQuant
+    divisor if HAS_DIV: the values both kernels quantize."""
     v = (g / (1.0 + tl.exp(-g))) * u
     if HAS_DIV:
         v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
@@ -139,22 +142,19 @@ def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
 
 
 def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV: tl.constexpr):
-    """SiLU(gate) * up of one block of a row (over the SmoothQuant divisor if HAS_DIV) and its
-    mask: what both passes of the row compute."""
+    """The long-row kernel's block at k0 of a row: gate and up loaded, their `_swiglu_value`,
+    and the block's mask."""
     m = k0 + offs < K
     g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    v = (g / (1.0 + tl.exp(-g))) * u
-    if HAS_DIV:
-        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
-    return v, m
+    return _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV), m
 
 
 _swiglu_block = helper(_swiglu_block)  # type: ignore[assignment]
 _swiglu_value = helper(_swiglu_value)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
-_swiglu = kernel(_swiglu_quant_kernel)
 _swiglu_resident = kernel(_swiglu_resident_kernel)
+_swiglu_long_row = kernel(_swiglu_long_row_kernel)
 
 
 def gated_norm_quantize(
@@ -208,24 +208,22 @@ def swiglu_quantize(
     up = up if up.stride(1) == 1 else up.contiguous()
     q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
     scale = torch.empty(b, dtype=torch.float32, device=gate.device)
-    if SWIGLU_VARIANT == "resident":
-        block = min(next_pow2(k), RESIDENT_BLOCK)
-        warps = RESIDENT_WARPS if block == RESIDENT_BLOCK else 4
-        if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
-            extra = {} if RESIDENT_MAXNREG is None else {"maxnreg": RESIDENT_MAXNREG}
-            _swiglu_resident[(b,)](
-                gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,
-                k, gate.stride(0), up.stride(0),
-                HAS_DIV=divisor is not None, BLOCK=block, NB=cdiv(k, block), AHEAD=RESIDENT_AHEAD,
-                num_warps=warps, enable_fp_fusion=False, **extra,
-            )  # fmt: skip
-            return q, scale
-    block = min(next_pow2(k), SWIGLU_BLOCK)
-    _swiglu[(b,)](
-        gate, up, divisor.contiguous() if divisor is not None else scale, q, scale,
-        k, gate.stride(0), up.stride(0),
-        HAS_DIV=divisor is not None, BLOCK=block, UNROLL=UNROLL,
-        num_warps=SWIGLU_WARPS if block >= 2048 else 4, enable_fp_fusion=False,
+    div = divisor.contiguous() if divisor is not None else scale  # unread placeholder
+    block = min(next_pow2(k), RESIDENT_BLOCK)
+    warps = RESIDENT_WARPS if block == RESIDENT_BLOCK else 4
+    if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
+        extra = {} if RESIDENT_MAXNREG is None else {"maxnreg": RESIDENT_MAXNREG}
+        _swiglu_resident[(b,)](
+            gate, up, div, q, scale, k, gate.stride(0), up.stride(0),
+            HAS_DIV=divisor is not None, BLOCK=block, NB=cdiv(k, block), AHEAD=RESIDENT_AHEAD,
+            num_warps=warps, enable_fp_fusion=False, **extra,
+        )  # fmt: skip
+        return q, scale
+    block = min(next_pow2(k), LONG_ROW_BLOCK)
+    _swiglu_long_row[(b,)](
+        gate, up, div, q, scale, k, gate.stride(0), up.stride(0),
+        HAS_DIV=divisor is not None, BLOCK=block, UNROLL=LONG_ROW_UNROLL,
+        num_warps=LONG_ROW_WARPS if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
 

@@ -7,6 +7,12 @@ squares can be added up in a different order when the call has a different numbe
 here each row is reduced by one program whose block size depends on K alone, so a row's bits
 never depend on the batch. The torch reference computes the same formula (the value agrees to
 rounding, not bit for bit).
+
+A row of up to RESIDENT_VALUES values a thread (K <= 8,192) is loaded once and kept in
+registers for the output pass (`_norm_resident_kernel`); a longer one (e.g. 10,240) is read
+twice (`_norm_long_row_kernel`). Same block and warps, so the same order of the sum, and the
+same elementwise ops: the same bits. On the H200 the resident kernel was 1.02-1.09x faster
+(bench_rows.py, 2026-12-02; ops/bench/NOTES-kernels.md).
 """
 
 from __future__ import annotations
@@ -21,37 +27,8 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
 MAX_BLOCK = 4096
-UNROLL = 1  # blocks of a row pass unrolled together (engine.kernels.quant.UNROLL: rolled, as measured)
-# "resident": the row loaded once and kept in registers for the output pass (rows of up to
-# RESIDENT_VALUES values a thread); "passes": the shipped kernel, two passes over the row.
-# Same bits (the block and warps, which fix the sum's order, are the same); bench_rows.py times both.
-VARIANT = "resident"
-RESIDENT_VALUES = 32
-
-
-def _norm_row_kernel(
-    x_ptr, w_ptr, y_ptr, K, stride_x, stride_y, eps,
-    MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-    ON_GPU: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    offs = tl.arange(0, BLOCK)
-    sq = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        sq += x * x
-    total = tl.sum(sq, axis=0)
-    if MEAN:
-        total = tl.math.div_rn(total, K.to(tl.float32))
-    inv = tl.math.rsqrt(total + eps)
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        m = k0 + offs < K
-        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32) * inv
-        if HAS_W:
-            v = v * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(y_row + k0 + offs, v, mask=m)
+RESIDENT_VALUES = 32  # 0: every row through the long-row kernel (bench_rows.py times both so)
+LONG_ROW_UNROLL = 1  # the long-row passes rolled (engine.kernels.quant.LONG_ROW_UNROLL, as measured)
 
 
 def _norm_resident_kernel(
@@ -59,9 +36,9 @@ def _norm_resident_kernel(
     MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """`_norm_row_kernel` with the row read once: its NB = cdiv(K, BLOCK) blocks are loaded
-    together and kept in registers for the output pass. Same BLOCK and warps, same per-lane
-    sum of squares in block order, same `tl.sum`, same elementwise ops: the same bits."""
+    """One row, read once: its NB = cdiv(K, BLOCK) blocks are loaded together and kept in
+    registers for the output pass. The sum of squares accumulates per lane in block order,
+    then `tl.sum` over [BLOCK]: `_norm_long_row_kernel`'s order at the same BLOCK and warps."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
@@ -84,8 +61,35 @@ def _norm_resident_kernel(
         tl.store(y_row + b * BLOCK + offs, v, mask=m)
 
 
-_kernel = kernel(_norm_row_kernel)
+def _norm_long_row_kernel(
+    x_ptr, w_ptr, y_ptr, K, stride_x, stride_y, eps,
+    MEAN: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """A row too long for `_norm_resident_kernel`'s registers: read once for the sum of
+    squares and again for the output, same blocks and operations."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    offs = tl.arange(0, BLOCK)
+    sq = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        sq += x * x
+    total = tl.sum(sq, axis=0)
+    if MEAN:
+        total = tl.math.div_rn(total, K.to(tl.float32))
+    inv = tl.math.rsqrt(total + eps)
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        m = k0 + offs < K
+        v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32) * inv
+        if HAS_W:
+            v = v * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_row + k0 + offs, v, mask=m)
+
+
 _resident = kernel(_norm_resident_kernel)
+_long_row = kernel(_norm_long_row_kernel)
 
 
 def norm_rows_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, mean: bool) -> torch.Tensor:
@@ -120,16 +124,16 @@ def norm_rows(
     warps = 8 if block >= 2048 else 4
     w = weight.contiguous() if weight is not None else y
     nb = cdiv(k, block)
-    if VARIANT == "resident" and nb * block <= RESIDENT_VALUES * 32 * warps:
+    if nb * block <= RESIDENT_VALUES * 32 * warps:
         _resident[(x2.shape[0],)](
             x2, w, y, k, x2.stride(0), y.stride(0), float(eps),
             MEAN=mean, HAS_W=weight is not None, BLOCK=block, NB=nb,
             num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
         return y.reshape(*lead, k)
-    _kernel[(x2.shape[0],)](
+    _long_row[(x2.shape[0],)](
         x2, w, y, k, x2.stride(0), y.stride(0), float(eps),
-        MEAN=mean, HAS_W=weight is not None, BLOCK=block, UNROLL=UNROLL,
+        MEAN=mean, HAS_W=weight is not None, BLOCK=block, UNROLL=LONG_ROW_UNROLL,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return y.reshape(*lead, k)

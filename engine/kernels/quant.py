@@ -10,6 +10,15 @@ order, division is IEEE `div_rn`, rounding and clamping are exact), so it equals
 reference bit for bit on any device. The fused norm's sum of squares is reduced in the
 kernel's own fixed order and `rsqrt` is the hardware's, so it matches torch only to ~1 ulp
 before rounding; what it guarantees is batch invariance.
+
+A row that fits in RESIDENT_VALUES registers a thread (K <= 16,384 plain, <= 8,192 normed) is
+loaded once, all its blocks in flight together, and kept in registers across the passes
+(`_quant_resident_kernel`); a longer row is read once per pass (`_quant_long_row_kernel`, e.g.
+17,408 plain or 10,240 normed). Both compute the same blocks with the same operations (with a
+norm, the same block and warps and so the same order of the sum): the same bits, so where the
+line between them falls never changes a result. On the H200 the resident kernel was 2.6-3x
+faster for the plain quantization and equal to 1.24x for the fused norm (bench_rows.py,
+2026-12-02; ops/bench/NOTES-kernels.md).
 """
 
 from __future__ import annotations
@@ -25,27 +34,77 @@ libdevice: Any = None
 
 INT8_MAX = 127
 MAX_BLOCK = 4096
-# Blocks of a row pass unrolled together (same ops, same order, same bits). Measured on the
-# H200 (bench_rows.py, 2026-12-01): unrolling 4 made no difference at one row (7 us a call:
-# three dependent passes of one program) and cost 33-60% at 8,192 rows, so the passes stay rolled.
-UNROLL = 1
-# Which kernel runs a row: "resident" (the row loaded once, its blocks kept in registers across
-# the passes) or "passes" (the shipped kernel: three passes, each re-reading the row). Both give
-# the same bits (tests/engine/kernels/test_kernel_quant.py compares them); bench_rows.py times both.
-VARIANT = "resident"
-# The resident kernel holds at most this many fp32 values of a row per thread (a row past it,
-# e.g. a normed 17,408 row at the norm's fixed 8 warps, runs the passes kernel).
+# The resident kernel holds at most this many fp32 values of a row per thread; a row past it
+# (e.g. a normed 10,240 row at the norm's fixed 8 warps) runs the long-row kernel. 0 sends every
+# row there (bench_rows.py times the two kernels that way; the bits are the same).
 RESIDENT_VALUES = 32
+# The long-row kernel's passes unrolled this many blocks (same ops, same order, same bits).
+# Measured on the H200 (bench_rows.py, 2026-12-01, then the only kernel): unrolling 4 made no
+# difference at one row and cost 33-60% at 8,192 rows, so the passes stay rolled.
+LONG_ROW_UNROLL = 1
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
 
 
-def _quant_row_kernel(
+def _round_int8(r, ON_GPU: tl.constexpr):
+    """v / scale to int8: rounded half to even (the hardware's rint, or the magic-number add
+    the interpreter's numpy does in fp32 alike), clamped to +-127. Every quantizing kernel
+    rounds with this, so the same quotient gives the same code everywhere."""
+    r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
+    return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
+
+
+def _quant_resident_kernel(
+    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
+    K, stride_x, stride_q, eps,
+    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """One row, read once: its NB = cdiv(K, BLOCK) blocks are loaded together (all loads in
+    flight at once, one memory latency instead of one per block and pass) and kept in registers
+    across the passes (sum of squares if NORM, absmax, quantize). The sum of squares accumulates
+    per lane in block order, then `tl.sum` over [BLOCK]: `_quant_long_row_kernel`'s order."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    offs = tl.arange(0, BLOCK)
+
+    xs = ()
+    for b in tl.static_range(NB):
+        m = b * BLOCK + offs < K
+        xs = xs + (tl.load(x_row + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32),)
+
+    inv = 1.0
+    if NORM:
+        sq = tl.zeros((BLOCK,), dtype=tl.float32)
+        for b in tl.static_range(NB):
+            sq += xs[b] * xs[b]
+        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
+        inv = tl.math.rsqrt(mean + eps)
+
+    vs = ()
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for b in tl.static_range(NB):
+        v = _row_value(xs[b], w_ptr, div_ptr, b * BLOCK, offs, K, inv, NORM, HAS_DIV)
+        amax = tl.maximum(amax, tl.abs(v))
+        vs = vs + (v,)
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+
+    for b in tl.static_range(NB):
+        m = b * BLOCK + offs < K
+        tl.store(q_row + b * BLOCK + offs, _round_int8(tl.math.div_rn(vs[b], safe), ON_GPU), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def _quant_long_row_kernel(
     x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
     K, stride_x, stride_q, eps,
     HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
+    """A row too long for `_quant_resident_kernel`'s registers: the same blocks and operations,
+    the row re-read (from L2) in each pass instead of kept."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     q_row = q_ptr + row * stride_q
@@ -73,72 +132,9 @@ def _quant_row_kernel(
     tl.store(s_ptr + row, scale)
 
 
-def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
-    """The values v of one block of a row (rms-normed and weighted if NORM, over the SmoothQuant
-    divisor if HAS_DIV) and its mask: both passes of the row compute exactly these."""
-    m = k0 + offs < K
-    v = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    if NORM:
-        v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    if HAS_DIV:
-        v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
-    return v, m
-
-
-def _round_int8(r, ON_GPU: tl.constexpr):
-    """v / scale to int8: rounded half to even (the hardware's rint, or the magic-number add
-    the interpreter's numpy does in fp32 alike), clamped to +-127. Every quantizing kernel
-    rounds with this, so the same quotient gives the same code everywhere."""
-    r = libdevice.rint(r) if ON_GPU else r + _RINT_MAGIC - _RINT_MAGIC
-    return tl.minimum(tl.maximum(r, -127.0), 127.0).to(tl.int8)
-
-
-def _quant_resident_kernel(
-    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
-    K, stride_x, stride_q, eps,
-    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
-    ON_GPU: tl.constexpr,
-):  # fmt: skip
-    """`_quant_row_kernel` with the row read once: its NB = cdiv(K, BLOCK) blocks are loaded
-    together (all loads in flight at once, one memory latency instead of one per block and
-    pass) and kept in registers across the passes. Same blocks, same per-lane accumulation of
-    the sum of squares in block order, same `tl.sum` over [BLOCK] (the shipped BLOCK and warps
-    when NORM), same elementwise ops: the same bits."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    q_row = q_ptr + row * stride_q
-    offs = tl.arange(0, BLOCK)
-
-    xs = ()
-    for b in tl.static_range(NB):
-        m = b * BLOCK + offs < K
-        xs = xs + (tl.load(x_row + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32),)
-
-    inv = 1.0
-    if NORM:
-        sq = tl.zeros((BLOCK,), dtype=tl.float32)
-        for b in tl.static_range(NB):
-            sq += xs[b] * xs[b]
-        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
-        inv = tl.math.rsqrt(mean + eps)
-
-    vs = ()
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for b in tl.static_range(NB):
-        v = _resident_value(xs[b], w_ptr, div_ptr, b * BLOCK, offs, K, inv, NORM, HAS_DIV)
-        amax = tl.maximum(amax, tl.abs(v))
-        vs = vs + (v,)
-    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
-    safe = tl.where(scale > 0, scale, 1.0)
-
-    for b in tl.static_range(NB):
-        m = b * BLOCK + offs < K
-        tl.store(q_row + b * BLOCK + offs, _round_int8(tl.math.div_rn(vs[b], safe), ON_GPU), mask=m)
-    tl.store(s_ptr + row, scale)
-
-
-def _resident_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
-    """`_row_block`'s value of one block from its already loaded inputs x (fp32)."""
+def _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+    """The values v of the block at k0 of a row from its inputs x (fp32): rms-normed (x * inv)
+    and weighted if NORM, over the SmoothQuant divisor if HAS_DIV. Both kernels quantize these."""
     m = k0 + offs < K
     v = x
     if NORM:
@@ -148,11 +144,18 @@ def _resident_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS
     return v
 
 
+def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+    """The long-row kernel's block at k0: loaded, its `_row_value`, and its mask."""
+    m = k0 + offs < K
+    x = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    return _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV), m
+
+
+_row_value = helper(_row_value)  # type: ignore[assignment]
 _row_block = helper(_row_block)  # type: ignore[assignment]
-_resident_value = helper(_resident_value)  # type: ignore[assignment]
 _round_int8 = helper(_round_int8)  # type: ignore[assignment]
-_kernel = kernel(_quant_row_kernel)
 _resident = kernel(_quant_resident_kernel)
+_long_row = kernel(_quant_long_row_kernel)
 
 
 # ------------------------------------------------------------------------ torch references
@@ -215,7 +218,7 @@ def _launch(
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholders
     wgt = weight.contiguous() if weight is not None else scale
     norm = weight is not None
-    resident = resident_blocking(k, norm) if VARIANT == "resident" else None
+    resident = resident_blocking(k, norm)
     if resident is not None:
         block, warps = resident
         _resident[(m,)](
@@ -225,29 +228,35 @@ def _launch(
             num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
         return q, scale
-    block = min(next_pow2(k), MAX_BLOCK)
-    _kernel[(m,)](
+    block, warps = pass_blocking(k)
+    _long_row[(m,)](
         x, div, wgt,
         q, scale, k, x.stride(0), q.stride(0), float(eps),
-        HAS_DIV=divisor is not None, NORM=norm, BLOCK=block, UNROLL=UNROLL,
-        num_warps=8 if block >= 2048 else 4, enable_fp_fusion=False,
+        HAS_DIV=divisor is not None, NORM=norm, BLOCK=block, UNROLL=LONG_ROW_UNROLL,
+        num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
 
 
+def pass_blocking(k: int) -> tuple[int, int]:
+    """(BLOCK, warps) of the long-row kernel for rows of k, and of the resident kernel with a
+    norm: one rule, because they fix the order of the norm's sum of squares."""
+    block = min(next_pow2(k), MAX_BLOCK)
+    return block, 8 if block >= 2048 else 4
+
+
 def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
     """(BLOCK, warps) of the resident kernel for rows of k, or None where the row does not fit
-    in RESIDENT_VALUES registers a thread (the passes kernel runs it then).
+    in RESIDENT_VALUES registers a thread (the long-row kernel runs it then).
 
-    With a norm, the block and warps are the passes kernel's: they fix the order in which the
+    With a norm, the block and warps are the long-row kernel's: they fix the order in which the
     sum of squares is reduced (lanes across blocks, then `tl.sum` over the block's layout), so
     they are not free. Without one nothing is summed (absmax is exact in any order), so the
     block is the power of two that pads k least (6,144 = 3 x 2,048, 5,120 = 5 x 1,024, not
     2 x 4,096 with a half-empty second block) and the warps the fewest that fit the row.
     """
     if norm:
-        block = min(next_pow2(k), MAX_BLOCK)
-        warps = 8 if block >= 2048 else 4
+        block, warps = pass_blocking(k)
         return (block, warps) if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps else None
     block = min(next_pow2(k), MAX_BLOCK)
     for b in (MAX_BLOCK, 2048, 1024, 512, 256):

@@ -224,16 +224,23 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
 
 
 @pytest.mark.parametrize(
-    ("k", "block", "warps", "ahead"),
-    [(300, 2048, 16, 2), (5000, 1024, 8, 2), (5000, 2048, 16, 9), (17408, 1024, 8, 4), (17408, 4096, 32, 1)],
+    ("k", "setting"),
+    [
+        (300, dict(RESIDENT_BLOCK=2048, RESIDENT_WARPS=16, RESIDENT_AHEAD=2)),
+        (5000, dict(RESIDENT_BLOCK=1024, RESIDENT_WARPS=8, RESIDENT_AHEAD=2)),
+        (5000, dict(RESIDENT_BLOCK=2048, RESIDENT_WARPS=16, RESIDENT_AHEAD=9)),
+        (17408, dict(RESIDENT_BLOCK=4096, RESIDENT_WARPS=32, RESIDENT_AHEAD=1)),
+        (17408, dict(RESIDENT_VALUES=0)),  # the 27B row through the long-row kernel
+        (18500, dict(RESIDENT_VALUES=80)),  # past 72 a thread (long-row by default) held in registers
+    ],
 )
-def test_swiglu_resident_kernel_equals_the_passes_kernel(
-    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, k: int, block: int, warps: int,
-    ahead: int,
-) -> None:  # fmt: skip
-    """The row's values kept in registers (any block, warps, loads ahead) give the shipped
-    two-pass kernel's bits; gate and up are column slices of one stacked GEMM output, as in
-    the engine, and a zero row and a row alone are in the checks."""
+def test_swiglu_bits_do_not_depend_on_the_kernel_or_its_config(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, k: int, setting: dict
+) -> None:
+    """SwiGLU + quantization under another block, warp count, loads ahead or kernel (row held
+    in registers or read twice) gives the default's bits, which agree with the torch reference
+    to rounding (silu's exp is not torch's); gate and up are column slices of one stacked
+    GEMM output, as in the engine, and a zero row and a row alone are in the checks."""
     import engine.kernels.decode_quant as dq
 
     b = 64 if dev.type == "cuda" else 3
@@ -241,16 +248,32 @@ def test_swiglu_resident_kernel_equals_the_passes_kernel(
     gate, up = stacked[:, :k], stacked[:, k + 8 :]
     stacked[1] = 0.0
     sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
-    monkeypatch.setattr(dq, "RESIDENT_BLOCK", block)
-    monkeypatch.setattr(dq, "RESIDENT_WARPS", warps)
-    monkeypatch.setattr(dq, "RESIDENT_AHEAD", ahead)
-    monkeypatch.setattr(dq, "RESIDENT_VALUES", 80)
     for divisor in (None, sdiv):
-        monkeypatch.setattr(dq, "SWIGLU_VARIANT", "resident")
-        q_new, s_new = swiglu_quantize(gate, up, divisor)
-        q_one, s_one = swiglu_quantize(gate[b - 1 :], up[b - 1 :], divisor)
-        monkeypatch.setattr(dq, "SWIGLU_VARIANT", "passes")
-        q_old, s_old = swiglu_quantize(gate, up, divisor)
-        assert torch.equal(s_new, s_old) and torch.equal(q_new, q_old)
+        q_def, s_def = swiglu_quantize(gate, up, divisor)
+        with monkeypatch.context() as patch:
+            for name, value in setting.items():
+                patch.setattr(dq, name, value)
+            q_new, s_new = swiglu_quantize(gate, up, divisor)
+            q_one, s_one = swiglu_quantize(gate[b - 1 :], up[b - 1 :], divisor)
+        assert torch.equal(s_new, s_def) and torch.equal(q_new, q_def)
         assert s_new[1] == 0 and not q_new[1].any()
         assert torch.equal(q_one[0], q_new[b - 1]) and torch.equal(s_one[0], s_new[b - 1])
+        q_ref, s_ref = swiglu_quantize(gate, up, divisor, backend="torch")
+        torch.testing.assert_close(s_def, s_ref, rtol=1e-6, atol=0)
+        assert (q_def.int() - q_ref.int()).abs().max() <= 1
+        assert (q_def != q_ref).float().mean() < 0.01
+
+
+def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
+    """At the default config (the launches recorded, not run): rows up to 18,432 (72 values a
+    thread at 1,024 x 8 warps) are held in registers, longer ones read twice."""
+    from engine.kernels.aot import record
+
+    def kernel_of(k: int) -> str:
+        with record() as launches:
+            swiglu_quantize(torch.zeros(2, k), torch.zeros(2, k), None)
+        (launch,) = launches
+        return launch.name
+
+    assert kernel_of(17408) == kernel_of(18432) == "_swiglu_resident_kernel"
+    assert kernel_of(18433) == "_swiglu_long_row_kernel"

@@ -1,4 +1,5 @@
-"""Row quantization kernels: bit-equal to torch (plain), ~1 ulp (fused norm), batch invariant."""
+"""Row quantization kernels: bit-equal to torch (plain), ~1 ulp (fused norm), batch invariant;
+rows that fit in registers and longer rows (two kernels) alike, and with the same bits."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def test_reference_reconstructs_within_half_a_step(gen: torch.Generator) -> None
     assert torch.all(q.abs().amax(-1) == 127)
 
 
-@pytest.mark.parametrize("k", [40, 5000])  # 5000 > one 4096 block: the chunked loops
+# 5000: five blocks held in registers; 16,500: past 16,384, the long-row kernel's four full
+# 4,096 blocks and a ragged fifth
+@pytest.mark.parametrize("k", [40, 5000, 16500])
 @pytest.mark.parametrize("with_divisor", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_rows_kernel_equals_reference(
@@ -61,8 +64,12 @@ def test_quantize_rows_kernel_equals_reference(
     assert torch.equal(q, q_ref)
 
 
-def test_rms_norm_quantize_close_to_reference(gen: torch.Generator, dev: torch.device) -> None:
+@pytest.mark.parametrize("long_row", [False, True])  # 10,240: past 8,192, the long-row kernel
+def test_rms_norm_quantize_close_to_reference(
+    gen: torch.Generator, dev: torch.device, long_row: bool
+) -> None:
     m, k = (256, 5120) if ON_CUDA else (6, 300)
+    k = 10240 if long_row else k
     x = _rows(gen, m, k, dev)
     w = (torch.rand(k, generator=gen) + 0.5).to(dev)
     q, scale = rms_norm_quantize(x, w, EPS, backend="triton")
@@ -77,9 +84,14 @@ def test_rms_norm_quantize_close_to_reference(gen: torch.Generator, dev: torch.d
     assert torch.all((q.double() * scale[:, None].double() - normed).abs() <= scale[:, None] * 0.5 + 1e-5)
 
 
+@pytest.mark.parametrize("long_row", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_rows_do_not_depend_on_batch(gen: torch.Generator, dev: torch.device, fused: bool) -> None:
+def test_rows_do_not_depend_on_batch(
+    gen: torch.Generator, dev: torch.device, fused: bool, long_row: bool
+) -> None:
     m, k = (1000, 5120) if ON_CUDA else (9, 300)
+    if long_row:  # past the resident kernel's registers: the long-row kernel
+        m, k = min(m, 64), 10240 if fused else 16500
     x = _rows(gen, m, k, dev)
     w = (torch.rand(k, generator=gen) + 0.5).to(dev)
 
@@ -106,14 +118,16 @@ def test_bad_inputs_are_named(dev: torch.device) -> None:
         rms_norm_quantize(x, torch.ones(8, device=dev), 0.0)
 
 
-# ------------------------------------------------------------------ resident rows == passes
-@pytest.mark.parametrize("k", [40, 300, 2560, 5000, 6144])  # one block .. two of 4,096, ragged ends
+# ------------------------------------------------------------------ resident and long-row kernels
+@pytest.mark.parametrize("k", [40, 300, 2560, 5000, 6144, 10240])  # one block .. three of 4,096, ragged ends
 @pytest.mark.parametrize("mode", ["plain", "divisor", "norm"])
-def test_resident_kernel_equals_the_passes_kernel(
+def test_resident_and_long_row_kernels_give_the_same_bits(
     gen: torch.Generator, dev: torch.device, monkeypatch: pytest.MonkeyPatch, k: int, mode: str
 ) -> None:
-    """The row kept in registers gives the bits of the shipped three-pass kernel: the plain
-    quantizers, and the fused norm, whose sum of squares must be reduced in the same order."""
+    """A row held in registers and a row read once per pass give the same bits, whichever
+    kernel its length picks by default: the plain quantizers (both equal to the torch
+    reference too), and the fused norm, whose sum of squares must be reduced in the same
+    order (the torch reference only bounds it to ~1 ulp)."""
     import engine.kernels.quant as kq
 
     m = 64 if ON_CUDA else 4
@@ -121,42 +135,64 @@ def test_resident_kernel_equals_the_passes_kernel(
     x[1] = 0.0  # an all-zero row: scale 0, q 0
     ties = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -4.5])
     x[2, :9] = ties.to(x.dtype)  # absmax 127: exact ties
+    if k > 2 * 4096:  # a lane's squares summed over 3 blocks: only block order gives 1 (normed)
+        x[3] = 0.0
+        x[3, 0] = 1.0
+        x[3, 4096::4096] = 2.0**-12  # 1 + 2^-24 + 2^-24 rounds to 1 in order, else 1 + 2^-23
     vec = (torch.rand(k, generator=gen) + 0.5).to(dev)
-    assert kq.resident_blocking(k, mode == "norm") is not None
 
-    def run(variant: str) -> tuple[torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(kq, "VARIANT", variant)
+    def run(rows: torch.Tensor, resident_values: int) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(kq, "RESIDENT_VALUES", resident_values)
+        assert (kq.resident_blocking(k, mode == "norm") is None) == (resident_values == 0)
         if mode == "norm":
-            return rms_norm_quantize(x, vec, EPS, backend="triton")
-        return quantize_rows(x, vec if mode == "divisor" else None, backend="triton")
+            return rms_norm_quantize(rows, vec, EPS, backend="triton")
+        return quantize_rows(rows, vec if mode == "divisor" else None, backend="triton")
 
-    q_new, s_new = run("resident")
-    q_old, s_old = run("passes")
-    assert torch.equal(s_new, s_old) and torch.equal(q_new, q_old)
+    q_res, s_res = run(x, 64)  # 64 values a thread: every k here held in registers
+    q_long, s_long = run(x, 0)  # none: every row through the long-row kernel
+    assert torch.equal(s_res, s_long) and torch.equal(q_res, q_long)
+    assert s_res[1] == 0 and not q_res[1].any()
     if mode != "norm":  # and the torch reference's, which the plain quantization equals
         q_ref, s_ref = quantize_rows_reference(x, vec if mode == "divisor" else None)
-        assert torch.equal(s_new, s_ref) and torch.equal(q_new, q_ref)
-    # a row alone: the same bits as among the others
-    q1, s1 = (
-        rms_norm_quantize(x[m - 1 :].clone(), vec, EPS, backend="triton")
-        if mode == "norm"
-        else quantize_rows(x[m - 1 :].clone(), vec if mode == "divisor" else None, backend="triton")
-    )
-    assert torch.equal(q1, q_new[m - 1 :]) and torch.equal(s1, s_new[m - 1 :])
+        assert torch.equal(s_res, s_ref) and torch.equal(q_res, q_ref)
+    # a row alone: the same bits as among the others, on either kernel
+    for resident_values in (64, 0):
+        q1, s1 = run(x[m - 1 :].clone(), resident_values)
+        assert torch.equal(q1, q_res[m - 1 :]) and torch.equal(s1, s_res[m - 1 :])
+
+
+def test_long_rows_take_the_long_row_kernel() -> None:
+    """Where the line falls at the default RESIDENT_VALUES (the launches recorded, not run):
+    rows up to 16,384 plain and 8,192 normed are held in registers, longer ones streamed."""
+    from engine.kernels.aot import record
+
+    def kernel_of(k: int, norm: bool) -> str:
+        x, w = torch.zeros(2, k), torch.ones(k)
+        with record() as launches:
+            if norm:
+                rms_norm_quantize(x, w, EPS, backend="triton")
+            else:
+                quantize_rows(x, w, backend="triton")
+        (launch,) = launches
+        return launch.name
+
+    assert kernel_of(16384, False) == kernel_of(8192, True) == "_quant_resident_kernel"
+    assert kernel_of(17408, False) == kernel_of(8193, True) == "_quant_long_row_kernel"
 
 
 def test_resident_blocking_keeps_the_norms_block_and_fits_rows() -> None:
-    from engine.kernels.quant import MAX_BLOCK, RESIDENT_VALUES, resident_blocking
+    from engine.kernels.quant import RESIDENT_VALUES, pass_blocking, resident_blocking
 
     for k in (16, 40, 300, 2560, 4096, 5000, 5120, 6144, 8192, 10240, 12288, 17408, 40000):
         for norm in (False, True):
             got = resident_blocking(k, norm)
             if got is None:
-                assert norm or k > 16 * 32 * RESIDENT_VALUES, k
+                assert k > (8 if norm else 16) * 32 * RESIDENT_VALUES, k
                 continue
             block, warps = got
-            if norm:  # the passes kernel's block and warps: the sum's order depends on them
-                assert block == min(1 << (k - 1).bit_length(), MAX_BLOCK)
+            if norm:  # the long-row kernel's block and warps: the sum's order depends on them
+                assert (block, warps) == pass_blocking(k)
+                assert block == min(1 << (k - 1).bit_length(), 4096)
                 assert warps == (8 if block >= 2048 else 4)
             assert -(-k // block) * block <= RESIDENT_VALUES * 32 * warps
     assert resident_blocking(6144, False) == (2048, 8)  # 3 full blocks, not 2 x 4,096
@@ -171,7 +207,7 @@ import engine.kernels.norm as kn
 import engine.kernels.quant as kq
 from engine.kernels.aot import compile_launch, record
 
-kq.VARIANT = kn.VARIANT = sys.argv[1]
+kq.RESIDENT_VALUES = kn.RESIDENT_VALUES = int(sys.argv[1])  # 0: the long-row kernels
 with record() as launches:
     for k in (1000, 2560, 5120):  # blocks of 1,024 (4 warps) and 4,096 (8 warps), one or two of them
         kq.rms_norm_quantize(torch.zeros(4, k), torch.zeros(k), 1e-6, backend="triton")
@@ -187,7 +223,7 @@ for path in glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "*.ttgir
         region, _, rest = body.partition("}) : (")
         operand = rest.split(")", 1)[0]  # e.g. tensor<4096xf32, #blocked>
         shape, layout = operand.removeprefix("tensor<").removesuffix(">").split(", ")
-        if "arith.addf" in region:  # keyed by family: _quant_row/_quant_resident, _norm_row/_norm_resident
+        if "arith.addf" in region:  # keyed by family: _quant_resident/_quant_long_row, _norm_...
             family = os.path.basename(path).split("_")[1]
             sums.add(family + " " + shape + " " + aliases.get(layout, layout))
 print(json.dumps(sorted(sums)))
@@ -195,11 +231,12 @@ print(json.dumps(sorted(sums)))
 
 
 @pytest.mark.slow
-def test_resident_norms_reduce_over_the_shipped_layouts(tmp_path) -> None:  # noqa: ANN001
+def test_resident_norms_reduce_over_the_long_row_layouts(tmp_path) -> None:  # noqa: ANN001
     """Compiled for sm_90 (no GPU needed), the resident norm kernels' sums of squares reduce
-    tensors of the same shapes in the same layouts as the passes kernels': the lowering of
+    tensors of the same shapes in the same layouts as the long-row kernels': the lowering of
     `tl.sum` (per-thread order, shuffles, cross-warp step) follows from those alone, and the
-    lanes hold the same values, so the sums are the same bits on the GPU too."""
+    lanes hold the same values, so the sums are the same bits on the GPU too (the interpreter
+    tests above cannot see the GPU's reduction order)."""
     import os
     import subprocess
     import sys
@@ -208,15 +245,15 @@ def test_resident_norms_reduce_over_the_shipped_layouts(tmp_path) -> None:  # no
     pytest.importorskip("triton.backends.nvidia")
     repo = Path(__file__).resolve().parents[3]
     got = {}
-    for variant in ("passes", "resident"):
+    for kernel, resident_values in (("long_row", "0"), ("resident", "32")):
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_CACHE_DIR"] = str(tmp_path / variant)
+        env["TRITON_CACHE_DIR"] = str(tmp_path / kernel)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
         run = subprocess.run(
-            [sys.executable, "-c", _LAYOUTS, variant], cwd=repo, env=env, capture_output=True, text=True,
-            timeout=900,
+            [sys.executable, "-c", _LAYOUTS, resident_values], cwd=repo, env=env, capture_output=True,
+            text=True, timeout=900,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
-        got[variant] = run.stdout.strip().splitlines()[-1]
-    assert all(f"{f} {n}xf32" in got["passes"] for f in ("quant", "norm") for n in (1024, 4096)), got
-    assert got["resident"] == got["passes"], got
+        got[kernel] = run.stdout.strip().splitlines()[-1]
+    assert all(f"{f} {n}xf32" in got["long_row"] for f in ("quant", "norm") for n in (1024, 4096)), got
+    assert got["resident"] == got["long_row"], got
