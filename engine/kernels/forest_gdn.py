@@ -6,10 +6,12 @@ Two kernels per GDN layer, reading the tables of `engine.kernels.forest_tables`:
   SiLU(causal depthwise conv) of each live row. A token at local index l of its segment sees
   the inputs at local positions l-W+1 .. l: positions >= 0 are the segment's own rows
   (tok_lo + p), positions < 0 come from the segment's `conv_src` (zeros, a packed row of an
-  ancestor in this pass, or a stored tail in `base`), so no level ordering is needed. The
-  window is summed oldest to newest, as `engine.kernels.conv` does. Extra programs (segment
-  slot block, channel block) write every live segment's final tail (its last W-1 inputs,
-  oldest first) to its conv_out block; a length-0 segment's final tail is its sources.
+  ancestor in this pass, or a stored tail in `base`), so no level ordering is needed. A token
+  block lying inside one segment past its first W-1 rows (most of a long prefill) reads its
+  windows straight from the packed rows, with no table lookups. The window is summed oldest
+  to newest, as the decode step's `engine.kernels.decode_gdn.conv_step` does. Extra programs
+  (segment slot block, channel block) write every live segment's final tail (its last W-1
+  inputs, oldest first) to its conv_out block; a length-0 segment's final tail is its sources.
 - `forest_gdn`: program (segment slot, value head, value block) of the segments of one level
   walks the segment's tokens with its state block S[:, block] (fp32, [dk, BV]) in registers,
   applying per token exactly the fused math of `engine.kernels.decode_gdn` (l2-normalised q
@@ -67,9 +69,6 @@ from engine.run.reference import L2NORM_EPS, causal_conv, gated_delta_rule, l2_n
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
 
-BLOCK_T = 16
-BLOCK_C = 128
-BLOCK_S = 16
 BLOCK_V = 32
 NUM_WARPS = 4
 CHUNK = 32  # tokens per step of the chunked recurrence (64 needs more shared memory than sm_90 has)
@@ -82,28 +81,130 @@ assert (SEG_STATE_OUT, SEG_CONV_OUT, SEG_LIVE, SEG_FIELDS) == (5, 6, 7, 8)
 assert (CONV_ZERO, CONV_ROW, CONV_TAIL) == (0, 1, 2)
 
 
-def _input_at(
-    x_ptr, base_ptr, src_ptr, tok_lo, slot, lp, live, offs_c, cmask, tail_c, stride_x, layer_off,
+# The conv's tiles: 16 x 128 on 4 warps, the fastest of the benched blockings at every size on
+# the H200 (2026-12-02, bench_rows.py, tree 9866e5c: 188.8 us at 8,192 rows against 252.6 for
+# 32 x 128 on 8 warps and 749.4 for the kernel before, which read every row through the source
+# tables; 2.97 / 6.13 us at 1 / 64 rows against 4.39 / 9.73). No tiling changes a bit (tested).
+CONV_BLOCK_T = 16  # tokens per program (also the segment slots per final-tail program)
+CONV_BLOCK_C = 128
+CONV_WARPS = 4
+CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
+
+
+def _forest_conv_kernel(
+    x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
+    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (token block, channel block): SiLU(conv) of BT packed rows; programs past the
+    token blocks write the final tails of BT segment slots.
+
+    Rows of a live segment are packed contiguously (row tok_lo + l holds local position l), so
+    when a block's first and last rows are live rows of one segment and the first sits at
+    local index >= W - 1, every window element of every row of the block is the segment's own
+    row r - (W - 1) + j: the block reads those rows directly (the direct path), without the
+    per-row segment and source-table loads and their selects, and its loads wait for no chain
+    of table loads. Every other block (segment starts and boundaries, padding) takes the
+    general path - rows at local index >= W - 1 as above, the first W - 1 rows of a segment
+    through the source tables - and the final-tail programs theirs, BG rows or slots at a
+    time: those paths hold many pointers per element, and in [BT, BC] tiles they would set
+    the registers (and so the occupancy) of the whole kernel. Each element's window is summed
+    oldest first with the same ops (fp fusion off) on every path and at every tile shape, so
+    a row's bits depend neither on the path nor on the tiling."""
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_c = pid_c * BC + tl.arange(0, BC)
+    cmask = offs_c < C
+    tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
+    if pid_t < num_t_blocks:
+        t0 = pid_t * BT
+        # row record: (segment slot, local index, live, token); the block's first and last rows
+        first = t0.to(tl.int64) * 4
+        last = tl.minimum(t0 + BT, T).to(tl.int64) * 4 - 4
+        direct = (
+            (tl.load(rows_ptr + first + 2) != 0)
+            & (tl.load(rows_ptr + last + 2) != 0)
+            & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
+            & (tl.load(rows_ptr + first + 1) >= W - 1)
+        )
+        offs_t = t0 + tl.arange(0, BT)
+        in_range = offs_t < T
+        if direct:
+            m = in_range[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W, BT, BC)
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
+        else:
+            # rows at local index >= W - 1 of their segment (and padding rows, which stay zero) in
+            # one tile as above; the rows whose window reaches before their segment (the first
+            # W - 1 of each) through the tables, BG rows at a time, only the steps that hold one
+            rec = offs_t.to(tl.int64) * 4
+            live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
+            local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
+            near = live & (local < W - 1)
+            own = (live & (local >= W - 1))[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, own, stride_x, W, BT, BC)
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, (in_range & ~near)[:, None] & cmask[None, :])
+            step = tl.where(near, (offs_t - t0) // BG, BT)  # the step of each such row
+            for g0 in tl.range(0, tl.minimum(BT, T - t0), BG):
+                if tl.min(tl.where(step == g0 // BG, 0, 1), axis=0) == 0:
+                    offs_g = t0 + g0 + tl.arange(0, BG)
+                    rec_g = offs_g.to(tl.int64) * 4
+                    live_g = (offs_g < T) & (tl.load(rows_ptr + rec_g + 2, mask=offs_g < T, other=0) != 0)
+                    seg = tl.load(rows_ptr + rec_g, mask=live_g, other=0)
+                    local_g = tl.load(rows_ptr + rec_g + 1, mask=live_g, other=0)
+                    near_g = live_g & (local_g < W - 1)
+                    acc_g = tl.zeros((BG, BC), dtype=tl.float32)
+                    for j in tl.static_range(W):
+                        lp = local_g - (W - 1) + j  # local position of window element j (oldest first)
+                        xv = _window_input(
+                            x_ptr, base_ptr, src_ptr, offs_g.to(tl.int64) - (W - 1) + j, seg, lp, live_g,
+                            offs_c, cmask, tail_c, stride_x, layer_off, W,
+                        )  # fmt: skip
+                        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+                        acc_g += xv * wj[None, :]
+                    _conv_out(acc_g, y_ptr, offs_g, stride_y, offs_c, near_g[:, None] & cmask[None, :])
+    else:
+        # final tails: the last W - 1 inputs of every live segment, oldest first
+        s0 = (pid_t - num_t_blocks) * BT
+        for g0 in tl.range(0, tl.minimum(BT, S - s0), BG):
+            offs_s = s0 + g0 + tl.arange(0, BG)
+            smask = offs_s < S
+            rec = offs_s.to(tl.int64) * 8
+            live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
+            tok_lo = tl.load(segs_ptr + rec, mask=live, other=0)
+            length = tl.load(segs_ptr + rec + 1, mask=live, other=0)
+            conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
+            m = live[:, None] & cmask[None, :]
+            dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
+            slots = offs_s.to(tl.int64)
+            for k in tl.static_range(W - 1):
+                lp = length - (W - 1) + k
+                xv = _window_input(
+                    x_ptr, base_ptr, src_ptr, tok_lo + lp, slots, lp, live, offs_c, cmask, tail_c, stride_x,
+                    layer_off, W,
+                )  # fmt: skip
+                tl.store(dst + k, xv, mask=m)
+
+
+def _window_input(
+    x_ptr, base_ptr, src_ptr, own_row, slot, lp, live, offs_c, cmask, tail_c, stride_x, layer_off,
     W: tl.constexpr,
 ):  # fmt: skip
-    """Pre-conv inputs [rows, channels] at local positions lp of segments `slot` (per row): their
-    own packed rows where lp >= 0, else conv_src[slot, W - 1 + lp] - a row of this pass, a
-    stored tail's column, or zero. Dead rows (live false) read zeros."""
+    """Pre-conv inputs [rows, channels] at local positions lp of segments `slot` (per row):
+    their own packed rows (own_row) where lp >= 0, else conv_src[slot, W - 1 + lp] - a row of
+    this pass, a stored tail's column in base, or zero. Dead rows (live false) read zeros. An
+    own row and a source row are both rows of x, so one load reads either."""
     own = live & (lp >= 0)
     pre = live & (lp < 0)
-    xv = tl.load(
-        x_ptr + (tok_lo + lp)[:, None] * stride_x + offs_c[None, :],
-        mask=own[:, None] & cmask[None, :],
-        other=0.0,
-    ).to(tl.float32)
     src = (slot * (W - 1) + lp + (W - 1)) * 2
     kind = tl.load(src_ptr + src, mask=pre, other=0)
     val = tl.load(src_ptr + src + 1, mask=pre, other=0)
     from_row = pre & (kind == 1)
     from_tail = pre & (kind == 2)
-    rv = tl.load(
-        x_ptr + val[:, None] * stride_x + offs_c[None, :],
-        mask=from_row[:, None] & cmask[None, :],
+    row = tl.where(own, own_row, val)
+    xv = tl.load(
+        x_ptr + row[:, None] * stride_x + offs_c[None, :],
+        mask=(own | from_row)[:, None] & cmask[None, :],
         other=0.0,
     ).to(tl.float32)
     tv = tl.load(
@@ -111,61 +212,33 @@ def _input_at(
         mask=from_tail[:, None] & cmask[None, :],
         other=0.0,
     )
-    return tl.where(own[:, None], xv, tl.where(from_row[:, None], rv, tv))
+    return tl.where(from_tail[:, None], tv, xv)
 
 
-def _forest_conv_kernel(
-    x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
-    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
-    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BS: tl.constexpr, ON_GPU: tl.constexpr,
+def _conv_own_rows(
+    x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr
 ):  # fmt: skip
-    pid_t = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    offs_c = pid_c * BC + tl.arange(0, BC)
-    cmask = offs_c < C
-    tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
-    if pid_t < num_t_blocks:
-        offs_t = pid_t * BT + tl.arange(0, BT)
-        in_range = offs_t < T
-        # row record: (segment slot, local index, live, token)
-        rec = offs_t.to(tl.int64) * 4
-        live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
-        seg = tl.load(rows_ptr + rec, mask=live, other=0)
-        local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
-        tok_lo = tl.load(segs_ptr + seg * 8, mask=live, other=0)
-        acc = tl.zeros((BT, BC), dtype=tl.float32)
-        for j in tl.static_range(W):
-            lp = local - (W - 1) + j  # local position of window element j (oldest first)
-            xv = _input_at(
-                x_ptr, base_ptr, src_ptr, tok_lo, seg, lp, live, offs_c, cmask, tail_c, stride_x, layer_off, W
-            )
-            wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
-            acc += xv * wj[None, :]
-        acc = acc / (1.0 + tl.exp(-acc))  # padding rows: acc = 0, SiLU(0) = 0
-        tl.store(
-            y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :],
-            acc,
-            mask=in_range[:, None] & cmask[None, :],
-        )
-    else:
-        # final tails: the last W - 1 inputs of every live segment, oldest first
-        offs_s = (pid_t - num_t_blocks) * BS + tl.arange(0, BS)
-        smask = offs_s < S
-        rec = offs_s.to(tl.int64) * 8
-        live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
-        tok_lo = tl.load(segs_ptr + rec, mask=live, other=0)
-        length = tl.load(segs_ptr + rec + 1, mask=live, other=0)
-        conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
-        m = live[:, None] & cmask[None, :]
-        dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
-        slots = offs_s.to(tl.int64)
-        for k in tl.static_range(W - 1):
-            lp = length - (W - 1) + k
-            xv = _input_at(
-                x_ptr, base_ptr, src_ptr, tok_lo, slots, lp, live, offs_c, cmask, tail_c, stride_x,
-                layer_off, W,
-            )  # fmt: skip
-            tl.store(dst + k, xv, mask=m)
+    """Window sums of rows whose window lies in their own segment: element j of row r is row
+    r - (W - 1) + j, summed oldest first (the order of every path); zeros where m is false."""
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for j in tl.static_range(W):
+        r = (offs_t - (W - 1) + j).to(tl.int64)
+        xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
+        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+        acc += xv * wj[None, :]
+    return acc
+
+
+def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
+    """SiLU of the window sums, stored to their rows (padding rows: acc = 0, SiLU(0) = 0)."""
+    acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :], acc, mask=m)
+
+
+_conv_out = helper(_conv_out)  # type: ignore[assignment]
+_conv_own_rows = helper(_conv_own_rows)  # type: ignore[assignment]
+_window_input = helper(_window_input)  # type: ignore[assignment]
+_conv = kernel(_forest_conv_kernel)
 
 
 def _forest_gdn_kernel(
@@ -793,8 +866,6 @@ def _forest_gdn_tc_out_kernel(
         tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
 
 
-_input_at = helper(_input_at)  # type: ignore[assignment]
-_conv = kernel(_forest_conv_kernel)
 _gdn = kernel(_forest_gdn_kernel)
 _gdn_prep = kernel(_forest_gdn_prep_kernel)
 _mm = helper(_mm)  # type: ignore[assignment]
@@ -814,165 +885,6 @@ _gdn_tc_invert = kernel(_forest_gdn_tc_invert_kernel)
 _gdn_tc = kernel(_forest_gdn_tc_kernel)
 _gdn_tc_walk = kernel(_forest_gdn_tc_walk_kernel)
 _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
-
-
-# The conv's kernel: "direct" (`_forest_conv_direct_kernel`: a token block lying inside one
-# segment past its first W - 1 rows reads its window straight from the packed rows, no table
-# lookups) or "shipped" (`_forest_conv_kernel`, every row through the source tables). Same bits
-# (tests compare them); bench_rows.py times both. The direct kernel's blocks and warps:
-CONV_VARIANT = "direct"
-# 16 x 128 on 4 warps: the fastest of the benched blockings at every size on the H200
-# (2026-12-02, bench_rows.py, tree 9866e5c: 188.8 us at 8,192 rows against 252.6 for 32 x 128 on
-# 8 warps and 749.4 for the shipped kernel; 2.97 / 6.13 us at 1 / 64 rows against 4.39 / 9.73)
-CONV_BLOCK_T = 16  # tokens per program (also the segment slots per final-tail program)
-CONV_BLOCK_C = 128
-CONV_WARPS = 4
-CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
-
-
-def _forest_conv_direct_kernel(
-    x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
-    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
-    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, ON_GPU: tl.constexpr,
-):  # fmt: skip
-    """`_forest_conv_kernel` with a fast path. Rows of a live segment are packed contiguously
-    (row tok_lo + l holds local position l), so when a block's first and last rows are live rows
-    of one segment and the first sits at local index >= W - 1, every window element of every row
-    of the block is the segment's own row r - (W - 1) + j: the block reads those rows directly,
-    without the per-row segment and source-table loads and their three-way selects, and its
-    loads no longer wait for a chain of table loads. Every other block (segment starts and
-    boundaries, padding) takes the general path, and the final-tail programs theirs, BG rows or
-    slots at a time: those paths hold many pointers per element, and in [BT, BC] tiles they
-    would set the registers (and so the occupancy) of the whole kernel. Each element's window
-    is summed in the same order with the same ops (fp fusion off) on every path and at every
-    tile shape: the bits of the shipped kernel."""
-    pid_t = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    offs_c = pid_c * BC + tl.arange(0, BC)
-    cmask = offs_c < C
-    tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
-    if pid_t < num_t_blocks:
-        t0 = pid_t * BT
-        # row record: (segment slot, local index, live, token); the block's first and last rows
-        first = t0.to(tl.int64) * 4
-        last = tl.minimum(t0 + BT, T).to(tl.int64) * 4 - 4
-        direct = (
-            (tl.load(rows_ptr + first + 2) != 0)
-            & (tl.load(rows_ptr + last + 2) != 0)
-            & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
-            & (tl.load(rows_ptr + first + 1) >= W - 1)
-        )
-        offs_t = t0 + tl.arange(0, BT)
-        in_range = offs_t < T
-        if direct:
-            m = in_range[:, None] & cmask[None, :]
-            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W, BT, BC)
-            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
-        else:
-            # rows at local index >= W - 1 of their segment (and padding rows, which stay zero) in
-            # one tile as above; the rows whose window reaches before their segment (the first
-            # W - 1 of each) through the tables, BG rows at a time, only the steps that hold one
-            rec = offs_t.to(tl.int64) * 4
-            live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
-            local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
-            near = live & (local < W - 1)
-            own = (live & (local >= W - 1))[:, None] & cmask[None, :]
-            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, own, stride_x, W, BT, BC)
-            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, (in_range & ~near)[:, None] & cmask[None, :])
-            step = tl.where(near, (offs_t - t0) // BG, BT)  # the step of each such row
-            for g0 in tl.range(0, tl.minimum(BT, T - t0), BG):
-                if tl.min(tl.where(step == g0 // BG, 0, 1), axis=0) == 0:
-                    offs_g = t0 + g0 + tl.arange(0, BG)
-                    rec_g = offs_g.to(tl.int64) * 4
-                    live_g = (offs_g < T) & (tl.load(rows_ptr + rec_g + 2, mask=offs_g < T, other=0) != 0)
-                    seg = tl.load(rows_ptr + rec_g, mask=live_g, other=0)
-                    local_g = tl.load(rows_ptr + rec_g + 1, mask=live_g, other=0)
-                    near_g = live_g & (local_g < W - 1)
-                    acc_g = tl.zeros((BG, BC), dtype=tl.float32)
-                    for j in tl.static_range(W):
-                        lp = local_g - (W - 1) + j  # local position of window element j (oldest first)
-                        xv = _window_input(
-                            x_ptr, base_ptr, src_ptr, offs_g.to(tl.int64) - (W - 1) + j, seg, lp, live_g,
-                            offs_c, cmask, tail_c, stride_x, layer_off, W,
-                        )  # fmt: skip
-                        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
-                        acc_g += xv * wj[None, :]
-                    _conv_out(acc_g, y_ptr, offs_g, stride_y, offs_c, near_g[:, None] & cmask[None, :])
-    else:
-        # final tails: the last W - 1 inputs of every live segment, oldest first
-        s0 = (pid_t - num_t_blocks) * BT
-        for g0 in tl.range(0, tl.minimum(BT, S - s0), BG):
-            offs_s = s0 + g0 + tl.arange(0, BG)
-            smask = offs_s < S
-            rec = offs_s.to(tl.int64) * 8
-            live = smask & (tl.load(segs_ptr + rec + 7, mask=smask, other=0) != 0)
-            tok_lo = tl.load(segs_ptr + rec, mask=live, other=0)
-            length = tl.load(segs_ptr + rec + 1, mask=live, other=0)
-            conv_out = tl.load(segs_ptr + rec + 6, mask=live, other=0)
-            m = live[:, None] & cmask[None, :]
-            dst = base_ptr + (conv_out + layer_off)[:, None] + tail_c[None, :]
-            slots = offs_s.to(tl.int64)
-            for k in tl.static_range(W - 1):
-                lp = length - (W - 1) + k
-                xv = _window_input(
-                    x_ptr, base_ptr, src_ptr, tok_lo + lp, slots, lp, live, offs_c, cmask, tail_c, stride_x,
-                    layer_off, W,
-                )  # fmt: skip
-                tl.store(dst + k, xv, mask=m)
-
-
-def _window_input(
-    x_ptr, base_ptr, src_ptr, own_row, slot, lp, live, offs_c, cmask, tail_c, stride_x, layer_off,
-    W: tl.constexpr,
-):  # fmt: skip
-    """`_input_at`'s values with two loads instead of three: a segment's own row (own_row, for
-    lp >= 0) and a source row of this pass are both rows of x, so one load reads either; only a
-    stored tail's column is read from base. Zeros where `_input_at` gives zeros."""
-    own = live & (lp >= 0)
-    pre = live & (lp < 0)
-    src = (slot * (W - 1) + lp + (W - 1)) * 2
-    kind = tl.load(src_ptr + src, mask=pre, other=0)
-    val = tl.load(src_ptr + src + 1, mask=pre, other=0)
-    from_row = pre & (kind == 1)
-    from_tail = pre & (kind == 2)
-    row = tl.where(own, own_row, val)
-    xv = tl.load(
-        x_ptr + row[:, None] * stride_x + offs_c[None, :],
-        mask=(own | from_row)[:, None] & cmask[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    tv = tl.load(
-        base_ptr + (val + layer_off)[:, None] + tail_c[None, :],
-        mask=from_tail[:, None] & cmask[None, :],
-        other=0.0,
-    )
-    return tl.where(from_tail[:, None], tv, xv)
-
-
-def _conv_own_rows(
-    x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr
-):  # fmt: skip
-    """Window sums of rows whose window lies in their own segment: element j of row r is row
-    r - (W - 1) + j, summed oldest first (the order of every path); zeros where m is false."""
-    acc = tl.zeros((BT, BC), dtype=tl.float32)
-    for j in tl.static_range(W):
-        r = (offs_t - (W - 1) + j).to(tl.int64)
-        xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
-        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
-        acc += xv * wj[None, :]
-    return acc
-
-
-def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
-    """SiLU of the window sums, stored to their rows (padding rows: acc = 0, SiLU(0) = 0)."""
-    acc = acc / (1.0 + tl.exp(-acc))
-    tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :], acc, mask=m)
-
-
-_conv_out = helper(_conv_out)  # type: ignore[assignment]
-_conv_own_rows = helper(_conv_own_rows)  # type: ignore[assignment]
-_window_input = helper(_window_input)  # type: ignore[assignment]
-_conv_direct = kernel(_forest_conv_direct_kernel)
 
 
 # ------------------------------------------------------------------------ table checks
@@ -1101,20 +1013,12 @@ def forest_conv(
         return forest_conv_reference(x, weight, base, rows, segs, conv_src, layer_off)
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
-    if CONV_VARIANT == "direct":
-        t_blocks = cdiv(t, CONV_BLOCK_T)
-        _conv_direct[(t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))](
-            x, weight.contiguous(), base, rows, segs, conv_src, y,
-            layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
-            W=w, BT=CONV_BLOCK_T, BC=CONV_BLOCK_C, BG=min(CONV_GENERAL_ROWS, CONV_BLOCK_T),
-            num_warps=CONV_WARPS, enable_fp_fusion=False,
-        )  # fmt: skip
-        return y
-    t_blocks = cdiv(t, BLOCK_T)
-    _conv[(t_blocks + cdiv(s, BLOCK_S), cdiv(c, BLOCK_C))](
+    t_blocks = cdiv(t, CONV_BLOCK_T)
+    _conv[(t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))](
         x, weight.contiguous(), base, rows, segs, conv_src, y,
         layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
-        W=w, BT=BLOCK_T, BC=BLOCK_C, BS=BLOCK_S, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        W=w, BT=CONV_BLOCK_T, BC=CONV_BLOCK_C, BG=min(CONV_GENERAL_ROWS, CONV_BLOCK_T),
+        num_warps=CONV_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return y
 

@@ -903,14 +903,20 @@ def test_tc_chunks_over_the_three_level_forest(
     assert torch.equal(_state_out(case, 5), _state_out(case, 1))  # the empty child hands its state on
 
 
-# ------------------------------------------------------------------ the conv's direct kernel
+# ------------------------------------------------------------------ the conv over long segments
+# slot -> (parent slot or None, length) of the conv's long case (slot 5: a padding slot)
+LONG_NODES: dict[int, tuple[int | None, int]] = {
+    0: (None, 45), 1: (0, 37), 2: (None, 2), 3: (2, 40), 4: (0, 0), 6: (None, 33)
+}  # fmt: skip
+
+
 def _long_conv_case(dev: torch.device, gen: torch.Generator, c: int, w: int = 4):
     """A packed pass of long and short segments for the conv alone: a stored-start root of 45
     rows, its child of 37 (sources: the root's last rows), an empty child of the root, a
     zero-start root of 2 rows and its child of 40 (sources: zero, row, row), a zero-start root
-    of 33, padding rows between them and a padding slot. Blocks of 4..32 rows then lie inside
+    of 33, padding rows between them and a padding slot. Blocks of 4..64 rows then lie inside
     one segment past its start (the direct path), across boundaries and padding, or at starts."""
-    nodes = {0: (None, 45), 1: (0, 37), 2: (None, 2), 3: (2, 40), 4: (0, 0), 6: (None, 33)}
+    nodes = LONG_NODES
     order = [None] * 3 + [0, 1, None, 2, 3, None, None, 6]
     s_count = 7  # slot 5: padding
     tail = c * (w - 1)
@@ -949,15 +955,17 @@ def _long_conv_case(dev: torch.device, gen: torch.Generator, c: int, w: int = 4)
     return x, weight, pool, torch.tensor(rows, dtype=torch.int64).to(dev), segs.to(dev), src.to(dev)
 
 
+# (BT, BC, warps, BG); 64 rows a block: every block of the case takes the general path
 @pytest.mark.parametrize(
-    "config", [(4, 16, 1, 2), (8, 32, 2, 4), (16, 128, 4, 4), (32, 128, 8, 4), (32, 64, 4, 32)]
+    "config", [(4, 16, 1, 2), (8, 32, 2, 4), (32, 128, 8, 4), (32, 64, 4, 32), (64, 128, 4, 8)]
 )
-def test_direct_conv_equals_the_shipped_kernel(
+def test_conv_bits_do_not_depend_on_the_tiling(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, config: tuple[int, ...]
 ) -> None:
-    """The conv's direct kernel (own rows read straight for blocks inside one segment past its
-    start, everything else through the tables) gives the shipped kernel's bits, outputs and
-    final tails, at every block shape; and matches the reference."""
+    """The conv under another tiling gives the default tiling's bits, outputs and final tails,
+    and matches the reference. A row's block lies inside one segment past its start (its
+    windows read directly) at one tiling and across a boundary (the general path, the first
+    W - 1 rows through the tables) at another: the bits of the two paths are compared too."""
     import engine.kernels.forest_gdn as fg
 
     c = 72  # channel blocks of 16..128 with a ragged last one
@@ -965,23 +973,66 @@ def test_direct_conv_equals_the_shipped_kernel(
     before = pool.base.clone()
     off = LAYER * c * 3
 
-    def run(variant: str) -> tuple[torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(fg, "CONV_VARIANT", variant)
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
         pool.base.copy_(before)
         y = forest_conv(x, weight, pool.base, rows, segs, src, off)
         return y, pool.base.clone()
 
+    y_def, base_def = run()
     bt, bc, warps, bg = config
     monkeypatch.setattr(fg, "CONV_BLOCK_T", bt)
     monkeypatch.setattr(fg, "CONV_BLOCK_C", bc)
     monkeypatch.setattr(fg, "CONV_WARPS", warps)
     monkeypatch.setattr(fg, "CONV_GENERAL_ROWS", bg)
-    y_new, base_new = run("direct")
-    y_old, base_old = run("shipped")
-    assert torch.equal(y_new, y_old)
-    assert torch.equal(base_new, base_old)
+    y_new, base_new = run()
+    assert torch.equal(y_new, y_def)
+    assert torch.equal(base_new, base_def)
     pool.base.copy_(before)
     y_ref = forest_conv_reference(x, weight, pool.base, rows, segs, src, off)
     torch.testing.assert_close(y_new, y_ref, rtol=1e-5, atol=1e-6)
-    assert torch.equal(base_new, pool.base)
+    assert torch.equal(base_new, pool.base)  # final tails: copies of inputs, exact; nothing else written
     assert not y_new[rows[:, ROW_LIVE] == 0].any()  # padding rows: zeros
+
+
+def test_conv_rows_equal_the_decode_steps(dev: torch.device, gen: torch.Generator) -> None:
+    """Every segment's conv rows and final tail equal its root-to-segment chain fed token by
+    token to the decode step's conv kernel (`conv_step`: the same window sum and SiLU, written
+    separately), bit for bit: blocks read directly, segment starts through ancestors' rows,
+    stored and zero starts, and an empty segment's tail (its parent's)."""
+    c = 72
+    x, weight, pool, rows, segs, src = _long_conv_case(dev, gen, c)
+    off = LAYER * c * 3
+    before = pool.base.clone()
+    y = forest_conv(x, weight, pool.base, rows, segs, src, off)
+    stored = int(src[0, 0, 1])  # root 0's sources: the stored tail block's columns
+
+    def chain(s: int) -> list[int]:
+        parent = LONG_NODES[s][0]
+        return [s] if parent is None else [*chain(parent), s]
+
+    def own(s: int) -> list[int]:
+        lo, n = int(segs[s, SEG_TOK_LO]), int(segs[s, SEG_LENGTH])
+        return list(range(lo, lo + n))
+
+    slots = list(LONG_NODES)
+    tokens = [[r for a in chain(s) for r in own(a)] for s in slots]
+    # one decode row per segment, its [C, 3] tail block at i * 3C of dbase: zeros or the stored tail
+    dbase = torch.zeros(len(slots) * c * 3, device=dev)
+    for i, s in enumerate(slots):
+        if chain(s)[0] == 0:
+            dbase[i * c * 3 : (i + 1) * c * 3] = before[stored + off : stored + off + c * 3]
+    drows = torch.zeros(len(slots), DECODE_ROW_FIELDS, dtype=torch.int64)
+    drows[:, CONV_OFF] = torch.arange(len(slots)) * c * 3
+    y_dec = {}
+    for step in range(max(map(len, tokens))):
+        drows[:, LIVE] = torch.tensor([int(step < len(t)) for t in tokens])
+        feed = [t[step] if step < len(t) else 0 for t in tokens]
+        y_step = conv_step(x[feed], weight, dbase, drows.to(dev), 0)
+        for i, t in enumerate(tokens):
+            if step < len(t):
+                y_dec[i, t[step]] = y_step[i]
+    for i, s in enumerate(slots):
+        for r in own(s):
+            assert torch.equal(y[r], y_dec[i, r]), (s, r)
+        out = int(segs[s, SEG_CONV_OUT]) + off
+        assert torch.equal(pool.base[out : out + c * 3], dbase[i * c * 3 : (i + 1) * c * 3]), s
