@@ -164,6 +164,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     """
     from engine.kernels import (
         GemmConfig,
+        decode_quant,
         int8_gemm,
         quantize_rows,
         rms_norm_quantize,
@@ -261,6 +262,10 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         decode_attention(f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv)
         gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
         swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+        # SwiGLU's long-row kernel runs for intermediate sizes past 18,432 (no shape here has
+        # one): compiled at such a row so that the kernel kept for them stays valid
+        long_inter = max(inter, decode_quant.RESIDENT_VALUES * 32 * decode_quant.RESIDENT_WARPS) + 1024
+        swiglu_quantize(f32(t, long_inter), f32(t, long_inter), f32(long_inter))
         # the forest body's kernels (all-padding tables: valid, and nothing would be touched)
         frows = torch.zeros(t, ROW_FIELDS, dtype=torch.int64)
         segs = torch.zeros(4, SEG_FIELDS, dtype=torch.int64)
