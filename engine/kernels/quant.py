@@ -46,6 +46,48 @@ LONG_ROW_UNROLL = 1
 _RINT_MAGIC = 12582912.0
 
 
+def _quant_long_row_kernel(
+    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
+    K, stride_x, stride_q, eps,
+    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """A row too long for `_quant_resident_kernel`'s registers: the same blocks and operations,
+    the row re-read (from L2) in each pass instead of kept."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    q_row = q_ptr + row * stride_q
+    offs = tl.arange(0, BLOCK)
+
+    inv = 1.0
+    if NORM:
+        sq = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            sq += x * x
+        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
+        inv = tl.math.rsqrt(mean + eps)
+
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
+        amax = tl.maximum(amax, tl.abs(v))
+    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+
+    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
+        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
+        tl.store(q_row + k0 + offs, _round_int8(tl.math.div_rn(v, safe), ON_GPU), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+    """The long-row kernel's block at k0: loaded, its `_row_value`, and its mask."""
+    m = k0 + offs < K
+    x = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
+    return _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV), m
+
+
 def _round_int8(r, ON_GPU: tl.constexpr):
     """v / scale to int8: rounded half to even (the hardware's rint, or the magic-number add
     the interpreter's numpy does in fp32 alike), clamped to +-127. Every quantizing kernel
@@ -97,41 +139,6 @@ def _quant_resident_kernel(
     tl.store(s_ptr + row, scale)
 
 
-def _quant_long_row_kernel(
-    x_ptr, div_ptr, w_ptr, q_ptr, s_ptr,
-    K, stride_x, stride_q, eps,
-    HAS_DIV: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-    ON_GPU: tl.constexpr,
-):  # fmt: skip
-    """A row too long for `_quant_resident_kernel`'s registers: the same blocks and operations,
-    the row re-read (from L2) in each pass instead of kept."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    q_row = q_ptr + row * stride_q
-    offs = tl.arange(0, BLOCK)
-
-    inv = 1.0
-    if NORM:
-        sq = tl.zeros((BLOCK,), dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-            x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-            sq += x * x
-        mean = tl.math.div_rn(tl.sum(sq, axis=0), K.to(tl.float32))
-        inv = tl.math.rsqrt(mean + eps)
-
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
-        amax = tl.maximum(amax, tl.abs(v))
-    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
-    safe = tl.where(scale > 0, scale, 1.0)
-
-    for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV)
-        tl.store(q_row + k0 + offs, _round_int8(tl.math.div_rn(v, safe), ON_GPU), mask=m)
-    tl.store(s_ptr + row, scale)
-
-
 def _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
     """The values v of the block at k0 of a row from its inputs x (fp32): rms-normed (x * inv)
     and weighted if NORM, over the SmoothQuant divisor if HAS_DIV. Both kernels quantize these."""
@@ -142,13 +149,6 @@ def _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV:
     if HAS_DIV:
         v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
     return v
-
-
-def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
-    """The long-row kernel's block at k0: loaded, its `_row_value`, and its mask."""
-    m = k0 + offs < K
-    x = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    return _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV), m
 
 
 _row_value = helper(_row_value)  # type: ignore[assignment]
