@@ -575,34 +575,47 @@ def _big_tables(
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
-@pytest.mark.parametrize("dots", ["bf16", "tf32"])
-def test_27b_heads_alone_equals_packed_and_within_bound(dots: str, gen: torch.Generator) -> None:
+BigRun = Callable[..., tuple[torch.Tensor, dict[int, int]]]
+
+
+def _big_case(
+    segments: list[tuple[int, int]], dots: str, gen: torch.Generator
+) -> tuple[BigRun, torch.Tensor]:
+    """The 27B-head data on CUDA for `segments` (length, parent): every segment's own K/V block
+    in one base, bf16-representable (the kernel's operand rounding is then exact, leaving the
+    weights'), and `run(members, pad, **forest_attention keywords)` packing the members' rows
+    (each carrying the same data wherever it lies) -> (out, first row of each member)."""
     dev = torch.device("cuda")
     block = BIG_NKV * BIG_HD
     kv, off = [], 0
-    for n, _ in BIG_SEGMENTS:
+    for n, _ in segments:
         kv.append([off, off + n * block, n, n])
         off += 2 * n * block
-    # bf16-representable data: the kernel's operand rounding is then exact, leaving the weights'
     base = torch.randn(off, generator=gen).bfloat16().float().to(dev)
-    t_max = sum(n for n, _ in BIG_SEGMENTS) + 8 * (len(BIG_SEGMENTS) + 1)
+    t_max = sum(n for n, _ in segments) + 8 * (len(segments) + 1)
     q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
     qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
 
-    def run(members: list[int], pad: int, backend: str = "triton") -> tuple[torch.Tensor, dict[int, int]]:
-        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad)
+    def run(members: list[int], pad: int, **kw: object) -> tuple[torch.Tensor, dict[int, int]]:
+        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad, segments)
         t = rows.shape[0]
         q, qg = q_all[:t].clone(), qg_all[:t].clone()
-        for s, r in row_of.items():  # each segment's rows carry the same data wherever they lie
-            n = BIG_SEGMENTS[s][0]
-            src = sum(m for m, _ in BIG_SEGMENTS[:s])
+        for s, r in row_of.items():
+            n = segments[s][0]
+            src = sum(m for m, _ in segments[:s])
             q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
         out = forest_attention(
-            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots=dots, backend=backend
+            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots=dots, **kw
         )
         return out, row_of
 
+    return run, base
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("dots", ["bf16", "tf32"])
+def test_27b_heads_alone_equals_packed_and_within_bound(dots: str, gen: torch.Generator) -> None:
+    run, base = _big_case(BIG_SEGMENTS, dots, gen)
     packed, row_of = run([2, 0, 1], pad=8)
     want, _ = run([2, 0, 1], pad=8, backend="torch")
     for s, (n, _) in enumerate(BIG_SEGMENTS):
@@ -627,33 +640,11 @@ def test_27b_split_alone_equals_packed_at_every_capacity_and_within_bound(gen: t
     capacity that runs every block's splits in parallel (16), one that folds 3 of the 5 packed
     blocks in one program (2) and one that folds all (0) - and all three are the same bits; the
     root keeps the bits of split=False; the questions stay within the bf16 bound of the reference."""
-    dev = torch.device("cuda")
     segments = SPLIT_BIG_SEGMENTS
     shipped = split_config(BIG_HD)
     assert shipped is not None
     configs = {cap: dataclasses.replace(shipped, capacity=cap) for cap in (16, 2, 0)}
-    block = BIG_NKV * BIG_HD
-    kv, off = [], 0
-    for n, _ in segments:
-        kv.append([off, off + n * block, n, n])
-        off += 2 * n * block
-    base = torch.randn(off, generator=gen).bfloat16().float().to(dev)
-    t_max = sum(n for n, _ in segments) + 8 * (len(segments) + 1)
-    q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
-    qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
-
-    def run(members: list[int], pad: int, **kw: object) -> tuple[torch.Tensor, dict[int, int]]:
-        rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad, segments)
-        t = rows.shape[0]
-        q, qg = q_all[:t].clone(), qg_all[:t].clone()
-        for s, r in row_of.items():
-            n = segments[s][0]
-            src = sum(m for m, _ in segments[:s])
-            q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
-        out = forest_attention(
-            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots="bf16", **kw
-        )
-        return out, row_of
+    run, base = _big_case(segments, "bf16", gen)
 
     packed = {cap: run([2, 0, 1], pad=8, split=cfg)[0] for cap, cfg in configs.items()}
     walked, row_of = run([2, 0, 1], pad=8, split=False)
