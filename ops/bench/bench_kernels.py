@@ -114,6 +114,20 @@ M384_CANDIDATES = [
     GemmConfig(64, 128, 128, 4, 3, stream_k=2),  # two programs per SM (104 KB shared each)
     GemmConfig(128, 128, 128, 8, 3, stream_k=1),
     GemmConfig(128, 128, 128, 8, 4, stream_k=1),
+    # 2026-12-02 session 9: narrower column tiles for the N = 5,120 linears (80 column tiles:
+    # 320 tiles at M = 256, 2.4 per SM with two programs each), deeper pipelines, the half-tile
+    # epilogue at 64-row tiles, and the tile order (group_m) for the wide stacked linears' L2 reuse
+    GemmConfig(64, 64, 256, 4, 4),
+    GemmConfig(64, 64, 128, 4, 6),
+    GemmConfig(128, 64, 128, 4, 4),
+    GemmConfig(64, 128, 128, 4, 5),
+    GemmConfig(64, 128, 64, 4, 8),
+    GemmConfig(64, 256, 128, 8, 3, epilogue_split=2),
+    GemmConfig(128, 128, 64, 4, 4, epilogue_split=2),
+    GemmConfig(128, 256, 128, 8, 3, epilogue_split=2),
+    GemmConfig(64, 128, 128, 4, 4, group_m=1),
+    GemmConfig(64, 128, 128, 4, 4, group_m=16),
+    GemmConfig(64, 64, 256, 4, 4, split_k=2),
 ]
 # Prefill candidates (M >= 256). Run 1: 64x128 (two programs per SM) and 128x128/w8/s3 took
 # 90 of 96 rows between them; the N = 5,120 linears (K = 6,144 / 17,408, fp32 residual) reach
