@@ -8,6 +8,9 @@ K < 133,000), so the tile config cannot change a single bit: configs are picked 
 table by M for speed only, never by timing. The epilogue is elementwise in one fixed order,
 compiled without FMA contraction, so row m of y depends on row m of a alone - the int8
 path's batch-invariance contract - and equals the torch reference below bit for bit.
+
+`int8_gemm_swiglu` is the MLP's stacked gate+up GEMM with silu(gate) * up in the same tile
+kernel's epilogue (half the bytes out; the unfused path's bits after quantization).
 """
 
 from __future__ import annotations

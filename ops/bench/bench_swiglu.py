@@ -25,10 +25,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from bench_kernels import L2_FLUSH_BYTES, bench_stream
 
+import engine.kernels.quant as kq
 from engine.kernels.decode_quant import swiglu_quantize
 from engine.kernels.int8_gemm import (
     SWIGLU_CANDIDATES,
@@ -51,6 +54,16 @@ def _old(a, w, a_s, w_s, div, inter):
 
 def _new(a, w, a_s, w_s, div, cfg: GemmConfig | None):
     return quantize_rows(int8_gemm_swiglu(a, w, a_s, w_s, config=cfg), div)
+
+
+@contextmanager
+def _setting(module, name: str, value) -> Iterator[None]:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
 
 
 def _same(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]) -> bool:
@@ -87,6 +100,15 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
                 v = int8_gemm_swiglu(a, w, a_s, w_s)
                 row["table_gemm_us"] = bench_stream(lambda w: int8_gemm_swiglu(a, w, a_s, w_s), copies) * 1e3
                 row["table_quant_us"] = bench_stream(lambda w: quantize_rows(v, div), [w]) * 1e3
+                # quantize_rows holds a row in registers up to kq.RESIDENT_VALUES a thread (32:
+                # 16,384 values at 16 warps), so the 27B's 17,408 takes its long-row kernel (v read
+                # twice); the same at 48 (the same bits: quant.py), to see whether to raise it
+                q_default = quantize_rows(v, div)
+                with _setting(kq, "RESIDENT_VALUES", 48):
+                    row["table_quant_resident48_bit_equal"] = _same(quantize_rows(v, div), q_default)
+                    row["table_quant_resident48_us"] = (
+                        bench_stream(lambda w: quantize_rows(v, div), [w]) * 1e3
+                    )
                 if not row["table_bit_equal"]:
                     mismatches.append(f"{model} M={m} table {table}")
             cands: dict[str, dict] = {}
