@@ -264,11 +264,12 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
 # None), fixed per M bucket like CONFIG_TABLE. block_n is the output columns of a tile; the tile
 # reads 2 * block_n weight rows (gate and up), so 64 here is the plain table's 128-wide tile. Tile
 # configs only (the tile kernel: no split K, stream K, GEMV or TMA). None: that M keeps the
-# unfused path (stacked GEMM, then `swiglu_quantize`): M = 1 runs the dp4a GEMV, and M <= 4 and
-# (16, 64] run split K / stream K that the fused form lacks. Any entry gives the unfused path's
-# bits, so a bucket's choice is for speed alone. Not yet measured on the GPU: the entries copy
-# the plain table's tile shapes for the stacked 27B gate+up weight (34,816 x 5,120) until the
-# sweep over SWIGLU_CANDIDATES (ops/bench/bench_kernels.py --swiglu) replaces them.
+# unfused path (stacked GEMM, then `swiglu_quantize`): M = 1 runs the dp4a GEMV, and the 27B's
+# stacked gate+up runs split K at M <= 4 and stream K in (16, 64], which the fused form lacks.
+# Any entry gives the unfused path's bits, so a bucket's choice is for speed alone. Not yet
+# measured on the GPU: the entries copy the plain table's tile shapes for the stacked 27B
+# gate+up weight (34,816 x 5,120) until the sweep over SWIGLU_CANDIDATES
+# (ops/bench/bench_swiglu.py, which prints a proposed table) replaces them.
 SWIGLU_SMALL = GemmConfig(16, 32, 256, 4, 4)  # a decode tile: where the table says None (calls at any M)
 SWIGLU_TABLE: tuple[tuple[int, GemmConfig | None], ...] = (
     (4, None),
