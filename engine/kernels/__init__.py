@@ -11,8 +11,11 @@ from engine.kernels.int8_gemm import (
     config_for,
     int8_gemm,
     int8_gemm_reference,
+    int8_gemm_swiglu,
+    int8_gemm_swiglu_reference,
     int8_matmul_exact,
     scale_int32,
+    swiglu_config_for,
 )
 from engine.kernels.quant import (
     quantize_rows,
@@ -27,8 +30,11 @@ __all__ = [
     "config_for",
     "int8_gemm",
     "int8_gemm_reference",
+    "int8_gemm_swiglu",
+    "int8_gemm_swiglu_reference",
     "int8_matmul_exact",
     "scale_int32",
+    "swiglu_config_for",
     "quantize_rows",
     "quantize_rows_reference",
     "rms_norm_fp32",

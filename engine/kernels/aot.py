@@ -187,6 +187,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         forest_gdn_prep,
     )
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
+    from engine.kernels.int8_gemm import SWIGLU_CANDIDATES, SWIGLU_TABLE, int8_gemm_swiglu
     from engine.kernels.norm import norm_rows
     from engine.kernels.vocab_mass import vocab_partials
 
@@ -236,6 +237,11 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             int8_gemm(a_m, weight(inter, h), s_m, f32(inter), backend="triton", config=gemv)
             a_i = torch.zeros(rows_m, inter, dtype=torch.int8)
             int8_gemm(a_i, weight(h, inter), s_m, f32(h), f32(rows_m, h), backend="triton", config=gemv)
+        # the MLP gate+up GEMM with SwiGLU in its epilogue: every fused config, the table's and
+        # the sweep's candidates (any gives the same bits)
+        a_sw, s_sw = torch.zeros(t, h, dtype=torch.int8), f32(t)
+        for cfg in dict.fromkeys([c for _, c in SWIGLU_TABLE if c is not None] + list(SWIGLU_CANDIDATES)):
+            int8_gemm_swiglu(a_sw, weight(2 * inter, h), s_sw, f32(2 * inter), backend="triton", config=cfg)
         # persistent with TMA operands (a candidate for large M; any config gives the same bits)
         tma = GemmConfig(128, 128, 128, 8, 3, persistent=True)
         int8_gemm(a_inter, weight(h, inter), a_scale, f32(h), f32(1024, h), backend="triton", config=tma)

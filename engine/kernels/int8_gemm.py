@@ -8,6 +8,9 @@ K < 133,000), so the tile config cannot change a single bit: configs are picked 
 table by M for speed only, never by timing. The epilogue is elementwise in one fixed order,
 compiled without FMA contraction, so row m of y depends on row m of a alone - the int8
 path's batch-invariance contract - and equals the torch reference below bit for bit.
+
+`int8_gemm_swiglu` is the MLP's stacked gate+up GEMM with silu(gate) * up in the same tile
+kernel's epilogue (half the bytes out; the unfused path's bits after quantization).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
+from engine.kernels.decode_quant import _swiglu_value
 
 tl: Any = None  # bound to triton.language at first launch (see engine.kernels._triton)
 
@@ -256,6 +260,47 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
 }
 
 
+# The MLP's gate+up GEMM with SwiGLU in its epilogue (`int8_gemm_swiglu`): (largest M, config or
+# None), fixed per M bucket like CONFIG_TABLE. block_n is the output columns of a tile; the tile
+# reads 2 * block_n weight rows (gate and up), so 64 here is the plain table's 128-wide tile. Tile
+# configs only (the tile kernel: no split K, stream K, GEMV or TMA). None: that M keeps the
+# unfused path (stacked GEMM, then `swiglu_quantize`): M = 1 runs the dp4a GEMV, and the 27B's
+# stacked gate+up runs split K at M <= 4 and stream K in (16, 64], which the fused form lacks.
+# Any entry gives the unfused path's bits, so a bucket's choice is for speed alone. Not yet
+# measured on the GPU: the entries copy the plain table's tile shapes for the stacked 27B
+# gate+up weight (34,816 x 5,120) until the sweep over SWIGLU_CANDIDATES
+# (ops/bench/bench_swiglu.py, which prints a proposed table) replaces them.
+SWIGLU_SMALL = GemmConfig(16, 32, 256, 4, 4)  # a decode tile: where the table says None (calls at any M)
+SWIGLU_TABLE: tuple[tuple[int, GemmConfig | None], ...] = (
+    (4, None),
+    (16, SWIGLU_SMALL),
+    (64, None),
+    (384, GemmConfig(64, 64, 128, 4, 4)),
+    (1 << 62, GemmConfig(128, 64, 128, 4, 3)),
+)
+
+# The fused form's configs the GPU sweep tries at each M (block_n: output columns of a tile).
+SWIGLU_CANDIDATES: tuple[GemmConfig, ...] = (
+    GemmConfig(16, 32, 256, 4, 4),
+    GemmConfig(16, 64, 256, 4, 4),
+    GemmConfig(64, 32, 256, 4, 4),
+    GemmConfig(64, 64, 128, 4, 4),
+    GemmConfig(64, 64, 256, 4, 3),
+    GemmConfig(128, 64, 128, 4, 3),
+    GemmConfig(128, 64, 128, 8, 3),
+    GemmConfig(128, 128, 128, 8, 3),
+    GemmConfig(128, 64, 64, 4, 4),
+)
+
+
+def swiglu_config_for(m: int) -> GemmConfig | None:
+    """The fused gate+up+SwiGLU config for M rows, or None where M keeps the unfused path."""
+    for max_m, cfg in SWIGLU_TABLE:
+        if m <= max_m:
+            return cfg
+    return SWIGLU_TABLE[-1][1]
+
+
 def config_for(m: int, n: int | None = None, k: int | None = None) -> GemmConfig:
     """The fixed config for M rows (of a weight [n, k] when given): a table lookup, never timed."""
     table = SHAPE_TABLE.get((n, k), CONFIG_TABLE) if n is not None and k is not None else CONFIG_TABLE
@@ -271,11 +316,19 @@ def _int8_gemm_kernel(
     stride_am, stride_ak, stride_wn, stride_wk, stride_rm, stride_rn, stride_ym, stride_yn,
     HAS_RES: tl.constexpr, OUT_BF16: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    EPI: tl.constexpr, ON_GPU: tl.constexpr,
+    EPI: tl.constexpr, SWIGLU: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
+    """The tile kernel: a [BM, BN] output tile per program, in grouped order.
+
+    SWIGLU: w is a stacked [gate; up] weight [2N, K] (y and w_scale's first N columns gate,
+    the next N up) and y [M, N] gets silu(gate) * up. The tile is then BN // 2 output columns
+    j: its BN weight rows are gate rows j and up rows N + j side by side, so one dot (the same
+    exact int32 sums as the plain GEMM's columns j and N + j) gives both accumulators, and
+    `_swiglu_epilogue` combines them (see `int8_gemm_swiglu`).
+    """
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
+    num_n = tl.cdiv(N, BN // (1 + SWIGLU))  # output column tiles (half a tile's width with SWIGLU)
     # grouped tile order: GROUP_M row-tiles share each weight column-tile while it is in L2
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
@@ -284,11 +337,16 @@ def _int8_gemm_kernel(
     pid_n = (pid % width) // group_size
 
     offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     # rows/cols past the edge re-read row/col 0 instead of masking; they are never stored
     rows = tl.where(offs_m < M, offs_m, 0)
-    cols = tl.where(offs_n < N, offs_n, 0)
+    if SWIGLU:
+        lane = tl.arange(0, BN)
+        offs_n = pid_n * (BN // 2) + lane % (BN // 2)  # output column j of each weight row
+        cols = tl.where(offs_n < N, tl.where(lane < BN // 2, offs_n, offs_n + N), 0)
+    else:
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        cols = tl.where(offs_n < N, offs_n, 0)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
 
@@ -305,10 +363,16 @@ def _int8_gemm_kernel(
         a_ptrs += BK * stride_ak
         w_ptrs += BK * stride_wk
 
-    _epilogue_tile(
-        acc, offs_m, pid_n * BN, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
-        stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, BM, BN, EPI, ON_GPU,
-    )  # fmt: skip
+    if SWIGLU:
+        _swiglu_epilogue(
+            acc, offs_m, pid_n * (BN // 2), M, N, a_scale_ptr, w_scale_ptr, y_ptr, stride_ym, stride_yn,
+            BM, BN // 2,
+        )  # fmt: skip
+    else:
+        _epilogue_tile(
+            acc, offs_m, pid_n * BN, M, N, a_scale_ptr, w_scale_ptr, res_ptr, y_ptr,
+            stride_rm, stride_rn, stride_ym, stride_yn, HAS_RES, OUT_BF16, BM, BN, EPI, ON_GPU,
+        )  # fmt: skip
 
 
 def _int8_gemm_tma_kernel(
@@ -388,6 +452,27 @@ def _epilogue(
             bits = bits + 0x7FFF + ((bits >> 16) & 1)
             y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, y, mask=mask)
+
+
+def _swiglu_epilogue(
+    acc, offs_m, n0, M, N, a_scale_ptr, w_scale_ptr, y_ptr, stride_ym, stride_yn,
+    BM: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    """y[m, j] = silu(g) * u for the HALF output columns j from n0, acc [BM, 2 * HALF] holding
+    the gate sums (left half) and the up sums (right half): g and u are the plain epilogue's
+    values of stacked columns j and N + j, and v is `decode_quant._swiglu_value`'s expression
+    (the same helper, divisor-free), so v is bit for bit what `swiglu_quantize` computes from
+    the unfused GEMM's fp32 output - and its quantization `quantize_rows(v, smooth)` gives
+    `swiglu_quantize(gate, up, smooth)`'s bits."""
+    acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BM, 2, HALF)), (0, 2, 1)))
+    offs_n = n0 + tl.arange(0, HALF)
+    mask_n = offs_n < N
+    a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+    g = (acc_g.to(tl.float32) * a_s) * tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    u = (acc_u.to(tl.float32) * a_s) * tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)[None, :]
+    mask = (offs_m[:, None] < M) & mask_n[None, :]
+    v = _swiglu_value(g, u, w_scale_ptr, 0, offs_n, mask_n, False)  # no divisor: pointer unread
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, v, mask=mask)
 
 
 def _int8_split_kernel(
@@ -647,6 +732,7 @@ def _int8_gemv_kernel(
 _dp4a = helper(_dp4a)  # type: ignore[assignment]
 _epilogue = helper(_epilogue)  # type: ignore[assignment]
 _epilogue_tile = helper(_epilogue_tile)  # type: ignore[assignment]
+_swiglu_epilogue = helper(_swiglu_epilogue)  # type: ignore[assignment]
 _cta_barrier = helper(_cta_barrier)  # type: ignore[assignment]
 _kernel = kernel(_int8_gemm_kernel)
 _tma_kernel = kernel(_int8_gemm_tma_kernel)
@@ -749,6 +835,17 @@ def int8_gemm_reference(
 ) -> torch.Tensor:
     """The epilogue spelled out in torch ops: the oracle the kernel must equal bit for bit."""
     return scale_int32(int8_matmul_exact(a, w), a_scale, w_scale, residual).to(out_dtype)
+
+
+def int8_gemm_swiglu_reference(
+    a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor
+) -> torch.Tensor:
+    """v = silu(gate) * up in torch ops, gate and up the stacked GEMM's halves (`scale_int32`,
+    bit for bit the kernel's). silu is g / (1 + exp(-g)), the kernel's expression, but torch's
+    exp is not Triton's (the interpreter's numpy exp, or the GPU's ex2.approx), so v agrees
+    with the kernel to rounding: the bit oracle is the unfused path (see the tests)."""
+    gate, up = scale_int32(int8_matmul_exact(a, w), a_scale, w_scale).chunk(2, dim=1)
+    return (gate / (1.0 + torch.exp(-gate))) * up
 
 
 def _check(
@@ -889,6 +986,56 @@ def int8_gemm(
         res.stride(0), res.stride(1), y.stride(0), y.stride(1),
         HAS_RES=residual is not None, OUT_BF16=out_dtype == torch.bfloat16, EVEN_K=k % cfg.block_k == 0,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, EPI=cfg.epilogue_split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+        SWIGLU=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+    )  # fmt: skip
+    return y
+
+
+def int8_gemm_swiglu(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """v [M, I] fp32 = silu(gate) * up of the stacked GEMM y = int8_gemm(a, w, a_scale, w_scale),
+    gate = y[:, :I] and up = y[:, I:]; w int8 [2I, K] = [gate rows; up rows], w_scale fp32 [2I].
+
+    Why: the unfused path writes y (fp32 [M, 2I]: 1.14 GB a layer at the 27B's 8,192 rows) and
+    `swiglu_quantize` reads it back; here the epilogue combines each gate column with its up
+    column, so half the bytes are written, and `quantize_rows(v, smooth)` reads half as many.
+    Each gate and up value is the plain GEMM's (the same exact int32 sum, the same epilogue
+    steps) and v is `swiglu_quantize`'s own expression on them, so `quantize_rows(v, smooth)`
+    equals `swiglu_quantize(gate, up, smooth)` bit for bit.
+
+    `config` (a tile config: block_n output columns, 2 * block_n weight rows a tile) overrides
+    `swiglu_config_for(M)`; where that is None (M keeps the unfused path) this still runs, with
+    SWIGLU_SMALL, so the function works at any M. CPU without backend="triton": torch ops
+    (to rounding: `int8_gemm_swiglu_reference`).
+    """
+    if w.dim() != 2 or w.shape[0] % 2:
+        raise ValueError(f"int8_gemm_swiglu needs a stacked [gate; up] weight [2I, K], got {tuple(w.shape)}")
+    _check(a, w, a_scale, w_scale, None, torch.float32)
+    m, k = a.shape
+    n = w.shape[0] // 2
+    if not use_triton(backend, a) or m == 0 or n == 0 or k == 0:
+        return int8_gemm_swiglu_reference(a, w, a_scale, w_scale)
+    if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
+        raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
+    cfg = config or swiglu_config_for(m) or SWIGLU_SMALL
+    if cfg.gemv or cfg.split_k > 1 or cfg.stream_k or cfg.persistent:
+        raise ValueError(f"int8_gemm_swiglu runs tile configs only, got {cfg}")
+    y = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    _kernel[(tiles,)](
+        a, w, a_scale, w_scale, y, y,
+        m, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1),
+        y.stride(0), y.stride(1), y.stride(0), y.stride(1),
+        HAS_RES=False, OUT_BF16=False, EVEN_K=k % cfg.block_k == 0,
+        BM=cfg.block_m, BN=2 * cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, EPI=1,
+        SWIGLU=True, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
     )  # fmt: skip
     return y

@@ -71,3 +71,34 @@ def test_linears_with_different_smoothquant_divisors_stay_separate(case) -> None
     separate = projections(x, norm, 1e-6, [_clone(layer[n]) for n in NAMES])
     for got, want in zip(grouped_projections(x, norm, 1e-6, layer, NAMES), separate, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the fused SwiGLU GEMM runs on CUDA only (mlp_residual)")
+@pytest.mark.parametrize("rows", [1, 5, 16, 100, 700])
+@pytest.mark.parametrize("smooth", [False, True])
+def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
+    monkeypatch: pytest.MonkeyPatch, rows: int, smooth: bool
+) -> None:
+    """`mlp_residual` with the gate+up GEMM's SwiGLU epilogue gives the unfused path's bits
+    (every SWIGLU_TABLE entry None), at each M bucket (M = 1 and 5-16 cross the table's lines)."""
+    import engine.kernels.int8_gemm as gemm_module
+    from engine.run.int8_rows import mlp_residual
+
+    g = torch.Generator().manual_seed(3)
+    inter, hidden = 320, K
+    div = (torch.rand(inter, generator=g) + 0.5).to(DEVICE) if smooth else None
+    down = torch.randint(-127, 128, (hidden, inter), dtype=torch.int8, generator=g).to(DEVICE)
+
+    def layer() -> dict:
+        gen = torch.Generator().manual_seed(4)
+        return {
+            "ffn_gate": _linear(gen, inter),
+            "ffn_up": _linear(gen, inter),
+            "ffn_down": QuantLinear(down, (torch.rand(hidden, generator=gen) * 0.01 + 1e-3).to(DEVICE), div),
+            "post_attention_norm": (torch.rand(hidden, generator=gen) + 0.5).to(DEVICE),
+        }
+
+    h = (torch.randn(rows, hidden, generator=g) * 2).to(DEVICE)
+    fused = mlp_residual(h, layer(), 1e-6)
+    monkeypatch.setattr(gemm_module, "SWIGLU_TABLE", ((1 << 62, None),))
+    assert torch.equal(fused, mlp_residual(h, layer(), 1e-6))
