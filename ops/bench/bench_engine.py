@@ -41,6 +41,7 @@ probability. 4B by default of the caller: 27B's fp32 copy would not fit beside t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import time
@@ -554,6 +555,15 @@ ACCURACY_SETTINGS: dict[str, dict] = {
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
     "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
+    # the CUDA default without the SwiGLU-fused gate+up GEMM (`int8_gemm.SWIGLU_TABLE` all None
+    # for the variant): the same bits, so only the time moves
+    "tc64inv-unfused": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "swiglu": False,
+    },
 }
 MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
 
@@ -636,6 +646,15 @@ VARIANTS: dict[str, dict | None] = {
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
     "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
+    # the CUDA default without the SwiGLU-fused gate+up GEMM (`int8_gemm.SWIGLU_TABLE` all None
+    # for the variant): the same bits, so only the time moves
+    "tc64inv-unfused": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "swiglu": False,
+    },
 }
 
 
@@ -746,6 +765,30 @@ def main() -> None:
 
 
 def run_variant(
+    args: argparse.Namespace,
+    weights: Weights,
+    device: str,
+    name: str,
+    settings: dict | None,
+    record: Callable[[str, object], None],
+    *,
+    decode: bool,
+) -> None:
+    """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
+    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way)."""
+    settings = None if settings is None else dict(settings)
+    fused = True if settings is None else settings.pop("swiglu", True)
+    int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
+    table = int8_gemm.SWIGLU_TABLE
+    if not fused:
+        int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
+    try:
+        _run_variant(args, weights, device, name, settings, record, decode=decode)
+    finally:
+        int8_gemm.SWIGLU_TABLE = table
+
+
+def _run_variant(
     args: argparse.Namespace,
     weights: Weights,
     device: str,
