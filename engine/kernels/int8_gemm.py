@@ -266,16 +266,18 @@ SHAPE_TABLE: dict[tuple[int, int], tuple[tuple[int, GemmConfig], ...]] = {
 # configs only (the tile kernel: no split K, stream K, GEMV or TMA). None: that M keeps the
 # unfused path (stacked GEMM, then `swiglu_quantize`): M = 1 runs the dp4a GEMV, and the 27B's
 # stacked gate+up runs split K at M <= 4 and stream K in (16, 64], which the fused form lacks.
-# Any entry gives the unfused path's bits, so a bucket's choice is for speed alone. Not yet
-# measured on the GPU: the entries copy the plain table's tile shapes for the stacked 27B
-# gate+up weight (34,816 x 5,120) until the sweep over SWIGLU_CANDIDATES
-# (ops/bench/bench_swiglu.py, which prints a proposed table) replaces them.
+# Any entry gives the unfused path's bits, so a bucket's choice is for speed alone. Set from the
+# H200 run of 2026-12-02 ~13:55 UTC (ops/bench/bench_swiglu.py at tree 618454b, RESULTS.md session
+# 9), fused GEMM + quantize_rows against stacked GEMM + swiglu_quantize, 27B us per layer: M = 16
+# 46.9 + 8.5 vs 62.5; M = 256 ~119 vs 131.9 and M = 384 ~155 vs 168.7 (128x64x128/w8/s3);
+# M = 1,024 ~346 vs 368; M = 8,192 2,295 + 434 vs 2,842 (128x64x128/w4/s3). The quantizer's
+# 17,408 row runs resident there (quant.RESIDENT_VALUES 48). At M = 1 and 64 the fused forms lost.
 SWIGLU_SMALL = GemmConfig(16, 32, 256, 4, 4)  # a decode tile: where the table says None (calls at any M)
 SWIGLU_TABLE: tuple[tuple[int, GemmConfig | None], ...] = (
     (4, None),
     (16, SWIGLU_SMALL),
     (64, None),
-    (384, GemmConfig(64, 64, 128, 4, 4)),
+    (1024, GemmConfig(128, 64, 128, 8, 3)),
     (1 << 62, GemmConfig(128, 64, 128, 4, 3)),
 )
 

@@ -11,10 +11,10 @@ reference bit for bit on any device. The fused norm's sum of squares is reduced 
 kernel's own fixed order and `rsqrt` is the hardware's, so it matches torch only to ~1 ulp
 before rounding; what it guarantees is batch invariance.
 
-A row that fits in RESIDENT_VALUES registers a thread (K <= 16,384 plain, <= 8,192 normed) is
-loaded once, all its blocks in flight together, and kept in registers across the passes
-(`_quant_resident_kernel`); a longer row is read once per pass (`_quant_long_row_kernel`, e.g.
-17,408 plain or 10,240 normed). Both compute the same blocks with the same operations (with a
+A row that fits in RESIDENT_VALUES registers a thread (K <= 8,192 normed; plain K <= 16,384,
+or <= 24,576 at WIDE_RESIDENT_VALUES) is loaded once, all its blocks in flight together, and kept
+in registers across the passes (`_quant_resident_kernel`); a longer row is read once per pass
+(`_quant_long_row_kernel`). Both compute the same blocks with the same operations (with a
 norm, the same block and warps and so the same order of the sum): the same bits, so where the
 line between them falls never changes a result. On the H200 the resident kernel was 2.6-3x
 faster for the plain quantization and equal to 1.24x for the fused norm (bench_rows.py,
@@ -38,6 +38,11 @@ MAX_BLOCK = 4096
 # (e.g. a normed 10,240 row at the norm's fixed 8 warps) runs the long-row kernel. 0 sends every
 # row there (bench_rows.py times the two kernels that way; the bits are the same).
 RESIDENT_VALUES = 32
+# A plain row no warp count holds at RESIDENT_VALUES may still be held at 16 warps with up to this
+# many a thread (0: never; nor when RESIDENT_VALUES is 0): the 17,408 row of the SwiGLU-fused MLP path (v, then quantize_rows).
+# H200, 27B, bits equal: 24.3 -> 15.3 us at 256 rows, 549 -> 434 at 8,192 (bench_swiglu.py,
+# 2026-12-02 session 9). Shorter rows keep the fewest warps that hold 32 values a thread.
+WIDE_RESIDENT_VALUES = 48
 # The long-row kernel's passes unrolled this many blocks (same ops, same order, same bits).
 # Measured on the H200 (bench_rows.py, 2026-12-01, then the only kernel): unrolling 4 made no
 # difference at one row and cost 33-60% at 8,192 rows, so the passes stay rolled.
@@ -265,6 +270,8 @@ def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
     for warps in (4, 8, 16):
         if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
             return block, warps
+    if RESIDENT_VALUES and cdiv(k, block) * block <= WIDE_RESIDENT_VALUES * 32 * 16:
+        return block, 16
     return None
 
 

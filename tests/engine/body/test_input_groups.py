@@ -4,6 +4,8 @@ or unstackable linear is noticed. The oracle is the separate linears' own projec
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -81,7 +83,8 @@ def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
 ) -> None:
     """`mlp_residual` with the gate+up GEMM's SwiGLU epilogue gives the unfused path's bits
     (every SWIGLU_TABLE entry None), at each M bucket (M = 1 and 5-16 cross the table's lines)."""
-    import engine.kernels.int8_gemm as gemm_module
+    # the module: `import engine.kernels.int8_gemm as ...` would bind the package's int8_gemm function
+    gemm_module = importlib.import_module("engine.kernels.int8_gemm")
     from engine.run.int8_rows import mlp_residual
 
     g = torch.Generator().manual_seed(3)

@@ -163,7 +163,8 @@ def test_resident_and_long_row_kernels_give_the_same_bits(
 
 def test_long_rows_take_the_long_row_kernel() -> None:
     """Where the line falls at the default RESIDENT_VALUES (the launches recorded, not run):
-    rows up to 16,384 plain and 8,192 normed are held in registers, longer ones streamed."""
+    rows up to 24,576 plain (the 27B MLP's 17,408 among them, at 16 warps) and 8,192 normed are
+    held in registers, longer ones streamed."""
     from engine.kernels.aot import record
 
     def kernel_of(k: int, norm: bool) -> str:
@@ -176,27 +177,30 @@ def test_long_rows_take_the_long_row_kernel() -> None:
         (launch,) = launches
         return launch.name
 
-    assert kernel_of(16384, False) == kernel_of(8192, True) == "_quant_resident_kernel"
-    assert kernel_of(17408, False) == kernel_of(8193, True) == "_quant_long_row_kernel"
+    assert kernel_of(17408, False) == kernel_of(24576, False) == "_quant_resident_kernel"
+    assert kernel_of(8192, True) == "_quant_resident_kernel"
+    assert kernel_of(24577, False) == kernel_of(8193, True) == "_quant_long_row_kernel"
 
 
 def test_resident_blocking_keeps_the_norms_block_and_fits_rows() -> None:
-    from engine.kernels.quant import RESIDENT_VALUES, pass_blocking, resident_blocking
+    from engine.kernels.quant import RESIDENT_VALUES, WIDE_RESIDENT_VALUES, pass_blocking, resident_blocking
 
     for k in (16, 40, 300, 2560, 4096, 5000, 5120, 6144, 8192, 10240, 12288, 17408, 40000):
         for norm in (False, True):
             got = resident_blocking(k, norm)
             if got is None:
-                assert k > (8 if norm else 16) * 32 * RESIDENT_VALUES, k
+                assert k > (8 * 32 * RESIDENT_VALUES if norm else 16 * 32 * WIDE_RESIDENT_VALUES), k
                 continue
             block, warps = got
             if norm:  # the long-row kernel's block and warps: the sum's order depends on them
                 assert (block, warps) == pass_blocking(k)
                 assert block == min(1 << (k - 1).bit_length(), 4096)
                 assert warps == (8 if block >= 2048 else 4)
-            assert -(-k // block) * block <= RESIDENT_VALUES * 32 * warps
+            values = RESIDENT_VALUES if norm or warps < 16 else WIDE_RESIDENT_VALUES
+            assert -(-k // block) * block <= values * 32 * warps
     assert resident_blocking(6144, False) == (2048, 8)  # 3 full blocks, not 2 x 4,096
     assert resident_blocking(5120, True) == (4096, 8)
+    assert resident_blocking(17408, False) == (1024, 16)  # 17 full blocks, 34 values a thread
 
 
 _LAYOUTS = r"""
