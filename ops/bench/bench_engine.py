@@ -430,6 +430,61 @@ def run_workloads(
     record("d_64_clients_req_per_s", 64 / statistics.median(times))
 
 
+def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_tokens: int = 36) -> dict:
+    """Where one request's wall time goes, on the graphed body (ms, median of 20): the host's
+    table work alone (build the forest, allocate the outputs, plan, load the bucket), the bucket's
+    graph replay alone (CUDA events: the GPU's time including the gaps between its kernels),
+    `body.run` with a sync, and the whole `decide` (read-outs included). The eager profile's GPU
+    busy time leaves out the gaps between kernels; this says how large they are."""
+    body = bench.body
+    assert body is not None and body.graphs
+
+    def forest() -> Forest:
+        segs = [Segment(bench.tokens(evidence_tokens), bench.root)]
+        segs += [Segment(bench.tokens(question_tokens), 0, read=True) for _ in range(questions)]
+        return build_forest(segs)
+
+    def host() -> float:
+        t0 = time.perf_counter()
+        f = forest()
+        states, blocks = body._allocate(f)
+        plan = body._plan(f, states, blocks)
+        bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
+        body._load(bucket, plan)
+        sync()
+        return time.perf_counter() - t0
+
+    def run() -> float:
+        f = forest()
+        sync()
+        t0 = time.perf_counter()
+        body.run(f)
+        sync()
+        return time.perf_counter() - t0
+
+    f = forest()
+    bench.decide(evidence_tokens, questions)  # the bucket's graph exists from here on
+    states, blocks = body._allocate(f)
+    plan = body._plan(f, states, blocks)
+    bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
+    assert bucket.graph is not None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replays = []
+    for _ in range(20):
+        start.record()
+        bucket.graph.replay()
+        end.record()
+        end.synchronize()
+        replays.append(start.elapsed_time(end) / 1e3)
+    return {
+        "tokens_bucket": bucket.tokens,
+        "host_tables_ms": 1e3 * statistics.median(host() for _ in range(20)),
+        "graph_replay_ms": 1e3 * statistics.median(replays),
+        "body_run_ms": 1e3 * statistics.median(run() for _ in range(20)),
+        "decide_ms": 1e3 * statistics.median(bench.decide(evidence_tokens, questions) for _ in range(20)),
+    }
+
+
 def agreement(bench: Bench, evidence_tokens: int, questions: int, question_tokens: int = 36) -> dict:
     """How far the bench's body (opt-in precision settings) lands from the exact body on one
     request with no cached parent: the largest logit difference relative to its row's largest
@@ -699,6 +754,9 @@ def main() -> None:
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
     ap.add_argument("--skip-decode", action="store_true", help="skip workload (e)")
+    ap.add_argument(
+        "--wall-split", action="store_true", help="(a), (b): host tables / graph replay / run / decide"
+    )
     ap.add_argument("--peer", action="store_true", help="then HF transformers bf16 on (a)-(c); JSON 'peer'")
     ap.add_argument("--accuracy", action="store_true", help="only: body settings vs the fp32 path")
     ap.add_argument("--accuracy-settings", default=None, help=f"comma list of {', '.join(ACCURACY_SETTINGS)}")
@@ -820,6 +878,9 @@ def _run_variant(
         run_workloads(bench, record, skip_long=args.skip_long)
         if args.profile and decode:
             profile_prefill(bench, args.profile, skip_long=args.skip_long)
+        if args.wall_split and body is not None and body.graphs:
+            record("a_wall_split", wall_split(bench, 220, 1))
+            record("b_wall_split", wall_split(bench, 220, 3))
     if decode:
         bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
         record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
