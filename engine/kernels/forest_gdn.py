@@ -920,15 +920,13 @@ def _forest_gdn_tc_out_kernel(
     qb = pid_q.to(tl.int64) * 3
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    if PAD_ZEROS:
-        offs_r = tl.arange(0, BR)
-        for r0 in range(pid_q * BR, T, num_q * BR):
-            r = (r0 + offs_r).to(tl.int64)
-            inside = r < T
-            dead = inside & (tl.load(rows_ptr + r * 4 + 2, mask=inside, other=1) == 0)
-            if tl.max(dead.to(tl.int32), axis=0) != 0:
-                zeros = tl.zeros((BR, BV), dtype=tl.float32)
-                tl.store(o_ptr + (r[:, None] * HV + h) * DV + offs_v[None, :], zeros, mask=dead[:, None])
+    # the live flags of this program's first block of BR rows, loaded beside the query block's
+    # record (not after it: most programs only read the two records and return, so one more
+    # round trip in their chain would show); the zeros are stored last
+    offs_r = tl.arange(0, BR)
+    r = (pid_q * BR + offs_r).to(tl.int64)
+    inside = (r < T) & PAD_ZEROS
+    dead = inside & (tl.load(rows_ptr + r * 4 + 2, mask=inside, other=1) == 0)
     slot = tl.load(qblocks_ptr + qb)
     c0 = tl.load(qblocks_ptr + qb + 1)
     rec = segs_ptr + slot * 8
@@ -957,6 +955,13 @@ def _forest_gdn_tc_out_kernel(
         vn = tl.load(vn_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
         o = _mm(qg, hs, BF16, ON_GPU) + _mm(aqk, vn, BF16, ON_GPU)
         tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
+    if PAD_ZEROS:
+        zeros = tl.zeros((BR, BV), dtype=tl.float32)
+        tl.store(o_ptr + (r[:, None] * HV + h) * DV + offs_v[None, :], zeros, mask=dead[:, None])
+        for r0 in range((pid_q + num_q) * BR, T, num_q * BR):  # a table of fewer than T / BR blocks
+            r = (r0 + offs_r).to(tl.int64)
+            dead = (r < T) & (tl.load(rows_ptr + r * 4 + 2, mask=r < T, other=1) == 0)
+            tl.store(o_ptr + (r[:, None] * HV + h) * DV + offs_v[None, :], zeros, mask=dead[:, None])
 
 
 _gdn = kernel(_forest_gdn_kernel)
