@@ -1184,7 +1184,9 @@ class TcPrep:
     """The state-free products of every 64-token chunk of every live segment for the
     tensor-core walk (`forest_gdn_prep(chunk=TC_CHUNK)`), per packed row and value head, in the
     operand dtype (bf16 or fp32): w and u of the WY form, q exp(gam), k exp(gam_last - gam),
-    the chunk's decayed causal scores (a row's 64 columns), and gam (fp32)."""
+    the chunk's decayed causal scores (a row's 64 columns), and gam (fp32). Under a `decayed`
+    form that remakes q exp(gam) (k exp(gam_last - gam)) where it is read, qg (kd) holds no rows
+    and q_norm (k_norm, gam_last) what the remaking reads beside the conv rows."""
 
     chunk: int
     dots: str
