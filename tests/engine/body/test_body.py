@@ -188,7 +188,7 @@ def test_unknown_precision_settings_raise(engine: Engine) -> None:
 
 
 def test_auto_gdn_prep_is_a_function_of_the_head_sizes(engine: Engine) -> None:
-    """"auto" takes the invert form exactly where it runs compiled (head sizes that are multiples
+    """ "auto" takes the invert form exactly where it runs compiled (head sizes that are multiples
     of 64: every released model) and the blocks form elsewhere (the tiny test heads); an explicit
     form is kept as given."""
     c = engine.weights.config
