@@ -178,12 +178,14 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.forest_gdn import (
         CHUNK,
         TC_CHUNK,
+        TC_DECAYED_FORMS,
         TC_DOTS,
         TC_PREP_FORMS,
         TC_WALKS,
         ChunkPrep,
         forest_conv,
         forest_gdn,
+        forest_gdn_outputs,
         forest_gdn_prep,
     )
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
@@ -301,12 +303,25 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
             )  # fmt: skip
-        for dots, form in itertools.product(TC_DOTS, TC_PREP_FORMS):  # both chunk-64 prep forms
+        for dots, form, decayed in itertools.product(TC_DOTS, TC_PREP_FORMS, TC_DECAYED_FORMS):  # prep forms
             forest_gdn_prep(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
-                prep_form=form,
+                prep_form=form, decayed=decayed,
             )  # fmt: skip
+        for dots, decayed in itertools.product(TC_DOTS, TC_DECAYED_FORMS):  # the body's split walk + outputs
+            tc = forest_gdn_prep(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
+                decayed=decayed,
+            )  # fmt: skip
+            out = f32(t, hv, dv)
+            forest_gdn(
+                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, out,
+                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
+                outputs=False,
+            )  # fmt: skip
+            forest_gdn_outputs(tc, segs, out, rows=frows)  # with the padding rows' zeros
         for dots in ("ieee", "tf32"):  # the chunked form: its prep and its walk over the chunks
             forest_gdn_prep(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,

@@ -384,30 +384,38 @@ def _tc_rows(
     conv_ptr, b_ptr, a_ptr, rows, valid, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
     HQK: tl.constexpr, DK: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """The rows' l2-normalised k [R, DK], beta and log decay g [R]; rows past the segment end
-    (valid false) are zeros."""
+    """The rows' l2-normalised k [R, DK], beta and log decay g [R], and k's scale [R]; rows past
+    the segment end (valid false) are zeros."""
     offs_k = tl.arange(0, DK)
     k = tl.load(conv_ptr + rows[:, None] * stride_conv + HQK * DK + hk * DK + offs_k[None, :],
                 mask=valid[:, None], other=0.0)  # fmt: skip
-    k = k * tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)[:, None]
+    k_scale = tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)
+    k = k * k_scale[:, None]
     b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
     beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
     x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32) + dt
     soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
     soft = tl.where(x > 20.0, x, soft)
     g = tl.where(valid, ssm_a * soft, 0.0)
-    return k, beta, g
+    return k, beta, g, k_scale
 
 
-def _tc_q(conv_ptr, rows, valid, hk, gm, at, qg_ptr, stride_conv, q_scale, l2_eps, DK: tl.constexpr):
-    """The rows' l2-normalised q times q_scale [R, DK] (loaded late: registers); stores q exp(gam)."""
+def _tc_q(
+    conv_ptr, rows, valid, hk, gm, at, qg_ptr, qs_ptr, store_q, stride_conv, q_scale, l2_eps,
+    DK: tl.constexpr,
+):  # fmt: skip
+    """The rows' l2-normalised q times q_scale [R, DK] (loaded late: registers); stores q exp(gam)
+    (store_q nonzero), else q's scale per row."""
     offs_k = tl.arange(0, DK)
     q = tl.load(
         conv_ptr + rows[:, None] * stride_conv + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0
     )
-    q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+    scale = tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale
+    q = q * scale[:, None]
     qg = (q * tl.exp(gm)[:, None]).to(qg_ptr.dtype.element_ty)
-    tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], qg, mask=valid[:, None])
+    kept = (at * 0 + store_q) != 0  # row-shaped (interpreter)
+    tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], qg, mask=(valid & kept)[:, None])
+    tl.store(qs_ptr + at, scale, mask=valid & ~kept)
     return q
 
 
@@ -465,7 +473,7 @@ def _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, qb, row):
 
 def _forest_gdn_tc_prep_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
-    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
+    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr, qs_ptr, ks_ptr, gt_ptr, store_q, store_k,
     stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BF16: tl.constexpr, ON_GPU: tl.constexpr,
@@ -476,7 +484,10 @@ def _forest_gdn_tc_prep_kernel(
     causal scores, q exp(gam), k exp(gam_last - gam) and gam itself. Head 0 also writes the
     chunk's number (how many chunk-starting query blocks precede it in the table: a count over
     the table, no host work) at the chunk's first packed row; the split walk stores the chunk's
-    start state under that number."""
+    start state under that number. store_q / store_k 0 (TC_DECAYED_FORMS): q exp(gam) / k
+    exp(gam_last - gam) are not stored, only q's / k's l2-norm scales per row (and for k the
+    chunk's gam_last at its first row), from which the outputs / the walk make them: a runtime
+    switch of masked stores, so every form runs one build and computes the same bits."""
     qb = tl.program_id(0).to(tl.int64) * 3  # query block record: slot, first local index, live
     h = tl.program_id(1)
     slot = tl.load(qblocks_ptr + qb)
@@ -500,19 +511,19 @@ def _forest_gdn_tc_prep_kernel(
             c0 + 32 + offs < length,
             c0 + 48 + offs < length,
         )
-        k0, be0, g0 = _tc_rows(
+        k0, be0, g0, ks0 = _tc_rows(
             conv_ptr, b_ptr, a_ptr, r0, v0, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
             HQK, DK, ON_GPU,
         )  # fmt: skip
-        k1, be1, g1 = _tc_rows(
+        k1, be1, g1, ks1 = _tc_rows(
             conv_ptr, b_ptr, a_ptr, r0 + 16, v1, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
             HQK, DK, ON_GPU,
         )  # fmt: skip
-        k2, be2, g2 = _tc_rows(
+        k2, be2, g2, ks2 = _tc_rows(
             conv_ptr, b_ptr, a_ptr, r0 + 32, v2, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
             HQK, DK, ON_GPU,
         )  # fmt: skip
-        k3, be3, g3 = _tc_rows(
+        k3, be3, g3, ks3 = _tc_rows(
             conv_ptr, b_ptr, a_ptr, r0 + 48, v3, hk, h, stride_conv, stride_b, stride_a, ssm_a, dt, l2_eps,
             HQK, DK, ON_GPU,
         )  # fmt: skip
@@ -533,15 +544,25 @@ def _forest_gdn_tc_prep_kernel(
         tl.store(g_ptr + at3, m3, mask=v3)
         dk_ = offs_k[None, :]
         op = qg_ptr.dtype.element_ty
-        tl.store(kd_ptr + at0[:, None] * DK + dk_, (k0 * tl.exp(last - m0)[:, None]).to(op), mask=v0[:, None])
-        tl.store(kd_ptr + at1[:, None] * DK + dk_, (k1 * tl.exp(last - m1)[:, None]).to(op), mask=v1[:, None])
-        tl.store(kd_ptr + at2[:, None] * DK + dk_, (k2 * tl.exp(last - m2)[:, None]).to(op), mask=v2[:, None])
-        tl.store(kd_ptr + at3[:, None] * DK + dk_, (k3 * tl.exp(last - m3)[:, None]).to(op), mask=v3[:, None])
+        # k exp(gam_last - gam) (store_k), or k's scales and gam_last for the walk to make it:
+        # a runtime switch of masked stores, so every TC_DECAYED_FORMS form runs this one build
+        kept, remade = (offs * 0 + store_k) != 0, (offs * 0 + store_k) == 0  # row-shaped (interpreter)
+        tl.store(gt_ptr + at0, tl.where(offs == 0, last, 0.0), mask=(offs == 0) & v0 & remade)
+        tl.store(ks_ptr + at0, ks0, mask=v0 & remade)
+        tl.store(ks_ptr + at1, ks1, mask=v1 & remade)
+        tl.store(ks_ptr + at2, ks2, mask=v2 & remade)
+        tl.store(ks_ptr + at3, ks3, mask=v3 & remade)
+        kd0, kd1 = (k0 * tl.exp(last - m0)[:, None]).to(op), (k1 * tl.exp(last - m1)[:, None]).to(op)
+        kd2, kd3 = (k2 * tl.exp(last - m2)[:, None]).to(op), (k3 * tl.exp(last - m3)[:, None]).to(op)
+        tl.store(kd_ptr + at0[:, None] * DK + dk_, kd0, mask=(v0 & kept)[:, None])
+        tl.store(kd_ptr + at1[:, None] * DK + dk_, kd1, mask=(v1 & kept)[:, None])
+        tl.store(kd_ptr + at2[:, None] * DK + dk_, kd2, mask=(v2 & kept)[:, None])
+        tl.store(kd_ptr + at3[:, None] * DK + dk_, kd3, mask=(v3 & kept)[:, None])
         # row block by row block: q exp(gam) and the decayed causal scores (zeros above the
         # diagonal), A's blocks of the row, then w and u of the row from the rows above it
         zero = tl.zeros((16, 16), dtype=tl.float32).to(op)
         vsrc = conv_ptr + 2 * HQK * DK + h * DV + offs_v[None, :]
-        q0 = _tc_q(conv_ptr, r0, v0, hk, m0, at0, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        q0 = _tc_q(conv_ptr, r0, v0, hk, m0, at0, qg_ptr, qs_ptr, store_q, stride_conv, q_scale, l2_eps, DK)
         _qk(q0, k0, m0, m0, at0, aqk_ptr, 0, v0, True, BF16, ON_GPU)
         tl.store(aqk_ptr + at0[:, None] * 64 + 16 + offs[None, :], zero, mask=v0[:, None])
         tl.store(aqk_ptr + at0[:, None] * 64 + 32 + offs[None, :], zero, mask=v0[:, None])
@@ -553,7 +574,9 @@ def _forest_gdn_tc_prep_kernel(
         y0 = tl.load(vsrc + (r0)[:, None] * stride_conv, mask=v0[:, None], other=0.0) * be0[:, None]
         y0 = _mm(t0, y0, BF16, ON_GPU)
         tl.store(u_ptr + at0[:, None] * DV + offs_v[None, :], y0.to(op), mask=v0[:, None])
-        q1 = _tc_q(conv_ptr, r0 + 16, v1, hk, m1, at1, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        q1 = _tc_q(
+            conv_ptr, r0 + 16, v1, hk, m1, at1, qg_ptr, qs_ptr, store_q, stride_conv, q_scale, l2_eps, DK
+        )
         _qk(q1, k0, m1, m0, at1, aqk_ptr, 0, v1, False, BF16, ON_GPU)
         _qk(q1, k1, m1, m1, at1, aqk_ptr, 16, v1, True, BF16, ON_GPU)
         tl.store(aqk_ptr + at1[:, None] * 64 + 32 + offs[None, :], zero, mask=v1[:, None])
@@ -568,7 +591,9 @@ def _forest_gdn_tc_prep_kernel(
         y1 = y1 - _mm(a10, y0, BF16, ON_GPU)
         y1 = _mm(t1, y1, BF16, ON_GPU)
         tl.store(u_ptr + at1[:, None] * DV + offs_v[None, :], y1.to(op), mask=v1[:, None])
-        q2 = _tc_q(conv_ptr, r0 + 32, v2, hk, m2, at2, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        q2 = _tc_q(
+            conv_ptr, r0 + 32, v2, hk, m2, at2, qg_ptr, qs_ptr, store_q, stride_conv, q_scale, l2_eps, DK
+        )
         _qk(q2, k0, m2, m0, at2, aqk_ptr, 0, v2, False, BF16, ON_GPU)
         _qk(q2, k1, m2, m1, at2, aqk_ptr, 16, v2, False, BF16, ON_GPU)
         _qk(q2, k2, m2, m2, at2, aqk_ptr, 32, v2, True, BF16, ON_GPU)
@@ -586,7 +611,9 @@ def _forest_gdn_tc_prep_kernel(
         y2 = y2 - _mm(a21, y1, BF16, ON_GPU)
         y2 = _mm(t2, y2, BF16, ON_GPU)
         tl.store(u_ptr + at2[:, None] * DV + offs_v[None, :], y2.to(op), mask=v2[:, None])
-        q3 = _tc_q(conv_ptr, r0 + 48, v3, hk, m3, at3, qg_ptr, stride_conv, q_scale, l2_eps, DK)
+        q3 = _tc_q(
+            conv_ptr, r0 + 48, v3, hk, m3, at3, qg_ptr, qs_ptr, store_q, stride_conv, q_scale, l2_eps, DK
+        )
         _qk(q3, k0, m3, m0, at3, aqk_ptr, 0, v3, False, BF16, ON_GPU)
         _qk(q3, k1, m3, m1, at3, aqk_ptr, 16, v3, False, BF16, ON_GPU)
         _qk(q3, k2, m3, m2, at3, aqk_ptr, 32, v3, False, BF16, ON_GPU)
@@ -645,7 +672,7 @@ def _inv_level(d, a, part, eye, ON_GPU: tl.constexpr):
 
 def _forest_gdn_tc_invert_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
-    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr,
+    w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr, qs_ptr, ks_ptr, gt_ptr, store_q, store_k,
     stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr,
@@ -696,13 +723,21 @@ def _forest_gdn_tc_invert_kernel(
         k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
         k_scale = tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)
         k = k * k_scale[:, None]
+        # stored (store_k) or made by the walk from k's scale and gam_last: one build, a runtime
+        # switch of masked stores, so every TC_DECAYED_FORMS form computes the same bits
+        kept, remade = (offs * 0 + store_k) != 0, (offs * 0 + store_k) == 0  # row-shaped (interpreter)
         tl.store(kd_ptr + at[:, None] * DK + offs_k[None, :], (k * tl.exp(last - gam)[:, None]).to(op),
-                 mask=valid[:, None])  # fmt: skip
+                 mask=(valid & kept)[:, None])  # fmt: skip
+        tl.store(ks_ptr + at, k_scale, mask=valid & remade)
+        tl.store(gt_ptr + at, tl.where(offs == 0, last, 0.0), mask=(offs == 0) & valid & remade)
         kk = _mm(k, tl.trans(k), BF16, ON_GPU)
         q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-        q = q * (tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale)[:, None]
+        q_norm = tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale
+        q = q * q_norm[:, None]
+        kept = (offs * 0 + store_q) != 0  # as k's (store_q: stored, else made by the outputs)
         tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], (q * tl.exp(gam)[:, None]).to(op),
-                 mask=valid[:, None])  # fmt: skip
+                 mask=(valid & kept)[:, None])  # fmt: skip
+        tl.store(qs_ptr + at, q_norm, mask=valid & ~kept)
         # the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r; zeros above the diagonal)
         # (one decay matrix for the scores and A: exp(gam_r - gam_c) <= 1 on and below the
         # diagonal, where gam_r <= gam_c; masked before exp above it)
@@ -734,6 +769,28 @@ def _forest_gdn_tc_invert_kernel(
             v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
             u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
             tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
+
+
+def _decayed(conv_ptr, scale_ptr, g_ptr, rows, at, valid, g_last, col, stride_conv, DK: tl.constexpr,
+             KEYS: tl.constexpr, OP: tl.constexpr):  # fmt: skip
+    """The "recomputed" TC_DECAYED_FORMS form's decayed rows [64, DK] in the operand dtype OP:
+    x the conv rows' columns col .. col + DK - 1 times the l2-norm scale the prep stored for
+    each row, then KEYS: k exp(g_last - gam) (g_last the chunk's total decay as the prep
+    computed it for its stored form, kept at the chunk's first row), else q exp(gam) (q_scale
+    is in q's stored scale). Elementwise only, the prep's ops in its order - the row sums stay
+    in the prep, whose layout fixes their order - so the values are the ones that prep build
+    would have stored; rows past the segment end are zeros, as the stored form's masked loads
+    read them."""
+    offs_k = tl.arange(0, DK)
+    x = tl.load(
+        conv_ptr + rows[:, None] * stride_conv + col + offs_k[None, :], mask=valid[:, None], other=0.0
+    )
+    x = x * tl.load(scale_ptr + at, mask=valid, other=0.0)[:, None]
+    gam = tl.load(g_ptr + at, mask=valid, other=0.0)
+    if KEYS:
+        return (x * tl.exp(g_last - gam)[:, None]).to(OP)
+    else:
+        return (x * tl.exp(gam)[:, None]).to(OP)
 
 
 def _walk_start(
@@ -796,14 +853,20 @@ def _forest_gdn_tc_kernel(
 
 def _forest_gdn_tc_walk_kernel(
     base_ptr, segs_ptr, w_ptr, u_ptr, kd_ptr, g_ptr, hidx_ptr, hs_ptr, vn_ptr, level, layer_off, NH,
-    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    conv_ptr, ks_ptr, gt_ptr, stride_conv,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, RECOMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Program (segment slot, value head, value block) of one level, the split form's serial
     part: per 64-token chunk only the two products that feed the state - U = u - w S and
     S <- exp(gam_last) S + (k exp(gam_last - gam))^T U - storing the chunk's start state S (in the
     operand dtype, as the dots read it) at its chunk number and U at its rows, so that
-    `_forest_gdn_tc_out_kernel` makes the outputs of every chunk in parallel afterwards."""
+    `_forest_gdn_tc_out_kernel` makes the outputs of every chunk in parallel afterwards.
+    RECOMPUTE: k exp(gam_last - gam) is made here from the conv rows, k's scale, gam and the
+    chunk's gam_last as the prep had them (`_decayed`) instead of read from the prep's store:
+    the same values, from 4 bytes a key element read from the conv rows (shared in L2 by the
+    value heads of a key head and their value blocks) instead of 2 bytes per value head
+    written by the prep and read back here."""
     slot = tl.program_id(0)
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -821,9 +884,16 @@ def _forest_gdn_tc_walk_kernel(
             idx = tl.load(hidx_ptr + tok_lo + c0).to(tl.int64)
             w = tl.load(w_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
             u = tl.load(u_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
-            kd = tl.load(kd_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
             last = tl.minimum(length - c0, 64) - 1
             g_last = tl.load(g_ptr + (tok_lo + c0 + last) * HV + h)
+            if RECOMPUTE:
+                kd = _decayed(
+                    conv_ptr, ks_ptr, g_ptr, tok_lo + c0 + offs_c, at, valid,
+                    tl.load(gt_ptr + (tok_lo + c0) * HV + h), (HQK + h // (HV // HQK)) * DK, stride_conv, DK,
+                    True, w_ptr.dtype.element_ty,
+                )  # fmt: skip
+            else:
+                kd = tl.load(kd_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
             s_op, un_op, s = _walk_step(s, w, u, kd, g_last, BF16, ON_GPU)
             tl.store(hs_ptr + idx * HV * DK * DV + hblk, s_op, mask=(zero + idx) < NH)
             tl.store(vn_ptr + at[:, None] * DV + offs_v[None, :], un_op, mask=valid[:, None])
@@ -832,16 +902,31 @@ def _forest_gdn_tc_walk_kernel(
 
 def _forest_gdn_tc_out_kernel(
     segs_ptr, qblocks_ptr, o_ptr, qg_ptr, aqk_ptr, hidx_ptr, hs_ptr, vn_ptr, level, NH,
-    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BF16: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    conv_ptr, qs_ptr, g_ptr, rows_ptr, stride_conv, T, num_q,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, RECOMPUTE: tl.constexpr, PAD_ZEROS: tl.constexpr,
+    BR: tl.constexpr,
 ):  # fmt: skip
     """Program (query block, value head, value block): if the block starts a 64-token chunk of a
     live segment of `level` (< 0: of any level), the chunk's outputs
     o = (q exp(gam)) S_start + scores U from the split walk's stored start state and updates -
-    the same operands and products as the fused walk's, every chunk of every segment at once."""
-    qb = tl.program_id(0).to(tl.int64) * 3
+    the same operands and products as the fused walk's, every chunk of every segment at once.
+    RECOMPUTE: q exp(gam) is made here from the conv rows, q's scale and gam (`_decayed`, the
+    same values) instead of read from the prep's store. PAD_ZEROS: program i also writes zeros
+    to the padding rows (rows-table live 0) among packed rows i BR .. i BR + BR - 1 (and every
+    num_q BR rows after, should the table hold fewer than T / BR query blocks), so `o` needs no
+    memset: a live row is written by its chunk, a padding row here, each exactly once."""
+    pid_q = tl.program_id(0)
+    qb = pid_q.to(tl.int64) * 3
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    # the live flags of this program's first block of BR rows, loaded beside the query block's
+    # record (not after it: most programs only read the two records and return, so one more
+    # round trip in their chain would show); the zeros are stored last
+    offs_r = tl.arange(0, BR)
+    r = (pid_q * BR + offs_r).to(tl.int64)
+    inside = (r < T) & PAD_ZEROS
+    dead = inside & (tl.load(rows_ptr + r * 4 + 2, mask=inside, other=1) == 0)
     slot = tl.load(qblocks_ptr + qb)
     c0 = tl.load(qblocks_ptr + qb + 1)
     rec = segs_ptr + slot * 8
@@ -859,17 +944,31 @@ def _forest_gdn_tc_out_kernel(
         hs = tl.load(
             hs_ptr + (idx * HV + h) * DK * DV + offs_k[:, None] * DV + offs_v[None, :], mask=hmask, other=0.0
         )
-        qg = tl.load(qg_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
+        if RECOMPUTE:
+            qg = _decayed(
+                conv_ptr, qs_ptr, g_ptr, tok_lo + c0 + offs_c, at, valid, 0.0, (h // (HV // HQK)) * DK,
+                stride_conv, DK, False, vn_ptr.dtype.element_ty,
+            )  # fmt: skip
+        else:
+            qg = tl.load(qg_ptr + at[:, None] * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
         aqk = tl.load(aqk_ptr + at[:, None] * 64 + offs_c[None, :], mask=valid[:, None], other=0.0)
         vn = tl.load(vn_ptr + at[:, None] * DV + offs_v[None, :], mask=valid[:, None], other=0.0)
         o = _mm(qg, hs, BF16, ON_GPU) + _mm(aqk, vn, BF16, ON_GPU)
         tl.store(o_ptr + at[:, None] * DV + offs_v[None, :], o, mask=valid[:, None])
+    if PAD_ZEROS:
+        zeros = tl.zeros((BR, BV), dtype=tl.float32)
+        tl.store(o_ptr + (r[:, None] * HV + h) * DV + offs_v[None, :], zeros, mask=dead[:, None])
+        for r0 in range((pid_q + num_q) * BR, T, num_q * BR):  # a table of fewer than T / BR blocks
+            r = (r0 + offs_r).to(tl.int64)
+            dead = (r < T) & (tl.load(rows_ptr + r * 4 + 2, mask=r < T, other=1) == 0)
+            tl.store(o_ptr + (r[:, None] * HV + h) * DV + offs_v[None, :], zeros, mask=dead[:, None])
 
 
 _gdn = kernel(_forest_gdn_kernel)
 _gdn_prep = kernel(_forest_gdn_prep_kernel)
 _mm = helper(_mm)  # type: ignore[assignment]
 _walk_start = helper(_walk_start)  # type: ignore[assignment]
+_decayed = helper(_decayed)  # type: ignore[assignment]
 _walk_step = helper(_walk_step)  # type: ignore[assignment]
 _tc_rows = helper(_tc_rows)  # type: ignore[assignment]
 _tc_q = helper(_tc_q)  # type: ignore[assignment]
@@ -1048,11 +1147,24 @@ INVERT_HEAD_MULTIPLE = 64
 def invert_compiles_for(dk: int, dv: int) -> bool:
     """Whether the invert prep form may run compiled at these head sizes (see above)."""
     return dk % INVERT_HEAD_MULTIPLE == 0 and dv % INVERT_HEAD_MULTIPLE == 0
+
+
 TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chunk c's products
 TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
 TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
 TC_OUT_BV = 64  # value columns per outputs program
 TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 B of spills
+# Where the split walk's decayed keys k exp(gam_last - gam) and the outputs' decayed queries
+# q exp(gam) come from (TC_DECAYED_FORMS): "stored" - the prep writes them ([T, HV, dk] each in
+# the operand dtype: 2 x 100 MB at T = 8,192 and the 27B heads, each read back once);
+# "recomputed_q" - the outputs kernel makes q exp(gam), the walk reads k's stored;
+# "recomputed" - both are made where they are read, from the conv rows (fp32 q and k of the
+# key head, shared by its value heads in L2), the l2-norm scale per row and the decay the prep
+# stored (4 bytes a row each). Only elementwise ops are redone, the prep's in its order, and the
+# prep is one build for every form (masked stores switched at run time), so every form gives
+# the same bits. The fused walk reads them stored.
+TC_DECAYED_FORMS = ("stored", "recomputed_q", "recomputed")
+TC_DECAYED = "recomputed"
 
 
 @dataclass(frozen=True)
@@ -1072,7 +1184,9 @@ class TcPrep:
     """The state-free products of every 64-token chunk of every live segment for the
     tensor-core walk (`forest_gdn_prep(chunk=TC_CHUNK)`), per packed row and value head, in the
     operand dtype (bf16 or fp32): w and u of the WY form, q exp(gam), k exp(gam_last - gam),
-    the chunk's decayed causal scores (a row's 64 columns), and gam (fp32)."""
+    the chunk's decayed causal scores (a row's 64 columns), and gam (fp32). Under a `decayed`
+    form that remakes q exp(gam) (k exp(gam_last - gam)) where it is read, qg (kd) holds no rows
+    and q_norm (k_norm, gam_last) what the remaking reads beside the conv rows."""
 
     chunk: int
     dots: str
@@ -1091,6 +1205,12 @@ class TcPrep:
     starts: torch.Tensor | None = None  # split: [NH, HV, dk, dv] every chunk's start state
     updates: torch.Tensor | None = None  # split: [T, HV, dv] the chunks' U = u - w S
     prep_form: str = "blocks"  # TC_PREP_FORMS: the kernel that made the products
+    decayed: str = "stored"  # TC_DECAYED_FORMS; made, not stored: qg (kd) hold no rows, these do:
+    q_norm: torch.Tensor | None = None  # fp32 [T, HV]: q_scale / |q| per row (l2 norm + eps)
+    k_norm: torch.Tensor | None = None  # fp32 [T, HV]: 1 / |k| per row
+    gam_last: torch.Tensor | None = None  # fp32 [T, HV]: at a chunk's first row, the decay k's took
+    conv: torch.Tensor | None = None  # the conv rows the prep read (the "recomputed" form reads them)
+    num_k_heads: int = 1
 
 
 def _check_gdn_inputs(
@@ -1172,6 +1292,7 @@ def forest_gdn_prep(
     walk_stages: int | None = None,
     prep_form: str | None = None,
     prep_warps: int | None = None,
+    decayed: str | None = None,
 ) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
@@ -1192,7 +1313,9 @@ def forest_gdn_prep(
     interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
     prep_form (TC_PREP_FORMS; None: TC_PREP_FORM) picks the chunk-64 prep kernel and prep_warps
     its warps (None: TC_PREP_WARPS for "blocks", TC_INVERT_WARPS for "invert"); the forms agree
-    to the operands' rounding, not bitwise.
+    to the operands' rounding, not bitwise. decayed (TC_DECAYED_FORMS; None: TC_DECAYED for the
+    split walk, "stored" for the fused one, which takes only that): whether the prep stores q
+    exp(gam) and k exp(gam_last - gam) or the split walk and the outputs remake them.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -1230,9 +1353,15 @@ def forest_gdn_prep(
             prep_warps = TC_PREP_WARPS if prep_form == "blocks" else TC_INVERT_WARPS
         if prep_warps not in (4, 8):
             raise ValueError(f"prep_warps must be 4 or 8, got {prep_warps}")
+        if decayed is None:
+            decayed = TC_DECAYED if walk == "split" else "stored"
+        if decayed not in TC_DECAYED_FORMS or (walk == "fused" and decayed != "stored"):
+            raise ValueError(
+                f"decayed must be one of {TC_DECAYED_FORMS} ('stored' for the fused walk), got {decayed!r}"
+            )
         return _tc_prep(
             conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv,
-            (walk_warps, walk_stages), (prep_form, prep_warps),
+            (walk_warps, walk_stages), (prep_form, prep_warps), decayed,
         )  # fmt: skip
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
@@ -1273,6 +1402,7 @@ def _tc_prep(
     walk_bv: int,
     walk_config: tuple[int, int],
     prep_config: tuple[str, int],
+    decayed: str,
 ) -> TcPrep:
     _block_v(dk, dv)
     t, dev = conv.shape[0], conv.device
@@ -1281,13 +1411,15 @@ def _tc_prep(
     # chunks: sum over segments of ceil(length / 64) <= T // 64 + S (the segments' rows are
     # disjoint), and at most one per query block - fixed by the tables' sizes
     nh = min(qblocks.shape[0], t // TC_CHUNK + segs.shape[0]) if split else 0
+    store_q, store_k = decayed == "stored", decayed in ("stored", "recomputed_q")
+    conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
     prep = TcPrep(
         chunk=TC_CHUNK,
         dots=dots,
         w=torch.empty(t, hv, dk, dtype=op, device=dev),
         u=torch.empty(t, hv, dv, dtype=op, device=dev),
-        qg=torch.empty(t, hv, dk, dtype=op, device=dev),
-        kd=torch.empty(t, hv, dk, dtype=op, device=dev),
+        qg=torch.empty(t if store_q else 0, hv, dk, dtype=op, device=dev),
+        kd=torch.empty(t if store_k else 0, hv, dk, dtype=op, device=dev),
         scores=torch.empty(t, hv, TC_CHUNK, dtype=op, device=dev),
         gam=torch.empty(t, hv, dtype=torch.float32, device=dev),
         walk=walk,
@@ -1299,10 +1431,15 @@ def _tc_prep(
         starts=torch.empty(nh, hv, dk, dv, dtype=op, device=dev),
         updates=torch.empty(t if split else 0, hv, dv, dtype=op, device=dev),
         prep_form=prep_config[0],
+        decayed=decayed,
+        q_norm=torch.empty(0 if store_q else t, hv, dtype=torch.float32, device=dev),
+        k_norm=torch.empty(0 if store_k else t, hv, dtype=torch.float32, device=dev),
+        gam_last=torch.empty(0 if store_k else t, hv, dtype=torch.float32, device=dev),
+        conv=conv,
+        num_k_heads=hqk,
     )
     if t == 0 or qblocks.shape[0] == 0:
         return prep
-    conv, b_raw, a_raw = _unit_stride(conv), _unit_stride(b_raw), _unit_stride(a_raw)
     # blocks: grid (query block, value head); invert: (value head, query block), so that the
     # value heads of one chunk (and the three of one key head) run side by side
     form, warps = prep_config
@@ -1319,7 +1456,9 @@ def _tc_prep(
         launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
     launch(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
-        prep.w, prep.u, prep.qg, prep.kd, prep.scores, prep.gam, prep.chunk_no,
+        prep.w, prep.u, prep.qg if store_q else prep.w, prep.kd if store_k else prep.w, prep.scores, prep.gam,
+        prep.chunk_no, prep.gam if store_q else prep.q_norm, prep.gam if store_k else prep.k_norm,
+        prep.gam if store_k else prep.gam_last, int(store_q), int(store_k),
         conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
         HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16", **extra,
         num_warps=warps, enable_fp_fusion=False,
@@ -1402,10 +1541,13 @@ def forest_gdn(
                 f"this call has chunk {chunk}, dots {dots!r}, {t} rows"
             )
         if prep.walk == "split":
+            recompute = prep.decayed == "recomputed"  # k exp(gam_last - gam) made by the walk
             _gdn_tc_walk[(segs.shape[0], hv, dv // prep.walk_bv)](
-                base, segs, prep.w, prep.u, prep.kd, prep.gam, prep.chunk_no, prep.starts, prep.updates,
-                level, layer_off, prep.starts.shape[0],
-                HV=hv, DK=dk, DV=dv, BV=prep.walk_bv, BF16=dots == "bf16",
+                base, segs, prep.w, prep.u, prep.w if recompute else prep.kd, prep.gam, prep.chunk_no,
+                prep.starts, prep.updates, level, layer_off, prep.starts.shape[0],
+                prep.conv, *((prep.k_norm, prep.gam_last) if recompute else (prep.gam, prep.gam)),
+                prep.conv.stride(0),
+                HQK=hqk, HV=hv, DK=dk, DV=dv, BV=prep.walk_bv, BF16=dots == "bf16", RECOMPUTE=recompute,
                 num_warps=prep.walk_warps, num_stages=prep.walk_stages, enable_fp_fusion=False,
             )  # fmt: skip
             if outputs:
@@ -1435,32 +1577,59 @@ def forest_gdn(
     )  # fmt: skip
 
 
-def _tc_outputs(prep: TcPrep, segs: torch.Tensor, out: torch.Tensor, level: int) -> None:
-    assert prep.qblocks is not None and prep.starts is not None
-    t, hv, dk, dv = *prep.qg.shape, out.shape[2]
-    if t == 0 or prep.qblocks.shape[0] == 0:
+def _tc_outputs(
+    prep: TcPrep, segs: torch.Tensor, out: torch.Tensor, level: int, rows: torch.Tensor | None = None
+) -> None:
+    assert prep.qblocks is not None and prep.starts is not None and prep.conv is not None
+    t, hv, dk, dv = *prep.w.shape, out.shape[2]
+    if t == 0:
+        return
+    num_q = prep.qblocks.shape[0]
+    if num_q == 0:  # no programs to make outputs, or to write the padding rows' zeros
+        if rows is not None:
+            out.zero_()
         return
     bv = TC_OUT_BV if dv % TC_OUT_BV == 0 else 16
-    _gdn_tc_out[(prep.qblocks.shape[0], hv, dv // bv)](
-        segs, prep.qblocks, out, prep.qg, prep.scores, prep.chunk_no, prep.starts, prep.updates,
-        level, prep.starts.shape[0],
-        HV=hv, DK=dk, DV=dv, BV=bv, BF16=prep.dots == "bf16",
+    recompute = prep.decayed != "stored"  # q exp(gam) made by the outputs
+    _gdn_tc_out[(num_q, hv, dv // bv)](
+        segs, prep.qblocks, out, prep.w if recompute else prep.qg, prep.scores, prep.chunk_no, prep.starts,
+        prep.updates, level, prep.starts.shape[0],
+        prep.conv, prep.q_norm if recompute else prep.gam, prep.gam, segs if rows is None else rows,
+        prep.conv.stride(0), t, num_q,
+        HQK=prep.num_k_heads, HV=hv, DK=dk, DV=dv, BV=bv, BF16=prep.dots == "bf16", RECOMPUTE=recompute,
+        PAD_ZEROS=rows is not None, BR=BLOCK_M,
         num_warps=TC_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
 
 
-def forest_gdn_outputs(prep: ChunkPrep | TcPrep | None, segs: torch.Tensor, out: torch.Tensor) -> None:
+def writes_padding_zeros(prep: ChunkPrep | TcPrep | None) -> bool:
+    """Whether `forest_gdn_outputs(prep, ..., rows=)` writes every row of `out` (the live ones'
+    outputs, the padding ones' zeros), so the caller may hand it an uninitialised `out`: a split
+    chunk-64 prep. Every other form writes only the live rows, and `out` must start zeroed."""
+    return isinstance(prep, TcPrep) and prep.walk == "split"
+
+
+def forest_gdn_outputs(
+    prep: ChunkPrep | TcPrep | None, segs: torch.Tensor, out: torch.Tensor, rows: torch.Tensor | None = None
+) -> None:
     """The outputs of every level's chunks in one parallel launch, after the last level's
     `forest_gdn(..., outputs=False)` with a split chunk-64 prep (each chunk's start state and
-    updates are stored by then); does nothing for any other prep (their walks wrote the outputs)."""
-    if not isinstance(prep, TcPrep) or prep.walk != "split":
+    updates are stored by then); does nothing for any other prep (their walks wrote the outputs).
+
+    rows: the pass's row table [T, ROW_FIELDS]; given (with a split prep), the launch also writes
+    zeros to the padding rows (live 0), so `out` may come uninitialised (`torch.empty`): a memset
+    of out (200 MB at 8,192 rows and the 27B heads) saved. Padding rows are defined as zeros, as
+    the conv and attention leave theirs, though only row-local ops read them downstream."""
+    if not writes_padding_zeros(prep):
         return
-    assert prep.updates is not None
-    want = (prep.qg.shape[0], prep.qg.shape[1], prep.updates.shape[2])
+    assert isinstance(prep, TcPrep) and prep.updates is not None
+    want = (prep.w.shape[0], prep.w.shape[1], prep.updates.shape[2])
     if out.dtype != torch.float32 or tuple(out.shape) != want or not out.is_contiguous():
         raise ValueError(f"out must be contiguous fp32 {list(want)}, got {out.dtype} {tuple(out.shape)}")
     _check_table("segs", segs, (segs.shape[0], SEG_FIELDS), out)
-    _tc_outputs(prep, segs, out, -1)
+    if rows is not None:
+        _check_table("rows", rows, (want[0], ROW_FIELDS), out)
+    _tc_outputs(prep, segs, out, -1, rows)
 
 
 # ------------------------------------------------------------------------ torch references

@@ -46,6 +46,7 @@ from engine.kernels.forest_gdn import (
     forest_gdn_prep,
     gdn_dots_for,
     invert_compiles_for,
+    writes_padding_zeros,
 )
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -441,7 +442,6 @@ class ForestBody(Int8Layers):
         conv = forest_conv(
             qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
         )
-        o = torch.zeros(qkv.shape[0], c.linear_num_value_heads, c.linear_value_head_dim, device=qkv.device)
         heads, chunked = self.gdn_heads, dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
         prep = None
         if self.gdn_chunk:  # the state-free chunk products of every level at once
@@ -449,12 +449,21 @@ class ForestBody(Int8Layers):
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, bucket.qblocks,
                 **heads, **chunked, prep_form=self.gdn_prep,
             )  # fmt: skip
+        # the split chunk-64 form writes every row of o (padding rows: zeros, in the outputs
+        # launch), so o needs no memset there (200 MB at 8,192 rows and the 27B heads)
+        shape = (qkv.shape[0], c.linear_num_value_heads, c.linear_value_head_dim)
+        o = (
+            torch.empty(shape, device=qkv.device)
+            if writes_padding_zeros(prep)
+            else torch.zeros(shape, device=qkv.device)
+        )
         for level in range(bucket.levels):
             forest_gdn(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], self.base, bucket.segs, level,
                 j * self.state_size, o, **heads, **chunked, prep=prep, outputs=False,
             )  # fmt: skip
-        forest_gdn_outputs(prep, bucket.segs, o)  # chunk 64 (split walk): every level's outputs at once
+        # chunk 64 (split walk): every level's outputs at once, and the padding rows' zeros
+        forest_gdn_outputs(prep, bucket.segs, o, rows=bucket.rows)
         return o
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:

@@ -16,6 +16,16 @@ CUDA event time per replay = ms per layer. "split bf16" and "split bf16 inv" are
 their parts, each in a graph of its own: the prep, the levels' walks, the outputs launch (their
 sum exceeds the whole by the launch overheads). Closing table: the two prep forms side by side
 (bf16 split walk: prep alone, whole layer, maxdiff, state).
+Then the decayed q and k (`TC_DECAYED_FORMS`, the "invert" prep): "split bf16 inv" is the
+layer as it ran before (the prep stores q exp(gam) and k exp(gam_last - gam), the body zeroes
+`o` first: the memset is timed in the layer), "inv rc" remakes both where they are read and
+writes the padding rows' zeros in the outputs launch instead of a memset (the body's default
+now), "inv rcq" remakes only q exp(gam) (the walk reads k's stored). The second closing table
+puts them side by side: layer and parts in ms, and whether outputs and final states are the
+same bits as the old row's (they should be: the prep is one build for every form). With
+`--old-module FILE` (engine/kernels/forest_gdn.py as it was before, e.g. `git show
+5d4329e:engine/kernels/forest_gdn.py > FILE`), "inv old build" runs that file's kernels the old
+way (stored, memset) in the same process, and the table also says whether each row has its bits.
 `maxdiff` is the largest |o - o_token| over the live rows and `state` the largest difference
 of the final states, both against the token-by-token kernel (the exact path); `s` is the
 seconds since the start when the row was printed (compiles included), so a run cut short
@@ -30,8 +40,10 @@ runs four independent sequences: fla has no forest; eagerly if its graph capture
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -40,6 +52,10 @@ import torch
 from engine.kernels.forest_gdn import TC_CHUNK, forest_gdn, forest_gdn_outputs, forest_gdn_prep
 from engine.kernels.forest_tables import (
     BLOCK_M,
+    ROW_FIELDS,
+    ROW_LIVE,
+    ROW_LOCAL,
+    ROW_SEG,
     SEG_FIELDS,
     SEG_HAS_STATE_IN,
     SEG_LENGTH,
@@ -58,22 +74,34 @@ FORESTS = {
     "T=8192": [(8192, None)],
 }
 # also timed launch kind by launch kind (prep, the levels' walks, outputs)
-BREAKDOWN = ("split bf16", "split bf16 inv")
+BREAKDOWN = ("split bf16", "split bf16 inv", "split bf16 inv rc", "split bf16 inv rcq")
 OLD, NEW = "blocks", "invert"  # the prep forms compared in the closing table
+DECAYED = ("split bf16 inv", "split bf16 inv rc", "split bf16 inv rcq")  # old, new, half: second table
+OLD_BUILD = "inv old build"  # --old-module: the kernels before TC_DECAYED_FORMS, the old way
 # path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) did by default
-# when the "invert" form was written (the prep form is named, so the rows keep their meaning)
+# when the "invert" form was written (the prep form and the decayed form are named, so the rows
+# keep their meaning). "memset": the layer zeroes `o` first (the body before the outputs launch
+# wrote the padding rows); otherwise it passes the row table to the outputs launch.
+STORED = dict(decayed="stored", memset=True)
 PATHS = {
-    "token": (0, "ieee", {}),
-    "tc64 bf16": (TC_CHUNK, "bf16", dict(walk="fused", prep_form=OLD)),
-    "split bf16": (TC_CHUNK, "bf16", dict(prep_form=OLD)),
-    "split bf16 inv": (TC_CHUNK, "bf16", dict(prep_form=NEW)),
-    "split bf16 inv w8": (TC_CHUNK, "bf16", dict(prep_form=NEW, prep_warps=8)),
-    "split BV64 w4": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=4)),
-    "split BV64 w8": (TC_CHUNK, "bf16", dict(walk_bv=64, walk_warps=8)),
-    "split BV16 w4": (TC_CHUNK, "bf16", dict(walk_bv=16, walk_warps=4)),
-    "split BV32 s3": (TC_CHUNK, "bf16", dict(walk_stages=3)),
-    "split tf32": (TC_CHUNK, "tf32", dict(prep_form=OLD)),
-    "split tf32 inv": (TC_CHUNK, "tf32", dict(prep_form=NEW)),
+    "token": (0, "ieee", dict(memset=True)),
+    "tc64 bf16": (TC_CHUNK, "bf16", dict(STORED, walk="fused", prep_form=OLD)),
+    "split bf16": (TC_CHUNK, "bf16", dict(STORED, prep_form=OLD)),
+    OLD_BUILD: (
+        TC_CHUNK,
+        "bf16",
+        dict(prep_form=NEW, memset=True),
+    ),  # only with --old-module; first: the rows after compare with it
+    "split bf16 inv": (TC_CHUNK, "bf16", dict(STORED, prep_form=NEW)),
+    "split bf16 inv rc": (TC_CHUNK, "bf16", dict(prep_form=NEW, decayed="recomputed")),
+    "split bf16 inv rcq": (TC_CHUNK, "bf16", dict(prep_form=NEW, decayed="recomputed_q")),
+    "split bf16 inv w8": (TC_CHUNK, "bf16", dict(STORED, prep_form=NEW, prep_warps=8)),
+    "split BV64 w4": (TC_CHUNK, "bf16", dict(STORED, walk_bv=64, walk_warps=4)),
+    "split BV64 w8": (TC_CHUNK, "bf16", dict(STORED, walk_bv=64, walk_warps=8)),
+    "split BV16 w4": (TC_CHUNK, "bf16", dict(STORED, walk_bv=16, walk_warps=4)),
+    "split BV32 s3": (TC_CHUNK, "bf16", dict(STORED, walk_stages=3)),
+    "split tf32": (TC_CHUNK, "tf32", dict(STORED, prep_form=OLD)),
+    "split tf32 inv": (TC_CHUNK, "tf32", dict(STORED, prep_form=NEW)),
 }
 
 
@@ -88,11 +116,16 @@ def forest(spec: list[tuple[int, int | None]], dev: torch.device):
             rec[SEG_LEVEL], rec[SEG_STATE_IN], rec[SEG_HAS_STATE_IN] = 1, parent * STATE, 1
         qblocks += [[s, b, 1] for b in range(0, n, BLOCK_M)]
         lo += n
+    rows = torch.zeros(lo, ROW_FIELDS, dtype=torch.int64)  # every row live (no padding here)
+    rows[:, ROW_SEG] = torch.repeat_interleave(torch.arange(len(spec)), torch.tensor([n for n, _ in spec]))
+    rows[:, ROW_LOCAL] = torch.cat([torch.arange(n) for n, _ in spec])
+    rows[:, ROW_LIVE] = 1
     return (
         segs.to(dev),
         torch.tensor(qblocks, dtype=torch.int64, device=dev),
         lo,
         1 + any(p is not None for _, p in spec),
+        rows.to(dev),
     )
 
 
@@ -134,7 +167,7 @@ def table(results: list[dict]) -> None:
     """The two chunk-64 prep forms side by side (bf16 split walk): prep alone, the whole layer,
     and the accuracy of each against the token-by-token kernel."""
     got = {(r["forest"], r["path"]): r for r in results}
-    old, new = BREAKDOWN
+    old, new = BREAKDOWN[:2]
     print(
         f"\nprep forms (bf16 split walk): {OLD} ({old!r}) vs {NEW} ({new!r}); ms/layer, max |diff| vs token"
     )
@@ -151,14 +184,57 @@ def table(results: list[dict]) -> None:
         )
 
 
+def decayed_table(results: list[dict]) -> None:
+    """The decayed forms side by side (invert prep, bf16 split walk): the old layer (stored, with
+    the memset of o) against remaking both (rc) or only q exp(gam) (rcq), whole layer and parts,
+    and whether each new row's outputs and final states are the old row's bits."""
+    got = {(r["forest"], r["path"]): r for r in results}
+    old, new, half = DECAYED
+    rows_of = (OLD_BUILD, *DECAYED)
+    print(f"\ndecayed q/k (invert prep, bf16 split walk): {old!r} (stored + memset of o) vs {new!r}")
+    print(f"and {half!r} (q only); ms/layer; same bits: outputs and final states equal to {old!r}'s")
+    cols = ("layer", "prep", "walks", "outputs")
+    print(
+        f"{'forest':<14} {'path':<20} "
+        + " ".join(f"{c:>8}" for c in cols)
+        + f" {'same bits':>10} {'as old build':>12}"
+    )
+    for name in FORESTS:
+        for path in rows_of:
+            row = got.get((name, path))
+            if not row:
+                continue
+            parts = [row["ms"]] + [
+                got.get((name, f"{path}: {p}"), {}).get("ms", float("nan")) for p in cols[1:]
+            ]
+            same = "-" if path in (old, OLD_BUILD) else str(row.get("same_bits_as_old", "?"))
+            build = "-" if path == OLD_BUILD else str(row.get("same_bits_as_old_build", "-"))
+            print(
+                f"{name:<14} {path:<20} " + " ".join(f"{x:>8.4f}" for x in parts) + f" {same:>10} {build:>12}"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--paths", help="comma-separated path names to time (token always runs)")
     ap.add_argument("--no-fla", action="store_true", help="skip fla's side-by-side")
+    ap.add_argument(
+        "--old-module", help="a former engine/kernels/forest_gdn.py: its kernels run as OLD_BUILD"
+    )
     args = ap.parse_args()
     paths = {k: v for k, v in PATHS.items() if k == "token" or not args.paths or k in args.paths.split(",")}
+    builds = {"new": (forest_gdn_prep, forest_gdn, forest_gdn_outputs)}
+    if args.old_module:  # a module of its own: its kernels are other functions, compiled apart
+        spec = importlib.util.spec_from_file_location("forest_gdn_old", args.old_module)
+        old_module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old_module  # its dataclasses look their module up there
+        spec.loader.exec_module(old_module)
+        builds["old"] = (old_module.forest_gdn_prep, old_module.forest_gdn, old_module.forest_gdn_outputs)
+    else:
+        paths.pop(OLD_BUILD, None)
+        print(f"no --old-module: {OLD_BUILD!r} skipped")
     t_start = time.perf_counter()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -169,9 +245,10 @@ def main() -> None:
         chunk_gated_delta_rule = None
         print(f"fla: not available ({type(e).__name__}: {e})")
     results, made = [], []
+    old_bits: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # (forest, path) -> (o, states)
     print(f"{'forest':<14} {'path':<18} {'ms/layer':>9} {'maxdiff':>10} {'state':>10} {'s':>5}")
     for name, spec in FORESTS.items():
-        segs, qblocks, t, levels = forest(spec, dev)
+        segs, qblocks, t, levels, rows = forest(spec, dev)
         conv = torch.nn.functional.silu(torch.randn(t, 2 * HQK * DK + HV * DV, device=dev, generator=gen))
         b_raw = torch.randn(t, HV, device=dev, generator=gen)
         a_raw = torch.randn(t, HV, device=dev, generator=gen)
@@ -184,21 +261,27 @@ def main() -> None:
             for r in range(lo, lo + n)
         ]
         ref_o = ref_state = None
-        for path, (chunk, dots, opts) in paths.items():
+        for path, (chunk, dots, options) in paths.items():
             out = torch.zeros(t, HV, DV, device=dev)
+            opts = {k: v for k, v in options.items() if k != "memset"}
+            memset = bool(options.get("memset"))
+            prep_fn, gdn_fn, outputs_fn = builds["old" if path == OLD_BUILD else "new"]
+            rows_kw = {} if memset else dict(rows=rows)  # the old build's outputs take no rows
 
             def layer(chunk: int = chunk, dots: str = dots, out: torch.Tensor = out) -> None:
+                if memset:  # the body's torch.zeros of o (the rows-table forms write every row)
+                    out.zero_()
                 prep = None
                 if chunk:
-                    prep = forest_gdn_prep(
+                    prep = prep_fn(
                         conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
                     )
                 for level in range(levels):  # as the body: the split form's outputs after the last level
-                    forest_gdn(
+                    gdn_fn(
                         conv, b_raw, a_raw, ssm_a, dt, base, segs, level, 0, out, **heads,
                         chunk=chunk, dots=dots, prep=prep, outputs=False,
                     )  # fmt: skip
-                forest_gdn_outputs(prep, segs, out)
+                outputs_fn(prep, segs, out, **rows_kw)
 
             ms = timed(layer, args.reps)
             o, state = out[live], base.clone()
@@ -209,17 +292,23 @@ def main() -> None:
             el = time.perf_counter() - t_start
             print(f"{name:<14} {path:<18} {ms:>9.4f} {diff:>10.2e} {sdiff:>10.2e} {el:>5.0f}", flush=True)
             results.append(dict(forest=name, path=path, ms=ms, maxdiff=diff, state_diff=sdiff))
+            if path in (DECAYED[0], OLD_BUILD):
+                old_bits[name, path] = (out.clone(), state)
+            for key, ref in (("same_bits_as_old", DECAYED[0]), ("same_bits_as_old_build", OLD_BUILD)):
+                if path in (*DECAYED, OLD_BUILD) and path != ref and (name, ref) in old_bits:
+                    o_ref, s_ref = old_bits[name, ref]
+                    results[-1][key] = torch.equal(out, o_ref) and torch.equal(state, s_ref)
             save(args.out, results)
-            if path in BREAKDOWN:  # where its time goes: each launch kind in a graph of its own
-                prep = forest_gdn_prep(
+            if path in BREAKDOWN or path == OLD_BUILD:  # where its time goes: each launch kind in a graph
+                prep = prep_fn(
                     conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
                 )
                 parts = {
-                    "prep": lambda: forest_gdn_prep(
+                    "prep": lambda: prep_fn(
                         conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots, **opts
                     ),
                     "walks": lambda: [
-                        forest_gdn(
+                        gdn_fn(
                             conv,
                             b_raw,
                             a_raw,
@@ -238,7 +327,7 @@ def main() -> None:
                         )  # fmt: skip
                         for level in range(levels)
                     ],
-                    "outputs": lambda: forest_gdn_outputs(prep, segs, out),
+                    "outputs": lambda: outputs_fn(prep, segs, out, **rows_kw),
                 }
                 for part, fn in parts.items():
                     ms = timed(fn, args.reps)
@@ -246,6 +335,7 @@ def main() -> None:
                     results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
         made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))
     table(results)
+    decayed_table(results)
     # fla last, so a slow autotune of its kernels cannot cut our rows short
     for name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o in made:
         if chunk_gated_delta_rule is None or args.no_fla:

@@ -113,9 +113,15 @@ def test_body_agrees_with_the_level_executor(engine: Engine, body: ForestBody) -
                 torch.testing.assert_close(mine[layer], theirs[layer].float(), rtol=0.05, atol=0.05)
 
 
-# the default body, and one with every opt-in precision setting (chunked GDN on tf32 products,
-# bf16 attention dots): other rounding, the same invariance
-BODY_SETTINGS = {"exact": {}, "tensor-cores": dict(gdn_chunk=16, gdn_dots="tf32", attention_dots="bf16")}
+# the default body, one with every opt-in precision setting (chunked GDN on tf32 products,
+# bf16 attention dots), and CUDA's settings (engine.run.path.CUDA_BODY_SETTINGS: chunk-64 GDN,
+# whose outputs launch also writes the padding rows, so `o` starts uninitialised): other
+# rounding, the same invariance
+BODY_SETTINGS = {
+    "exact": {},
+    "tensor-cores": dict(gdn_chunk=16, gdn_dots="tf32", attention_dots="bf16"),
+    "chunk-64": dict(gdn_chunk=64, gdn_dots="bf16", attention_dots="bf16", gdn_prep="auto"),
+}
 
 
 @pytest.mark.parametrize("setting", sorted(BODY_SETTINGS))
@@ -182,7 +188,7 @@ def test_unknown_precision_settings_raise(engine: Engine) -> None:
 
 
 def test_auto_gdn_prep_is_a_function_of_the_head_sizes(engine: Engine) -> None:
-    """"auto" takes the invert form exactly where it runs compiled (head sizes that are multiples
+    """ "auto" takes the invert form exactly where it runs compiled (head sizes that are multiples
     of 64: every released model) and the blocks form elsewhere (the tiny test heads); an explicit
     form is kept as given."""
     c = engine.weights.config

@@ -16,6 +16,7 @@ from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
 from engine.kernels.forest_gdn import (
     TC_CHUNK,
+    TC_DECAYED_FORMS,
     TC_PREP_FORMS,
     forest_conv,
     forest_conv_reference,
@@ -617,9 +618,17 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", prep_form="solve")
     with pytest.raises(ValueError, match="prep_warps must be 4 or 8"):
         forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", prep_warps=2)
+    with pytest.raises(ValueError, match="decayed must be one of"):
+        forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", decayed="cached")
+    with pytest.raises(ValueError, match="'stored' for the fused walk"):
+        forest_gdn_prep(
+            *args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16", walk="fused", decayed="recomputed"
+        )
     tc = forest_gdn_prep(*args, segs, qb, **KW, chunk=TC_CHUNK, dots="bf16")
     with pytest.raises(ValueError, match="out must be contiguous fp32"):
         forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV + 1, device=dev))
+    with pytest.raises(ValueError, match="rows must be contiguous int64"):
+        forest_gdn_outputs(tc, segs, torch.zeros(64, HV, DV, device=dev), rows=torch.zeros(63, ROW_FIELDS))
     prep = forest_gdn_prep(*args, segs, qb, **KW, chunk=16)
     out = torch.zeros(64, HV, DV, device=dev)
     with pytest.raises(ValueError, match="prep is for chunk 16"):
@@ -686,7 +695,8 @@ def test_tc_split_walk_equals_the_fused_one(dots: str, dev: torch.device, gen: t
     pool, segs, conv, b_raw, a_raw, ssm_a, dt, outs = _long_forest(dev, gen, TC_LENGTHS, TC_FIRST, TC_T)
     before = pool.base.clone()
     runs = []
-    for tc in (dict(walk="fused"), dict(walk="split"), dict(walk="split", outputs=False)):
+    split = dict(walk="split", decayed="stored")  # the operands the fused walk reads
+    for tc in (dict(walk="fused"), split, dict(split, outputs=False)):
         pool.base.copy_(before)
         out = _run_levels(pool, segs, conv, b_raw, a_raw, ssm_a, dt, chunk=TC_CHUNK, dots=dots, **tc)
         runs.append((out, [pool.base[o + LAYER * STATE :][:STATE].clone() for o in outs]))
@@ -700,6 +710,112 @@ def test_tc_split_walk_equals_the_fused_one(dots: str, dev: torch.device, gen: t
             for s, f in zip(states, fused_states, strict=True):
                 assert (s - f).abs().max() <= UNIT[dots] / 16 * f.abs().max()
     assert fused.abs().max() > 0
+
+
+def _two_levels(
+    dev: torch.device, gen: torch.Generator, heads: tuple[int, int, int, int]
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, int]:  # fmt: skip
+    """The chunk-64 tests' root (150 tokens from row 3, from a stored state) and child (70 from
+    row 155, level 1) at any head sizes: the inputs, segs, base (the stored state at 0, the
+    root's final state at 1 block, the child's at 2) and the state block size."""
+    hqk, hv, dk, dv = heads
+    state = hv * dk * dv
+    base = torch.zeros(3 * state + 64)
+    base[:state] = torch.randn(state, generator=gen) * 0.3
+    segs = torch.zeros(2, SEG_FIELDS, dtype=torch.int64)
+    segs[:, SEG_LIVE] = 1
+    fields = [SEG_TOK_LO, SEG_LENGTH, SEG_LEVEL, SEG_STATE_IN, SEG_HAS_STATE_IN, SEG_STATE_OUT]
+    segs[0, fields] = torch.tensor([TC_FIRST[0], TC_LENGTHS[0], 0, 0, 1, state])
+    segs[1, fields] = torch.tensor([TC_FIRST[1], TC_LENGTHS[1], 1, state, 1, 2 * state])
+    conv = torch.randn(TC_T, 2 * hqk * dk + hv * dv, generator=gen)
+    ab = torch.randn(TC_T, 2 * hv, generator=gen)
+    rest = [-torch.rand(hv, generator=gen) - 0.1, torch.randn(hv, generator=gen) * 0.1]
+    inputs = [a.to(dev) for a in (conv, ab[:, :hv], ab[:, hv:], *rest)]
+    return inputs, segs.to(dev), base.to(dev), state
+
+
+def _split_layer(
+    inputs: list[torch.Tensor], segs: torch.Tensor, base: torch.Tensor, heads: tuple[int, int, int, int],
+    qblocks: torch.Tensor | None = None, rows: torch.Tensor | None = None, **tc,
+) -> torch.Tensor:  # fmt: skip
+    """The body's order for a split chunk-64 prep: prep, the walk level by level, then every
+    level's outputs in one launch (rows given: with the padding rows' zeros); out starts NaN."""
+    hqk, hv, dk, dv = heads
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK)
+    qb = _qblocks(segs) if qblocks is None else qblocks
+    prep = forest_gdn_prep(*inputs, segs, qb, **kw, **tc)
+    out = torch.full((inputs[0].shape[0], hv, dv), float("nan"), device=base.device)
+    for level in range(2):
+        forest_gdn(*inputs, base, segs, level, 0, out, **kw, dots=tc["dots"], prep=prep, outputs=False)
+    forest_gdn_outputs(prep, segs, out, rows=rows)
+    return out
+
+
+TC_HEADS = {"tiny": (HQK, HV, DK, DV), "27B": (1, 3, 128, 128)}  # 27B: its head sizes, 3 value heads
+
+
+@pytest.mark.parametrize("heads", TC_HEADS)
+@pytest.mark.parametrize("form", TC_PREP_FORMS)
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_recomputed_decays_equal_the_stored_ones(
+    dots: str, form: str, heads: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """The split walk and the outputs making k exp(gam_last - gam) and q exp(gam) from the conv
+    rows ("recomputed"; "recomputed_q": q's only) against reading the prep's stores ("stored"),
+    over a root of 150 tokens from a stored state and its child of 70 (full and partial chunks;
+    3 value heads share a key head at the 27B sizes): the same bits, outputs and final states,
+    after either prep form.
+    The prep is one build for both (a runtime switch of masked stores) and hands the walk and
+    the outputs its row sums (q's and k's l2-norm scales) and each chunk's gam_last, so what
+    they remake is elementwise: the prep's ops in its order, whatever layouts the kernels'
+    compiles pick (on the GPU too; a row sum's order would follow its kernel's layout)."""
+    if dev.type == "cuda" and form == "invert" and not invert_compiles_for(*TC_HEADS[heads][2:]):
+        pytest.skip("invert form not compiled at these head sizes (INVERT_HEAD_MULTIPLE)")
+    inputs, segs, base0, _ = _two_levels(dev, gen, TC_HEADS[heads])
+    runs = {}
+    for decayed in TC_DECAYED_FORMS:
+        base = base0.clone()
+        out = _split_layer(inputs, segs, base, TC_HEADS[heads], dots=dots, prep_form=form, decayed=decayed)
+        runs[decayed] = out, base
+    stored, stored_base = runs.pop("stored")
+    live = torch.zeros(TC_T, dtype=torch.bool, device=dev)
+    for lo, n in zip(TC_FIRST, TC_LENGTHS, strict=True):
+        live[lo : lo + n] = True
+    assert not stored[live].isnan().any() and stored[~live].isnan().all()  # only live rows written
+    assert stored[live].abs().max() > 0
+    for decayed, (got, got_base) in runs.items():
+        assert got[~live].isnan().all(), decayed
+        assert torch.equal(got[live], stored[live]), decayed
+        assert torch.equal(got_base, stored_base), decayed
+
+
+@pytest.mark.parametrize("decayed", TC_DECAYED_FORMS)
+def test_tc_outputs_write_zeros_at_the_padding_rows(
+    decayed: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """With the row table, the outputs launch also writes zeros at the padding rows (live 0:
+    before, between and after the two segments), so the body hands it an uninitialised out; the
+    live rows keep their bits. A query-block table listing only the chunk starts (5 blocks of
+    16 rows for 232 rows) makes programs cover several row blocks each."""
+    heads = TC_HEADS["tiny"]
+    inputs, segs, base0, _ = _two_levels(dev, gen, heads)
+    rows = torch.zeros(TC_T, ROW_FIELDS, dtype=torch.int64)
+    for s, (lo, n) in enumerate(zip(TC_FIRST, TC_LENGTHS, strict=True)):
+        rows[lo : lo + n, 0], rows[lo : lo + n, ROW_LOCAL], rows[lo : lo + n, ROW_LIVE] = (
+            s,
+            torch.arange(n),
+            1,
+        )
+    rows = rows.to(dev)
+    starts = torch.tensor([[s, c0, 1] for s, n in enumerate(TC_LENGTHS) for c0 in range(0, n, TC_CHUNK)])
+    tc = dict(dots="bf16", decayed=decayed)
+    want = _split_layer(inputs, segs, base0.clone(), heads, **tc)
+    for qblocks in (None, starts.to(dev)):
+        got = _split_layer(inputs, segs, base0.clone(), heads, qblocks=qblocks, rows=rows, **tc)
+        live = rows[:, ROW_LIVE] != 0
+        assert torch.equal(got[live], want[live])
+        assert torch.equal(got[~live], torch.zeros_like(got[~live]))
+        assert (~live).sum() == TC_T - sum(TC_LENGTHS)
 
 
 def _tc_prep_oracle(
@@ -769,8 +885,9 @@ def test_tc_prep_products_match_a_float64_oracle(
     common = torch.randn(DK, generator=gen).to(dev)
     conv[:, HQK * DK : 2 * HQK * DK].view(TC_T, HQK, DK).mul_(0.3).add_(common)
     prep = forest_gdn_prep(
-        conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form
-    )
+        conv, b_raw, a_raw, ssm_a, dt, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots=dots, prep_form=form,
+        decayed="stored",
+    )  # fmt: skip
     spans = list(zip(TC_FIRST, TC_LENGTHS, strict=True))
     _check_tc_prep(prep, [conv, b_raw, a_raw, ssm_a, dt], spans, dots, (HQK, HV, DK, DV))
 
@@ -798,7 +915,7 @@ def test_tc_prep_products_at_the_model_head_size(form: str, dev: torch.device, g
     inputs = [a.to(dev) for a in inputs]
     prep = forest_gdn_prep(
         *inputs, segs, _qblocks(segs), num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
-        chunk=TC_CHUNK, dots="bf16", prep_form=form,
+        chunk=TC_CHUNK, dots="bf16", prep_form=form, decayed="stored",
     )  # fmt: skip
     _check_tc_prep(prep, inputs, [(lo, n)], "bf16", (hqk, hv, dk, dv))
 
@@ -820,8 +937,9 @@ def test_tc_prep_rows_alone_equal_packed_at_the_model_head_size(
     for s, (lo, n) in enumerate(spans):
         segs[s, [SEG_TOK_LO, SEG_LENGTH, SEG_LIVE]] = torch.tensor([lo, n, 1])
     kw = dict(
-        num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots="bf16", prep_form=form
-    )
+        num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots="bf16", prep_form=form,
+        decayed="stored",
+    )  # fmt: skip
     inputs = [a.to(dev) for a in (x, ab[:, :hv], ab[:, hv:], *rest)]
     packed = forest_gdn_prep(*inputs, segs.to(dev), _qblocks(segs.to(dev)), **kw)
     lo, n = spans[1]
