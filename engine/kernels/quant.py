@@ -38,8 +38,9 @@ MAX_BLOCK = 4096
 # (e.g. a normed 10,240 row at the norm's fixed 8 warps) runs the long-row kernel. 0 sends every
 # row there (bench_rows.py times the two kernels that way; the bits are the same).
 RESIDENT_VALUES = 32
-# A plain row no warp count holds at RESIDENT_VALUES may still be held at 16 warps with up to this
-# many a thread (0: never; nor when RESIDENT_VALUES is 0): the 17,408 row of the SwiGLU-fused MLP path (v, then quantize_rows).
+# A plain row no warp count holds at RESIDENT_VALUES may still be held at 16 warps with up to
+# this many a thread (0: never; nor when RESIDENT_VALUES is 0): the 17,408 row of the
+# SwiGLU-fused MLP path (v, then quantize_rows).
 # H200, 27B, bits equal: 24.3 -> 15.3 us at 256 rows, 549 -> 434 at 8,192 (bench_swiglu.py,
 # 2026-12-02 session 9). Shorter rows keep the fewest warps that hold 32 values a thread.
 WIDE_RESIDENT_VALUES = 48
