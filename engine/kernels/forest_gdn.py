@@ -1162,9 +1162,12 @@ TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 
 # key head, shared by its value heads in L2), the l2-norm scale per row and the decay the prep
 # stored (4 bytes a row each). Only elementwise ops are redone, the prep's in its order, and the
 # prep is one build for every form (masked stores switched at run time), so every form gives
-# the same bits. The fused walk reads them stored.
+# the same bits. The fused walk reads them stored. The default stays "stored", the form the H200
+# has timed, until ops/device/gdn_check.sh times the others (2026-12-02 session 9: built and
+# tested in the interpreter, bits equal; the GPU was not lent in time to time them). The walk
+# with k remade holds 236 registers against 144, so it may lose what the bytes save.
 TC_DECAYED_FORMS = ("stored", "recomputed_q", "recomputed")
-TC_DECAYED = "recomputed"
+TC_DECAYED = "stored"
 
 
 @dataclass(frozen=True)
