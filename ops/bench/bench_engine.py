@@ -260,7 +260,7 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
     if body is not None and body.graphs:
         bench.body = ForestBody(
             bench.weights, graphs=False, gdn_chunk=body.gdn_chunk, gdn_dots=body.gdn_dots,
-            attention_dots=body.attention_dots,
+            attention_dots=body.attention_dots, gdn_prep=body.gdn_prep,
         )  # fmt: skip
     try:
         for _ in range(3):
