@@ -15,9 +15,18 @@ Each image runs on its own (attention never crosses images, and its shapes depen
 alone), so an image's embeddings are the same bits whatever else is in the request, the batch
 or the cache: the int8 text path's invariance holds with images. The tower itself stays fp32 on
 every precision path (it is a few percent of a request's work at the sizes served).
+
+On the CPU the tower runs with one intra-op thread, whatever the process's setting: a CPU BLAS
+may split a matmul's sum by the thread count (oneDNN on an AMX Xeon does, on 2 threads), and a
+replay on a machine with another core count must decide the same. `_CPU_TOWER` serializes the
+CPU towers of a process, so no other tower changes the count in between.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -105,9 +114,32 @@ def _block(
     return h + F.linear(x, b["ffn_down_w"], b["ffn_down_b"])
 
 
-@torch.no_grad()
+_CPU_TOWER = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    """One intra-op thread for the tower's CPU ops (see the module docstring); CUDA: nothing."""
+    if device.type != "cpu":
+        yield
+        return
+    with _CPU_TOWER:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+
 def encode_image(weights: VisionWeights, image: PreparedImage) -> torch.Tensor:
     """Embeddings [image.tokens, out_hidden] float32 of one image, on the weights' device."""
+    with _one_thread_on_cpu(weights.pos_embd.device):
+        return _encode_image(weights, image)
+
+
+@torch.no_grad()
+def _encode_image(weights: VisionWeights, image: PreparedImage) -> torch.Tensor:
     c = weights.config
     dev = weights.pos_embd.device
     if image.pixels.shape != (image.grid_h * image.grid_w, c.patch_dim):

@@ -9,14 +9,16 @@ record's numbers as `float.hex`; `test_bits_unchanged.py` re-runs them and compa
 
     PYTHONPATH=. python tests/engine/bits_cases.py [--out tests/engine/data/bits_before.json]
 
-fp32 CPU kernels may round differently per instruction set and per torch build, so the JSON names
-`torch.__version__` and `torch.backends.cpu.get_cpu_capability()`; the test compares only under
-both, and skips elsewhere (an exact match on another CPU would be an accident, not a promise).
+fp32 CPU kernels may round differently per instruction set, per torch build and per CPU, so the
+JSON names `torch.__version__`, `torch.backends.cpu.get_cpu_capability()` and a digest of a few
+fp32 ops' bits on fixed inputs (`kernel_rounding`); the test compares only under all three, and
+skips elsewhere (an exact match on another CPU would be an accident, not a promise).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import tempfile
@@ -148,7 +150,39 @@ def interpreted() -> bool:
 
 
 def platform() -> dict[str, str]:
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    """What the CPU paths' fp32 bits depend on besides the code: the torch build, the instruction
+    set torch dispatches to, and `kernel_rounding`."""
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "kernel_rounding": kernel_rounding(),
+    }
+
+
+def kernel_rounding() -> str:
+    """A digest of the bits a few fp32 CPU ops the paths use give on fixed inputs (one thread).
+
+    Why: two CPUs of one instruction-set level (e.g. AVX512 with and without AMX) can run other
+    BLAS kernels that round differently (seen 2026-12-02: the same torch build and capability,
+    other fp32 records). Where this digest differs from the capture's, an unequal record says
+    nothing about the code, so the test skips; where it is equal, the records must be too.
+    """
+    g = torch.Generator().manual_seed(7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        outs = []
+        for m, k, n in ((1, 64, 96), (7, 64, 96), (33, 128, 256), (5, 256, 64)):
+            x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+            y = torch.nn.functional.linear(x, w)
+            outs += [y, torch.softmax(y, dim=-1), y @ w, torch.rsqrt(y.abs() + 1.0), torch.exp(-y.abs())]
+            outs.append(torch.nn.functional.layer_norm(y, (n,)))
+    finally:
+        torch.set_num_threads(threads)
+    digest = hashlib.sha256()
+    for t in outs:
+        digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def generate_model(folder: Path) -> Path:

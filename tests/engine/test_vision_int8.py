@@ -125,8 +125,8 @@ def test_thoughts_about_an_image_have_the_same_bits_in_both_modes(
 
 
 def test_tower_bits_do_not_depend_on_the_thread_count(engine: Engine, pictures: list[bytes]) -> None:
-    """The tower's float matmuls, like the text path's attention dots, give the same bits with 1 or
-    2 intra-op threads (a restart with another thread count decides the same)."""
+    """The tower gives the same bits whatever the process's intra-op thread count (a restart with
+    another thread count decides the same): on the CPU it runs its ops on one thread itself."""
     image = prepare_image(pictures[0], engine.vision.config)
     threads = torch.get_num_threads()
     try:
