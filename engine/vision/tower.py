@@ -17,7 +17,7 @@ or the cache: the int8 text path's invariance holds with images. The tower itsel
 every precision path (it is a few percent of a request's work at the sizes served).
 
 On the CPU the tower runs with one intra-op thread, whatever the process's setting: a CPU BLAS
-may split a matmul's sum by the thread count (oneDNN on an AMX Xeon does, on 2 threads), and a
+may split a matmul's sum by the thread count (seen on an AMX Xeon at 2 threads), and a
 replay on a machine with another core count must decide the same. `_CPU_TOWER` serializes the
 CPU towers of a process, so no other tower changes the count in between.
 """
