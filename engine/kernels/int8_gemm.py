@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from engine.kernels import cutlass_gemm
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_quant import _swiglu_value
 
@@ -900,7 +901,8 @@ def int8_gemm(
 
     a int8 [M, K] (per-row quantized activations), w int8 [N, K] (per-output-channel weight),
     a_scale fp32 [M], w_scale fp32 [N], residual fp32/bf16 [M, N] or None. Any M >= 0.
-    `config` overrides the fixed table (benchmarks only; the bits are the same).
+    `config` overrides the fixed table (benchmarks only; the bits are the same). On an sm_90 GPU
+    with the CUTLASS library built, "auto" hands the M buckets `cutlass_gemm.TABLE` names to it.
     """
     _check(a, w, a_scale, w_scale, residual, out_dtype)
     m, k = a.shape
@@ -909,6 +911,10 @@ def int8_gemm(
         return int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
     if m * k >= 2**31 or n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm shape {m}x{k}x{n} exceeds 32-bit indexing")
+    if config is None and backend == "auto" and (cutlass := cutlass_gemm.serves(a, w, residual, out_dtype)):
+        y = torch.empty(m, n, dtype=out_dtype, device=a.device)
+        cutlass_gemm.gemm(cutlass, a, w, a_scale, w_scale, residual, y)  # the same bits (see the module)
+        return y
     cfg = config or config_for(m, n, k)
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     res = residual if residual is not None else y

@@ -52,6 +52,7 @@ import torch
 
 from engine.decide.readout import read_letters
 from engine.decide.sampling import sample_tokens
+from engine.kernels import cutlass_gemm
 from engine.kernels.forest_attention import ATTENTION_DOTS
 from engine.kernels.forest_gdn import GDN_DOTS
 from engine.model.config import ModelConfig
@@ -710,6 +711,15 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "swiglu": False,
     },
+    # the CUDA default with every GEMM on the Triton tiles (`cutlass_gemm.TABLE` all None for the
+    # variant; where the CUTLASS library is not built, the same as tc64inv): the same bits
+    "tc64inv-triton": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "cutlass": False,
+    },
 }
 
 
@@ -833,17 +843,22 @@ def run_variant(
     decode: bool,
 ) -> None:
     """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
-    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way)."""
+    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way), and
+    `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
+    cutlass = True if settings is None else settings.pop("cutlass", True)
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
-    table = int8_gemm.SWIGLU_TABLE
+    table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
+    if not cutlass:
+        cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
+    record("cutlass", cutlass and cutlass_gemm.library() is not None)
     try:
         _run_variant(args, weights, device, name, settings, record, decode=decode)
     finally:
-        int8_gemm.SWIGLU_TABLE = table
+        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
 
 
 def _run_variant(

@@ -1,0 +1,308 @@
+"""The int8 GEMM on Hopper through CUTLASS 3: TMA loads and warp-specialized wgmma, which the
+Triton tiles do not reach (Triton 3.6 specializes warps only at 4 warps on sm_90).
+
+Same contract as `int8_gemm`: y = (float(acc) * a_scale[m]) * w_scale[n] (+ residual), fp32,
+acc the exact int32 sum, the epilogue in CUTLASS's visitor tree compiled without FMA contraction
+(`cuda/int8_gemm_sm90.cuh`). So the bits equal the Triton kernel's and the torch reference's
+whatever config serves a call; configs are chosen by M from a fixed table for speed only.
+
+Why a separate, optional library: CUTLASS is C++ templates compiled by nvcc for sm_90a, which
+neither CI nor every GPU host has. `python -m engine.kernels.cutlass_gemm build` (or `make
+cutlass`) writes one translation unit per config, compiles them in parallel and links one shared
+library under `.cache/cutlass/<digest>/`, the digest taken over the sources and the configs, so
+an edited header is never served by a stale build. `int8_gemm` calls it through ctypes on CUDA
+where the table names a config and the library is built; otherwise the Triton kernel runs (same
+bits). `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere.
+The ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import structlog
+import torch
+
+log = structlog.get_logger(__name__)
+
+HEADER = Path(__file__).resolve().parent / "cuda" / "int8_gemm_sm90.cuh"
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache" / "cutlass"
+LIBRARY_NAME = "libprism_int8_gemm.so"
+
+
+@dataclass(frozen=True)
+class CutlassConfig:
+    """One kernel: the CTA tile, the mainloop schedule ("pingpong": two consumer warp groups on
+    alternate tiles, one's epilogue under the other's MMAs; "cooperative": both on one tile),
+    the tile scheduler ("persistent" or "streamk": K-split work units whose exact int32 partials
+    are summed, so the bits cannot change) and the thread-block cluster along M."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    schedule: str = "pingpong"
+    scheduler: str = "persistent"
+    cluster_m: int = 1
+
+    @property
+    def name(self) -> str:
+        sched = {"pingpong": "p", "cooperative": "c"}[self.schedule]
+        s = f"{sched}{self.tile_m}x{self.tile_n}x{self.tile_k}"
+        if self.scheduler == "streamk":
+            s += "_sk"
+        if self.cluster_m > 1:
+            s += f"_cl{self.cluster_m}"
+        return s
+
+    def source(self) -> str:
+        """The translation unit for this config."""
+        mainloop, epilogue = {
+            "pingpong": ("prism::Pingpong", "prism::PingpongEpilogue"),
+            "cooperative": ("prism::Cooperative", "prism::CooperativeEpilogue"),
+        }[self.schedule]
+        scheduler = {"persistent": "prism::Persistent", "streamk": "prism::StreamK"}[self.scheduler]
+        tile = f"cute::Shape<cute::_{self.tile_m}, cute::_{self.tile_n}, cute::_{self.tile_k}>"
+        cluster = f"cute::Shape<cute::_{self.cluster_m}, cute::_1, cute::_1>"
+        return (
+            f'#include "{HEADER.name}"\n'
+            f"PRISM_INT8_GEMM({self.name}, PRISM_ARG({tile}), PRISM_ARG({cluster}), {mainloop}, {epilogue}, "
+            f"{scheduler})\n"
+        )
+
+
+# What the library holds. Measured on an H200 on 2026-12-02 (ops/bench/bench_cutlass.py, cold
+# weights in CUDA graphs, the 27B linears as the engine stacks them; RESULTS.md session 10).
+CONFIGS: tuple[CutlassConfig, ...] = (
+    CutlassConfig(128, 128, 128, "pingpong"),
+    CutlassConfig(64, 128, 128, "pingpong"),
+    CutlassConfig(128, 128, 128, "cooperative"),
+    CutlassConfig(128, 256, 128, "cooperative"),
+    CutlassConfig(128, 128, 128, "cooperative", "streamk"),
+)
+
+# (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 64,
+# where the Triton GEMV and split tiles stream the weight faster). Any entry gives the same bits.
+TABLE: tuple[tuple[int, str | None], ...] = (
+    (64, None),
+    (2048, "p128x128x128"),
+    (1 << 62, "c128x256x128"),
+)
+
+
+def config_for(m: int) -> str | None:
+    """The config name that serves M rows, or None (the Triton kernel)."""
+    for max_m, name in TABLE:
+        if m <= max_m:
+            return name
+    return TABLE[-1][1]
+
+
+def digest(configs: tuple[CutlassConfig, ...] = CONFIGS) -> str:
+    """Names the build: the header's text and every config's source."""
+    h = hashlib.sha256(HEADER.read_bytes())
+    for c in configs:
+        h.update(c.source().encode())
+    return h.hexdigest()[:16]
+
+
+def default_library() -> Path:
+    return CACHE / digest() / LIBRARY_NAME
+
+
+def _nvcc() -> str:
+    """nvcc from CUDA_HOME, PATH, or the pip wheels (`nvidia-cuda-nvcc` and friends)."""
+    home = os.environ.get("CUDA_HOME")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for entry in sys.path:
+        for cand in sorted(Path(entry).glob("nvidia/cu*/bin/nvcc")) if entry else []:
+            return str(cand)
+    raise FileNotFoundError("no nvcc: install the CUDA toolkit or `make cutlass` (pip wheels)")
+
+
+def _cutlass_include() -> list[Path]:
+    """CUTLASS's headers: CUTLASS_HOME, or the `nvidia-cutlass` wheel's copy."""
+    home = os.environ.get("CUTLASS_HOME")
+    if home:
+        root = Path(home)
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError("no CUTLASS headers: set CUTLASS_HOME or pip install nvidia-cutlass")
+        root = Path(spec.origin).parent / "source"
+    return [root / "include", root / "tools" / "util" / "include"]
+
+
+def build(out: Path | None = None, jobs: int | None = None) -> Path:
+    """Compile every config into one shared library; returns its path (kept if already built)."""
+    lib = out or default_library()
+    if lib.exists():
+        return lib
+    work = lib.parent / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HEADER, work / HEADER.name)
+    nvcc = _nvcc()
+    cuda_root = Path(nvcc).resolve().parent.parent
+    flags = [
+        "-std=c++17", "-O3", "-DNDEBUG", "-fmad=false", "--expt-relaxed-constexpr",
+        "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
+        f"-I{work}",
+    ] + [f"-I{p}" for p in _cutlass_include()]  # fmt: skip
+
+    def compile_one(c: CutlassConfig) -> Path:
+        src = work / f"{c.name}.cu"
+        src.write_text(c.source())
+        obj = work / f"{c.name}.o"
+        run = subprocess.run([nvcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {c.name}:\n{run.stderr[-4000:]}")
+        return obj
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        objects = list(pool.map(compile_one, CONFIGS))
+    tmp = lib.with_suffix(".tmp")
+    link = [nvcc, "-shared", "-cudart", "static", f"-L{cuda_root / 'lib'}", f"-L{cuda_root / 'lib64'}"]
+    link += ["-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp), *map(str, objects)]
+    run = subprocess.run(link, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"link failed:\n{run.stderr[-4000:]}")
+    tmp.rename(lib)
+    log.info("cutlass_built", library=str(lib), configs=[c.name for c in CONFIGS])
+    return lib
+
+
+class Library:
+    """The built library's entry points, called on torch tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))
+        self._run: dict[str, ctypes._CFuncPtr] = {}
+        self._workspace_bytes: dict[str, ctypes._CFuncPtr] = {}
+        for c in CONFIGS:
+            run = getattr(self._lib, f"prism_int8_gemm_{c.name}")
+            run.restype = ctypes.c_int
+            run.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+            ws = getattr(self._lib, f"prism_int8_gemm_{c.name}_workspace")
+            ws.restype = ctypes.c_size_t
+            ws.argtypes = [ctypes.c_int] * 3
+            self._run[c.name], self._workspace_bytes[c.name] = run, ws
+        self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
+
+    def _workspace(self, name: str, m: int, n: int, k: int, device: torch.device) -> int:
+        """A zeroed buffer per (config, shape, device), kept: a captured graph holds its address,
+        and stream K's tile counters expect zeros between launches (each launch leaves them so)."""
+        key = (name, m, n, k, device.index or 0)
+        buf = self._workspaces.get(key)
+        if buf is None:
+            size = int(self._workspace_bytes[name](m, n, k))
+            buf = torch.zeros(max(size, 16), dtype=torch.uint8, device=device)
+            self._workspaces[key] = buf
+        return buf.data_ptr()
+
+    def gemm(
+        self,
+        name: str,
+        a: torch.Tensor,
+        w: torch.Tensor,
+        a_scale: torch.Tensor,
+        w_scale: torch.Tensor,
+        residual: torch.Tensor | None,
+        y: torch.Tensor,
+    ) -> None:
+        m, k = a.shape
+        n = w.shape[0]
+        rc = self._run[name](
+            a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
+            0 if residual is None else residual.data_ptr(), y.data_ptr(), m, n, k,
+            self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"CUTLASS int8 GEMM {name} failed ({rc}) at M={m} N={n} K={k}")
+
+
+@cache
+def library() -> Library | None:
+    """The built library, or None (not built, turned off, or no sm_90 GPU)."""
+    if os.environ.get("PRISM_CUTLASS", "1") == "0" or not torch.cuda.is_available():
+        return None
+    if torch.cuda.get_device_capability() != (9, 0):
+        return None
+    path = Path(os.environ["PRISM_CUTLASS_LIB"]) if os.environ.get("PRISM_CUTLASS_LIB") else default_library()
+    if not path.exists():
+        return None
+    lib = Library(path)
+    log.info("cutlass_loaded", library=str(path))
+    return lib
+
+
+def serves(
+    a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None, out_dtype: torch.dtype
+) -> str | None:
+    """The config that takes this call, or None: CUDA, fp32 out, a table entry for M, TMA's
+    16-byte rules (contiguous rows, K % 16 == 0, N % 4 == 0) and the library present."""
+    if not a.is_cuda or out_dtype != torch.float32 or a.shape[0] == 0:
+        return None
+    name = config_for(a.shape[0])
+    if name is None:
+        return None
+    n, k = w.shape
+    if k % 16 or n % 4 or not a.is_contiguous() or not w.is_contiguous():
+        return None
+    if residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()):
+        return None
+    if library() is None:
+        return None
+    return name
+
+
+def gemm(
+    name: str,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    residual: torch.Tensor | None,
+    y: torch.Tensor,
+) -> None:
+    """y = the int8 GEMM with its epilogue, by config `name` (after `serves` said so)."""
+    lib = library()
+    assert lib is not None
+    lib.gemm(name, a, w, a_scale.contiguous(), w_scale.contiguous(), residual, y)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="build the CUTLASS int8 GEMM library")
+    ap.add_argument("command", choices=["build", "path"])
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"library path (default .cache/cutlass/<digest>/{LIBRARY_NAME})",
+    )
+    ap.add_argument("--jobs", type=int, default=None)
+    args = ap.parse_args()
+    if args.command == "path":
+        print(args.out or default_library())
+        return
+    print(build(args.out, args.jobs))
+
+
+if __name__ == "__main__":
+    main()

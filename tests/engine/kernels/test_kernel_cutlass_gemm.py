@@ -1,0 +1,201 @@
+"""The CUTLASS int8 GEMM (`engine.kernels.cutlass_gemm`).
+
+On an sm_90 GPU with the library built (`python -m engine.kernels.cutlass_gemm build`): every
+config's y, with and without a residual, equals the torch reference bit for bit (the exact int32
+sum, then (acc * a_scale) * w_scale (+ residual) with no FMA); a row's bits do not depend on how
+many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table's M buckets to
+it and gives the Triton kernel's bits. Everywhere: the table, the sources the build writes, the
+digest that names a build, the dispatch's refusals (CPU tensors, bf16 out, misaligned shapes, no
+library); and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
+library exports the entry points the loader binds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.kernels import cutlass_gemm
+from engine.kernels.cutlass_gemm import CONFIGS, TABLE, CutlassConfig, config_for
+from engine.kernels.int8_gemm import int8_gemm, int8_gemm_reference
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+LIBRARY = cutlass_gemm.library() if ON_HOPPER else None
+needs_library = pytest.mark.skipif(LIBRARY is None, reason="needs an sm_90 GPU and the built CUTLASS library")
+
+
+def _operands(m: int, n: int, k: int, seed: int, residual: bool):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    a_scale = torch.rand(m, generator=gen) * 0.02 + 1e-3
+    w_scale = torch.rand(n, generator=gen) * (1.0 / k) + 1e-4
+    res = torch.randn(m, n, generator=gen) if residual else None
+    return a, w, a_scale, w_scale, res
+
+
+def _cuda(*ts):
+    return [None if t is None else t.cuda() for t in ts]
+
+
+# --- everywhere ---------------------------------------------------------------------------------
+
+
+def test_the_table_covers_every_m_and_names_built_configs() -> None:
+    names = {c.name for c in CONFIGS}
+    assert len(names) == len(CONFIGS), "two configs share a name (and so an entry point)"
+    bounds = [m for m, _ in TABLE]
+    assert bounds == sorted(bounds) and bounds[-1] >= 1 << 62
+    assert all(name is None or name in names for _, name in TABLE)
+    for m in (1, 16, 64, 65, 256, 1024, 2048, 2049, 8192, 1 << 40):
+        want = next(name for max_m, name in TABLE if m <= max_m)
+        assert config_for(m) == want
+
+
+def test_each_config_source_declares_its_entry_points() -> None:
+    for c in CONFIGS:
+        src = c.source()
+        assert f"PRISM_INT8_GEMM({c.name}," in src
+        assert cutlass_gemm.HEADER.name in src
+        assert f"cute::_{c.tile_m}, cute::_{c.tile_n}, cute::_{c.tile_k}" in src
+    header = cutlass_gemm.HEADER.read_text()
+    # the entry points the loader binds are the ones the macro defines
+    assert "prism_int8_gemm_##NAME##_workspace" in header and "prism_int8_gemm_##NAME(" in header
+    assert "-fmad=false" in Path(cutlass_gemm.__file__).read_text()  # the epilogue's bits depend on it
+
+
+def test_the_digest_names_the_header_and_the_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = cutlass_gemm.digest()
+    assert cutlass_gemm.digest() == base
+    assert cutlass_gemm.digest(CONFIGS[:1]) != base
+    edited = tmp_path / cutlass_gemm.HEADER.name
+    edited.write_text(cutlass_gemm.HEADER.read_text() + "\n// edited\n")
+    monkeypatch.setattr(cutlass_gemm, "HEADER", edited)
+    assert cutlass_gemm.digest() != base
+    assert cutlass_gemm.default_library().parent.name == cutlass_gemm.digest()
+
+
+def test_calls_it_cannot_take_stay_with_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, w, _, _, res = _operands(256, 64, 64, 1, True)
+    assert cutlass_gemm.serves(a, w, res, torch.float32) is None  # CPU tensors
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: object())  # as if built: the rules alone
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert cutlass_gemm.serves(a, w, res, torch.float32) == config_for(256)
+    assert cutlass_gemm.serves(a, w, res, torch.bfloat16) is None
+    assert cutlass_gemm.serves(a[:16], w, None, torch.float32) == config_for(16)  # None: decode
+    k40 = (a[:, :40].contiguous(), w[:, :40].contiguous())
+    assert cutlass_gemm.serves(*k40, None, torch.float32) is None  # K % 16
+    assert cutlass_gemm.serves(a, w[:62], None, torch.float32) is None  # N % 4
+    assert cutlass_gemm.serves(a, w, res.bfloat16(), torch.float32) is None
+    assert cutlass_gemm.serves(a[:0], w, None, torch.float32) is None
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: None)
+    assert cutlass_gemm.serves(a, w, res, torch.float32) is None
+
+
+def _toolchain() -> bool:
+    try:
+        cutlass_gemm._nvcc()
+        cutlass_gemm._cutlass_include()
+    except FileNotFoundError:
+        return False
+    return shutil.which("g++") is not None or shutil.which("c++") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _toolchain(), reason="needs nvcc and CUTLASS's headers (make cutlass)")
+def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = (CutlassConfig(64, 128, 128, "pingpong"),)
+    monkeypatch.setattr(cutlass_gemm, "CONFIGS", one)
+    lib_path = cutlass_gemm.build(tmp_path / "lib" / cutlass_gemm.LIBRARY_NAME, jobs=1)
+    lib = ctypes.CDLL(str(lib_path))  # static cudart: loads without a GPU
+    assert hasattr(lib, "prism_int8_gemm_p64x128x128")
+    assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
+    assert cutlass_gemm.build(lib_path) == lib_path  # built once
+
+
+def test_the_build_finds_cutlass_from_its_wheel_or_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CUTLASS_HOME", str(tmp_path))
+    assert cutlass_gemm._cutlass_include() == [tmp_path / "include", tmp_path / "tools" / "util" / "include"]
+    monkeypatch.delenv("CUTLASS_HOME")
+    if importlib.util.find_spec("cutlass_library") is None:
+        with pytest.raises(FileNotFoundError, match="CUTLASS"):
+            cutlass_gemm._cutlass_include()
+
+
+# --- on an sm_90 GPU with the library ------------------------------------------------------------
+
+SHAPES = [(1, 256, 128), (17, 1024, 256), (200, 520, 384), (256, 5120, 1024), (1000, 1028, 2048)]
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+@pytest.mark.parametrize("residual", [False, True])
+def test_every_config_gives_the_reference_bits(config: str, residual: bool) -> None:
+    assert LIBRARY is not None
+    for i, (m, n, k) in enumerate(SHAPES):
+        a, w, a_scale, w_scale, res = _cuda(*_operands(m, n, k, 10 + i, residual))
+        y = torch.empty(m, n, device="cuda")
+        LIBRARY.gemm(config, a, w, a_scale, w_scale, res, y)
+        want = int8_gemm_reference(a, w, a_scale, w_scale, res)
+        assert torch.equal(y, want), (config, m, n, k)
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+def test_a_row_has_the_same_bits_alone_and_anywhere_in_a_batch(config: str) -> None:
+    assert LIBRARY is not None
+    m, n, k = 300, 1024, 512
+    a, w, a_scale, w_scale, res = _cuda(*_operands(m, n, k, 3, True))
+    whole = torch.empty(m, n, device="cuda")
+    LIBRARY.gemm(config, a, w, a_scale, w_scale, res, whole)
+    for row in (0, 131, 299):
+        alone = torch.empty(1, n, device="cuda")
+        LIBRARY.gemm(config, a[row : row + 1], w, a_scale[row : row + 1], w_scale, res[row : row + 1], alone)
+        assert torch.equal(alone[0], whole[row])
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(4)).cuda()
+    shuffled = torch.empty(m, n, device="cuda")
+    LIBRARY.gemm(config, a[perm].contiguous(), w, a_scale[perm], w_scale, res[perm].contiguous(), shuffled)
+    assert torch.equal(shuffled, whole[perm])
+
+
+@needs_library
+def test_int8_gemm_hands_the_table_buckets_to_it_with_the_triton_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real = cutlass_gemm.gemm
+    monkeypatch.setattr(cutlass_gemm, "gemm", lambda name, *args: (calls.append(name), real(name, *args))[1])
+    for m in (16, 64, 65, 384, 3000):
+        a, w, a_scale, w_scale, res = _cuda(*_operands(m, 1024, 512, m, True))
+        calls.clear()
+        got = int8_gemm(a, w, a_scale, w_scale, res)
+        assert calls == ([config_for(m)] if config_for(m) else [])
+        assert torch.equal(got, int8_gemm(a, w, a_scale, w_scale, res, backend="triton"))
+
+
+@needs_library
+def test_a_captured_graph_replays_it() -> None:
+    """The ctypes call launches on torch's current stream, so a CUDA graph records it."""
+    assert LIBRARY is not None
+    name = CONFIGS[0].name
+    a, w, a_scale, w_scale, res = _cuda(*_operands(256, 1024, 512, 7, True))
+    y = torch.empty(256, 1024, device="cuda")
+    LIBRARY.gemm(name, a, w, a_scale, w_scale, res, y)  # workspace allocated outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        LIBRARY.gemm(name, a, w, a_scale, w_scale, res, y)
+    y.zero_()
+    a2, _, s2, _, r2 = _cuda(*_operands(256, 1024, 512, 8, True))
+    a.copy_(a2)
+    a_scale.copy_(s2)
+    res.copy_(r2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, int8_gemm_reference(a, w, a_scale, w_scale, res))
