@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install kafka-jars test test-fast demo lint schemas clean
+.PHONY: install kafka-jars test test-fast demo lint schemas cutlass clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ lint: install
 
 schemas: install
 	$(PY) -m schemas.export
+
+# Optional, for Hopper GPUs: the CUTLASS int8 GEMM library (engine/kernels/cutlass_gemm.py), built
+# with NVIDIA's nvcc wheels into .cache/cutlass/; int8_gemm uses it where it is built. No GPU needed.
+cutlass: install
+	$(PY) -m pip install -q -e '.[cutlass]'
+	$(PY) ops/build_cutlass.py
 
 test: install kafka-jars
 	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests

@@ -7,18 +7,17 @@ acc the exact int32 sum, the epilogue in CUTLASS's visitor tree compiled without
 whatever config serves a call; configs are chosen by M from a fixed table for speed only.
 
 Why a separate, optional library: CUTLASS is C++ templates compiled by nvcc for sm_90a, which
-neither CI nor every GPU host has. `python -m engine.kernels.cutlass_gemm build` (or `make
-cutlass`) writes one translation unit per config, compiles them in parallel and links one shared
-library under `.cache/cutlass/<digest>/`, the digest taken over the sources and the configs, so
-an edited header is never served by a stale build. `int8_gemm` calls it through ctypes on CUDA
-where the table names a config and the library is built; otherwise the Triton kernel runs (same
-bits). `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere.
-The ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
+neither CI nor every GPU host has. `make cutlass` (`ops/build_cutlass.py`) writes one translation
+unit per config, compiles them in parallel and links one shared library under
+`.cache/cutlass/<digest>/`, the digest taken over the header and the configs, so an edited header
+is never served by a stale build. `int8_gemm` calls it through ctypes on an sm_90 GPU where the
+table names a config and the library is built; otherwise the Triton kernel runs (same bits).
+`PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
+ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import hashlib
 import os
@@ -46,7 +45,8 @@ class CutlassConfig:
     """One kernel: the CTA tile, the mainloop schedule ("pingpong": two consumer warp groups on
     alternate tiles, one's epilogue under the other's MMAs; "cooperative": both on one tile),
     the tile scheduler ("persistent" or "streamk": K-split work units whose exact int32 partials
-    are summed, so the bits cannot change) and the thread-block cluster along M."""
+    are summed, so the bits cannot change) and the thread-block cluster (CTAs of one cluster
+    share an operand tile through TMA multicast: along N, the activation tile)."""
 
     tile_m: int
     tile_n: int
@@ -54,6 +54,7 @@ class CutlassConfig:
     schedule: str = "pingpong"
     scheduler: str = "persistent"
     cluster_m: int = 1
+    cluster_n: int = 1
 
     @property
     def name(self) -> str:
@@ -61,8 +62,8 @@ class CutlassConfig:
         s = f"{sched}{self.tile_m}x{self.tile_n}x{self.tile_k}"
         if self.scheduler == "streamk":
             s += "_sk"
-        if self.cluster_m > 1:
-            s += f"_cl{self.cluster_m}"
+        if self.cluster_m > 1 or self.cluster_n > 1:
+            s += f"_cl{self.cluster_m}x{self.cluster_n}"
         return s
 
     def source(self) -> str:
@@ -73,7 +74,7 @@ class CutlassConfig:
         }[self.schedule]
         scheduler = {"persistent": "prism::Persistent", "streamk": "prism::StreamK"}[self.scheduler]
         tile = f"cute::Shape<cute::_{self.tile_m}, cute::_{self.tile_n}, cute::_{self.tile_k}>"
-        cluster = f"cute::Shape<cute::_{self.cluster_m}, cute::_1, cute::_1>"
+        cluster = f"cute::Shape<cute::_{self.cluster_m}, cute::_{self.cluster_n}, cute::_1>"
         return (
             f'#include "{HEADER.name}"\n'
             f"PRISM_INT8_GEMM({self.name}, PRISM_ARG({tile}), PRISM_ARG({cluster}), {mainloop}, {epilogue}, "
@@ -81,23 +82,37 @@ class CutlassConfig:
         )
 
 
-# What the library holds. Measured on an H200 on 2026-12-02 (ops/bench/bench_cutlass.py, cold
-# weights in CUDA graphs, the 27B linears as the engine stacks them; RESULTS.md session 10).
-CONFIGS: tuple[CutlassConfig, ...] = (
+# The configs measured (`ops/bench/bench_cutlass.py --candidates`, which builds them into a library
+# of their own). Measured on an H200 on 2026-12-02 (cold weights in CUDA graphs, the 27B linears as
+# the engine stacks them; RESULTS.md session 10).
+CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 128, 128, "pingpong"),
     CutlassConfig(64, 128, 128, "pingpong"),
     CutlassConfig(128, 128, 128, "cooperative"),
     CutlassConfig(128, 256, 128, "cooperative"),
     CutlassConfig(128, 128, 128, "cooperative", "streamk"),
+    CutlassConfig(256, 128, 128, "cooperative"),
+    CutlassConfig(256, 128, 64, "cooperative"),
+    CutlassConfig(128, 128, 128, "pingpong", cluster_n=2),
+    CutlassConfig(128, 128, 128, "pingpong", cluster_m=2),
+    CutlassConfig(128, 128, 64, "pingpong"),
 )
 
 # (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 64,
-# where the Triton GEMV and split tiles stream the weight faster). Any entry gives the same bits.
+# where the Triton GEMV and split tiles stream the weight as fast: 8.19 vs 8.31 ms a 27B step at
+# M = 64 for the best config here). Any entry gives the same bits. 27B step sums over the linears
+# (ms; Triton's tiles for comparison): the pingpong 128x128x128 tile had the least at M = 256
+# (11.7 vs 14.7), 384 (14.4 vs 18.6) and 1,024 (34.1 vs 44.9); at 8,192 the same tile in a
+# cluster of two along N (the activation tile multicast to both CTAs) did (292 vs 312 unclustered
+# and 321 Triton). The bound between 1,024 and 8,192 is not measured.
 TABLE: tuple[tuple[int, str | None], ...] = (
     (64, None),
     (2048, "p128x128x128"),
-    (1 << 62, "c128x256x128"),
+    (1 << 62, "p128x128x128_cl1x2"),
 )
+
+# What the engine's library holds: the configs the table names (each costs ~1 min of nvcc).
+CONFIGS: tuple[CutlassConfig, ...] = tuple(c for c in CANDIDATES if c.name in {n for _, n in TABLE})
 
 
 def config_for(m: int) -> str | None:
@@ -116,8 +131,8 @@ def digest(configs: tuple[CutlassConfig, ...] = CONFIGS) -> str:
     return h.hexdigest()[:16]
 
 
-def default_library() -> Path:
-    return CACHE / digest() / LIBRARY_NAME
+def default_library(configs: tuple[CutlassConfig, ...] = CONFIGS) -> Path:
+    return CACHE / digest(configs) / LIBRARY_NAME
 
 
 def _nvcc() -> str:
@@ -149,9 +164,11 @@ def _cutlass_include() -> list[Path]:
     return [root / "include", root / "tools" / "util" / "include"]
 
 
-def build(out: Path | None = None, jobs: int | None = None) -> Path:
-    """Compile every config into one shared library; returns its path (kept if already built)."""
-    lib = out or default_library()
+def build(
+    out: Path | None = None, jobs: int | None = None, configs: tuple[CutlassConfig, ...] = CONFIGS
+) -> Path:
+    """Compile `configs` into one shared library; returns its path (kept if already built)."""
+    lib = out or default_library(configs)
     if lib.exists():
         return lib
     work = lib.parent / "src"
@@ -175,7 +192,7 @@ def build(out: Path | None = None, jobs: int | None = None) -> Path:
         return obj
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        objects = list(pool.map(compile_one, CONFIGS))
+        objects = list(pool.map(compile_one, configs))
     tmp = lib.with_suffix(".tmp")
     link = [nvcc, "-shared", "-cudart", "static", f"-L{cuda_root / 'lib'}", f"-L{cuda_root / 'lib64'}"]
     link += ["-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp), *map(str, objects)]
@@ -183,19 +200,19 @@ def build(out: Path | None = None, jobs: int | None = None) -> Path:
     if run.returncode != 0:
         raise RuntimeError(f"link failed:\n{run.stderr[-4000:]}")
     tmp.rename(lib)
-    log.info("cutlass_built", library=str(lib), configs=[c.name for c in CONFIGS])
+    log.info("cutlass_built", library=str(lib), configs=[c.name for c in configs])
     return lib
 
 
 class Library:
     """The built library's entry points, called on torch tensors."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, configs: tuple[CutlassConfig, ...] = CONFIGS) -> None:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
         self._run: dict[str, ctypes._CFuncPtr] = {}
         self._workspace_bytes: dict[str, ctypes._CFuncPtr] = {}
-        for c in CONFIGS:
+        for c in configs:
             run = getattr(self._lib, f"prism_int8_gemm_{c.name}")
             run.restype = ctypes.c_int
             run.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
@@ -285,24 +302,3 @@ def gemm(
     lib = library()
     assert lib is not None
     lib.gemm(name, a, w, a_scale.contiguous(), w_scale.contiguous(), residual, y)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description="build the CUTLASS int8 GEMM library")
-    ap.add_argument("command", choices=["build", "path"])
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help=f"library path (default .cache/cutlass/<digest>/{LIBRARY_NAME})",
-    )
-    ap.add_argument("--jobs", type=int, default=None)
-    args = ap.parse_args()
-    if args.command == "path":
-        print(args.out or default_library())
-        return
-    print(build(args.out, args.jobs))
-
-
-if __name__ == "__main__":
-    main()

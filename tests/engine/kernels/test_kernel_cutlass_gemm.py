@@ -1,6 +1,6 @@
 """The CUTLASS int8 GEMM (`engine.kernels.cutlass_gemm`).
 
-On an sm_90 GPU with the library built (`python -m engine.kernels.cutlass_gemm build`): every
+On an sm_90 GPU with the library built (`make cutlass`): every
 config's y, with and without a residual, equals the torch reference bit for bit (the exact int32
 sum, then (acc * a_scale) * w_scale (+ residual) with no FMA); a row's bits do not depend on how
 many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table's M buckets to
@@ -47,8 +47,9 @@ def _cuda(*ts):
 
 
 def test_the_table_covers_every_m_and_names_built_configs() -> None:
+    assert len({c.name for c in cutlass_gemm.CANDIDATES}) == len(cutlass_gemm.CANDIDATES), "a shared name"
     names = {c.name for c in CONFIGS}
-    assert len(names) == len(CONFIGS), "two configs share a name (and so an entry point)"
+    assert set(CONFIGS) <= set(cutlass_gemm.CANDIDATES)
     bounds = [m for m, _ in TABLE]
     assert bounds == sorted(bounds) and bounds[-1] >= 1 << 62
     assert all(name is None or name in names for _, name in TABLE)
@@ -72,7 +73,7 @@ def test_each_config_source_declares_its_entry_points() -> None:
 def test_the_digest_names_the_header_and_the_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = cutlass_gemm.digest()
     assert cutlass_gemm.digest() == base
-    assert cutlass_gemm.digest(CONFIGS[:1]) != base
+    assert cutlass_gemm.digest(cutlass_gemm.CANDIDATES) != base
     edited = tmp_path / cutlass_gemm.HEADER.name
     edited.write_text(cutlass_gemm.HEADER.read_text() + "\n// edited\n")
     monkeypatch.setattr(cutlass_gemm, "HEADER", edited)
@@ -110,12 +111,11 @@ def _toolchain() -> bool:
 @pytest.mark.skipif(not _toolchain(), reason="needs nvcc and CUTLASS's headers (make cutlass)")
 def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = (CutlassConfig(64, 128, 128, "pingpong"),)
-    monkeypatch.setattr(cutlass_gemm, "CONFIGS", one)
-    lib_path = cutlass_gemm.build(tmp_path / "lib" / cutlass_gemm.LIBRARY_NAME, jobs=1)
+    lib_path = cutlass_gemm.build(tmp_path / "lib" / cutlass_gemm.LIBRARY_NAME, jobs=1, configs=one)
     lib = ctypes.CDLL(str(lib_path))  # static cudart: loads without a GPU
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
-    assert cutlass_gemm.build(lib_path) == lib_path  # built once
+    assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
 
 
 def test_the_build_finds_cutlass_from_its_wheel_or_home(
