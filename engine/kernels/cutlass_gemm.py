@@ -243,8 +243,10 @@ class Library:
         residual: torch.Tensor | None,
         y: torch.Tensor,
     ) -> None:
+        """y = the int8 GEMM with its epilogue by config `name` (`serves` says which calls fit)."""
         m, k = a.shape
         n = w.shape[0]
+        a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
         rc = self._run[name](
             a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
             0 if residual is None else residual.data_ptr(), y.data_ptr(), m, n, k,
@@ -287,18 +289,3 @@ def serves(
     if library() is None:
         return None
     return name
-
-
-def gemm(
-    name: str,
-    a: torch.Tensor,
-    w: torch.Tensor,
-    a_scale: torch.Tensor,
-    w_scale: torch.Tensor,
-    residual: torch.Tensor | None,
-    y: torch.Tensor,
-) -> None:
-    """y = the int8 GEMM with its epilogue, by config `name` (after `serves` said so)."""
-    lib = library()
-    assert lib is not None
-    lib.gemm(name, a, w, a_scale.contiguous(), w_scale.contiguous(), residual, y)

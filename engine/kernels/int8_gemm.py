@@ -913,7 +913,7 @@ def int8_gemm(
         raise ValueError(f"int8_gemm shape {m}x{k}x{n} exceeds 32-bit indexing")
     if config is None and backend == "auto" and (cutlass := cutlass_gemm.serves(a, w, residual, out_dtype)):
         y = torch.empty(m, n, dtype=out_dtype, device=a.device)
-        cutlass_gemm.gemm(cutlass, a, w, a_scale, w_scale, residual, y)  # the same bits (see the module)
+        cutlass_gemm.library().gemm(cutlass, a, w, a_scale, w_scale, residual, y)  # same bits: see it
         return y
     cfg = config or config_for(m, n, k)
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)

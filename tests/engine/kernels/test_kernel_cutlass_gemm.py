@@ -170,8 +170,12 @@ def test_int8_gemm_hands_the_table_buckets_to_it_with_the_triton_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
-    real = cutlass_gemm.gemm
-    monkeypatch.setattr(cutlass_gemm, "gemm", lambda name, *args: (calls.append(name), real(name, *args))[1])
+    real = cutlass_gemm.Library.gemm
+    monkeypatch.setattr(
+        cutlass_gemm.Library,
+        "gemm",
+        lambda self, name, *args: (calls.append(name), real(self, name, *args))[1],
+    )
     for m in (16, 64, 65, 384, 3000):
         a, w, a_scale, w_scale, res = _cuda(*_operands(m, 1024, 512, m, True))
         calls.clear()
