@@ -143,9 +143,9 @@ def _nvcc() -> str:
     found = shutil.which("nvcc")
     if found:
         return found
-    for entry in sys.path:
-        for cand in sorted(Path(entry).glob("nvidia/cu*/bin/nvcc")) if entry else []:
-            return str(cand)
+    wheels = [c for entry in sys.path if entry for c in sorted(Path(entry).glob("nvidia/cu*/bin/nvcc"))]
+    if wheels:
+        return str(wheels[0])
     raise FileNotFoundError("no nvcc: install the CUDA toolkit or `make cutlass` (pip wheels)")
 
 
