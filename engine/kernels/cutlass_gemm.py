@@ -247,11 +247,12 @@ class Library:
         m, k = a.shape
         n = w.shape[0]
         a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
-        rc = self._run[name](
-            a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
-            0 if residual is None else residual.data_ptr(), y.data_ptr(), m, n, k,
-            self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
-        )  # fmt: skip
+        with torch.cuda.device(a.device):  # the library reads the current device (its SM count)
+            rc = self._run[name](
+                a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
+                0 if residual is None else residual.data_ptr(), y.data_ptr(), m, n, k,
+                self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
+            )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"CUTLASS int8 GEMM {name} failed ({rc}) at M={m} N={n} K={k}")
 

@@ -911,12 +911,11 @@ def int8_gemm(
         return int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
     if m * k >= 2**31 or n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm shape {m}x{k}x{n} exceeds 32-bit indexing")
+    y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if config is None and backend == "auto" and (cutlass := cutlass_gemm.serves(a, w, residual, out_dtype)):
-        y = torch.empty(m, n, dtype=out_dtype, device=a.device)
         cutlass_gemm.library().gemm(cutlass, a, w, a_scale, w_scale, residual, y)  # same bits: see it
         return y
     cfg = config or config_for(m, n, k)
-    y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     res = residual if residual is not None else y
     if cfg.gemv and _gemv_ready(a, w, cfg):
         _gemv[(cdiv(n, cfg.block_n),)](

