@@ -25,10 +25,10 @@ schemas: install
 	$(PY) -m schemas.export
 
 # Optional, for Hopper GPUs: the CUTLASS int8 GEMM library (engine/kernels/cutlass_gemm.py), built
-# with NVIDIA's nvcc wheels into .cache/cutlass/; int8_gemm uses it where it is built. No GPU needed.
+# with NVIDIA's nvcc wheels (unpacked into .cache/cutlass-toolchain/, apart from the venv) into
+# .cache/cutlass/; int8_gemm uses it where it is built. No GPU needed.
 cutlass: install
-	$(PY) -m pip install -q -e '.[cutlass]'
-	$(PY) ops/build_cutlass.py
+	$(PY) ops/build_cutlass.py --toolchain
 
 test: install kafka-jars
 	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests

@@ -1,9 +1,11 @@
 """Build the optional CUTLASS int8 GEMM library (`engine/kernels/cutlass_gemm.py`) for Hopper.
 
-    python ops/build_cutlass.py [--out PATH] [--jobs N] [--candidates]      # or: make cutlass
+    python ops/build_cutlass.py --toolchain [--out PATH] [--jobs N] [--candidates]   # make cutlass
 
-Needs nvcc (CUDA_HOME, PATH, or the `.[cutlass]` wheels) and CUTLASS's headers (CUTLASS_HOME or
-the nvidia-cutlass wheel); no GPU. Prints the library's path. To use it on another machine, copy
+Needs nvcc (CUDA_HOME, PATH, or NVIDIA's wheels) and CUTLASS's headers (CUTLASS_HOME or the
+nvidia-cutlass wheel); no GPU. `--toolchain` first unpacks those wheels into
+`.cache/cutlass-toolchain/` (pip --target, no dependencies: the venv and its torch stay as they
+are). Prints the library's path. To use it on another machine, copy
 `.cache/cutlass/` there (the engine looks under the digest of its own sources) or point
 PRISM_CUTLASS_LIB at the file.
 """
@@ -25,7 +27,14 @@ def main() -> None:
     ap.add_argument(
         "--candidates", action="store_true", help="every candidate config (ops/bench/bench_cutlass.py)"
     )
+    ap.add_argument(
+        "--toolchain",
+        action="store_true",
+        help="first unpack nvcc's and CUTLASS's wheels (.cache/cutlass-toolchain)",
+    )
     args = ap.parse_args()
+    if args.toolchain:
+        cutlass_gemm.install_toolchain()
     configs = cutlass_gemm.CANDIDATES if args.candidates else cutlass_gemm.CONFIGS
     sys.stdout.write(f"{cutlass_gemm.build(args.out, args.jobs, configs)}\n")
 

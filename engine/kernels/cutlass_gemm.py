@@ -38,6 +38,20 @@ HEADER = Path(__file__).resolve().parent / "cuda" / "int8_gemm_sm90.cuh"
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "cutlass"
 LIBRARY_NAME = "libprism_int8_gemm.so"
+# Where `make cutlass` (`ops/build_cutlass.py --toolchain`) unpacks NVIDIA's nvcc and CUTLASS
+# wheels: a folder of its own (pip --target, no dependencies), never the venv, because those
+# wheels pin CUDA runtime parts that pip would otherwise "fix" by swapping the venv's torch.
+TOOLCHAIN = REPO / ".cache" / "cutlass-toolchain"
+# The toolchain's wheels: nvcc and its parts at CUDA 13.0 (the 580 drivers' version) and
+# CUTLASS's C++ headers (the nvidia-cutlass wheel carries them).
+TOOLCHAIN_WHEELS = (
+    "nvidia-cuda-nvcc==13.0.88",
+    "nvidia-cuda-crt==13.0.88",
+    "nvidia-nvvm==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cccl==13.0.85",
+    "nvidia-cutlass==4.2.0.0",
+)
 
 
 @dataclass(frozen=True)
@@ -135,31 +149,50 @@ def default_library(configs: tuple[CutlassConfig, ...] = CONFIGS) -> Path:
     return CACHE / digest(configs) / LIBRARY_NAME
 
 
+def install_toolchain(target: Path = TOOLCHAIN) -> Path:
+    """Unpack `TOOLCHAIN_WHEELS` into `target` (once): no dependencies resolved, nothing of the
+    venv touched. Returns target."""
+    stamp = target / ".installed"
+    wanted = "\n".join(TOOLCHAIN_WHEELS)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return target
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(target)]
+    run = subprocess.run([*cmd, *TOOLCHAIN_WHEELS], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"pip could not install the CUTLASS toolchain:\n{run.stderr[-4000:]}")
+    stamp.write_text(wanted)
+    return target
+
+
 def _nvcc() -> str:
-    """nvcc from CUDA_HOME, PATH, or the pip wheels (`nvidia-cuda-nvcc` and friends)."""
+    """nvcc from CUDA_HOME, PATH, the toolchain folder (`make cutlass`) or wheels on sys.path."""
     home = os.environ.get("CUDA_HOME")
     if home and (Path(home) / "bin" / "nvcc").exists():
         return str(Path(home) / "bin" / "nvcc")
     found = shutil.which("nvcc")
     if found:
         return found
-    wheels = [c for entry in sys.path if entry for c in sorted(Path(entry).glob("nvidia/cu*/bin/nvcc"))]
+    roots = [TOOLCHAIN, *(Path(entry) for entry in sys.path if entry)]
+    wheels = [c for root in roots for c in sorted(root.glob("nvidia/cu*/bin/nvcc"))]
     if wheels:
         return str(wheels[0])
-    raise FileNotFoundError("no nvcc: install the CUDA toolkit or `make cutlass` (pip wheels)")
+    raise FileNotFoundError("no nvcc: install the CUDA toolkit or run `make cutlass` (NVIDIA's wheels)")
 
 
 def _cutlass_include() -> list[Path]:
-    """CUTLASS's headers: CUTLASS_HOME, or the `nvidia-cutlass` wheel's copy."""
+    """CUTLASS's headers: CUTLASS_HOME, the toolchain folder's nvidia-cutlass, or that wheel on
+    sys.path."""
     home = os.environ.get("CUTLASS_HOME")
     if home:
         root = Path(home)
+    elif (TOOLCHAIN / "cutlass_library" / "source" / "include").is_dir():
+        root = TOOLCHAIN / "cutlass_library" / "source"
     else:
         import importlib.util
 
         spec = importlib.util.find_spec("cutlass_library")
         if spec is None or spec.origin is None:
-            raise FileNotFoundError("no CUTLASS headers: set CUTLASS_HOME or pip install nvidia-cutlass")
+            raise FileNotFoundError("no CUTLASS headers: set CUTLASS_HOME or run `make cutlass`")
         root = Path(spec.origin).parent / "source"
     return [root / "include", root / "tools" / "util" / "include"]
 

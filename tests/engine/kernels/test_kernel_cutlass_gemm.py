@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,9 +125,35 @@ def test_the_build_finds_cutlass_from_its_wheel_or_home(
     monkeypatch.setenv("CUTLASS_HOME", str(tmp_path))
     assert cutlass_gemm._cutlass_include() == [tmp_path / "include", tmp_path / "tools" / "util" / "include"]
     monkeypatch.delenv("CUTLASS_HOME")
+    toolchain = tmp_path / "toolchain"
+    monkeypatch.setattr(cutlass_gemm, "TOOLCHAIN", toolchain)
     if importlib.util.find_spec("cutlass_library") is None:
         with pytest.raises(FileNotFoundError, match="CUTLASS"):
             cutlass_gemm._cutlass_include()
+    # `make cutlass` unpacks the wheel into the toolchain folder, which is searched before sys.path
+    source = toolchain / "cutlass_library" / "source"
+    (source / "include").mkdir(parents=True)
+    assert cutlass_gemm._cutlass_include() == [source / "include", source / "tools" / "util" / "include"]
+
+
+def test_the_toolchain_is_unpacked_apart_from_the_venv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """pip runs with --target and --no-deps (resolving the wheels' CUDA pins against the venv once
+    replaced its torch), and only once per list of wheels."""
+    calls: list[list[str]] = []
+
+    def pip(cmd: list[str], **_: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(cutlass_gemm.subprocess, "run", pip)
+    assert cutlass_gemm.install_toolchain(tmp_path) == tmp_path
+    (cmd,) = calls
+    assert cmd[cmd.index("--target") + 1] == str(tmp_path) and "--no-deps" in cmd
+    assert cmd[-len(cutlass_gemm.TOOLCHAIN_WHEELS) :] == list(cutlass_gemm.TOOLCHAIN_WHEELS)
+    cutlass_gemm.install_toolchain(tmp_path)
+    assert len(calls) == 1
 
 
 # --- on an sm_90 GPU with the library ------------------------------------------------------------
