@@ -174,7 +174,13 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
     from engine.kernels.decode_rows import PIECE_FIELDS
     from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
-    from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
+    from engine.kernels.forest_attention import (
+        ATTENTION_DOTS,
+        LONG_FORMS,
+        forest_attention,
+        forest_attention_prep,
+        long_configs,
+    )
     from engine.kernels.forest_gdn import (
         CHUNK,
         TC_CHUNK,
@@ -289,6 +295,12 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         forest_attention(
             f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
         )
+        # every form of the large-block tiers (forest_attention.LONG_FORMS; one is LONG_FORM)
+        for form in LONG_FORMS:
+            forest_attention(
+                f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16",
+                long=long_configs(hd, "bf16", form),
+            )  # fmt: skip
         forest_conv(f32(t, conv_dim), f32(conv_dim, width), base, frows, segs, conv_src, 0)
         forest_gdn(
             f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),

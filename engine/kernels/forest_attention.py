@@ -51,6 +51,7 @@ compile-time constant like in the decode kernels.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,14 @@ class LongConfig:
     # rounded in registers, so a smaller tile keeps that path from setting the register count;
     # 0: block_l
     ancestor_block_l: int = 0
+    # bf16 dots: the block's queries, rounded to bf16 in registers, are stored to a transient
+    # bf16 copy and loaded back before the key loop, so the compiler feeds the q k^T products
+    # from shared memory instead of holding [BM, head_dim] bf16 operands in registers (64 of
+    # them per thread at 128 rows on 8 warps: the difference between spilling and not). The same
+    # rounded values reach the same products, so the bits are those of q16=False.
+    q16: bool = False
+    # segments of at least this many tokens belong to the next tier (`long_configs`); 0: no bound
+    max_length: int = 0
 
     @property
     def ancestor_l(self) -> int:
@@ -131,6 +140,8 @@ class LongConfig:
         return self.ancestor_block_l or self.block_l
 
     def __post_init__(self) -> None:
+        if self.max_length and self.max_length <= self.min_length:
+            raise ValueError(f"max_length must be 0 or > min_length: {self.max_length}, {self.min_length}")
         if self.block_m % BLOCK_M or self.block_m % self.block_l or self.block_l < 16:
             raise ValueError(
                 f"block_m must be a multiple of {BLOCK_M} and of block_l >= 16: "
@@ -161,6 +172,55 @@ def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
     return LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64)
 
 
+# Forms of the large-block tiers (`long_configs`): "s10" is the single config measured in session
+# 10 (`long_config`); "tiered" gives segments under TIER_LENGTH tokens 64-row blocks (twice the
+# programs: workload (a)'s 220-token evidence fills 96 programs instead of 48) and longer ones
+# the session-10 config. The default stays "s10" until the
+# H200 run of `ops/bench/bench_attention.py` picks (it times every form in one process).
+LONG_FORMS = ("s10", "tiered")
+LONG_FORM = "s10"
+# Where the tiered form's short tier ends (tokens of the segment itself).
+TIER_LENGTH = 1024
+
+
+def long_configs(head_dim: int, dots: str = "bf16", form: str | None = None) -> tuple[LongConfig, ...]:
+    """The large-block tiers for a head size, dot format and form (None: `LONG_FORM`), by
+    segment length ascending: tier i takes segments of min_length <= length < max_length (the
+    next tier's min_length). Which tier attends a segment depends on its own length alone.
+    At head_dim 256 (bf16) the short tier is session 5b's 64 rows over 64-key tiles on 8 warps
+    (the two warp groups split the products' columns; 254 registers, no spills in the sm_90
+    build) and the long one the session-10 config. (q16 moves the q k^T operands to shared
+    memory, but in this kernel it does not lower the register count - the ancestors' in-register
+    rounding and the diagonal tiles set it - so it is a bench candidate, not a tier default.)"""
+    form = LONG_FORM if form is None else form
+    if form not in LONG_FORMS:
+        raise ValueError(f"form must be one of {LONG_FORMS}, got {form!r}")
+    big = long_config(head_dim, dots)
+    if form == "s10" or dots != "bf16":
+        return (big,)
+    if head_dim >= 256:
+        short = LongConfig(
+            block_m=64, block_l=64, num_warps=8, min_length=big.min_length, num_stages=2,
+            ancestor_block_l=32, max_length=TIER_LENGTH,
+        )  # fmt: skip
+    else:
+        short = LongConfig(
+            block_m=32, block_l=32, num_warps=4, min_length=big.min_length, max_length=TIER_LENGTH
+        )
+    return (short, dataclasses.replace(big, min_length=TIER_LENGTH))
+
+
+def _check_tiers(tiers: tuple[LongConfig, ...]) -> None:
+    """Tiers must cover [tiers[0].min_length, inf) without a gap or an overlap."""
+    for a, b in zip(tiers, tiers[1:], strict=False):
+        if a.max_length != b.min_length:
+            raise ValueError(
+                f"tier bounds must meet: max_length {a.max_length}, next min_length {b.min_length}"
+            )
+    if not tiers or tiers[-1].max_length:
+        raise ValueError("the last tier must have max_length 0 (no upper bound)")
+
+
 @dataclass(frozen=True)
 class SplitConfig:
     """The ancestor split's fixed config (bf16 dots). A query block of a short segment (one the
@@ -185,8 +245,16 @@ class SplitConfig:
     block_l: int = 32
     num_warps: int = 8
     num_stages: int = 1
+    # a chain of NT ancestor tiles uses U = min(splits, max(1, NT // min_tiles)) of its ranges
+    # (range s < U: tiles [s NT / U, (s + 1) NT / U)), so each holds >= min_tiles tiles: short
+    # ancestors (~250 keys in workloads (a) and (b)) get a few ranges, not `splits` near-empty ones
+    # whose queries and partials cost more than their keys. U depends on the chain alone. With 1,
+    # U = splits (or NT below that: one tile a range, the same partials as empty ranges between)
+    min_tiles: int = 1
 
     def __post_init__(self) -> None:
+        if self.min_tiles < 1:
+            raise ValueError(f"min_tiles must be >= 1, got {self.min_tiles}")
         if self.splits < 1 or self.min_keys < 1 or self.capacity < 0:
             raise ValueError(
                 f"splits and min_keys must be >= 1 and capacity >= 0: {self.splits}, {self.min_keys}, "
@@ -228,7 +296,7 @@ def _attention_kernel(
     ml_ptr, stride_qg, scale, capacity,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, SPLIT: tl.constexpr, S: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    SBL: tl.constexpr, MIN_TILES: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -255,8 +323,11 @@ def _attention_kernel(
     if SPLIT:  # the ancestors of a split block are already reduced (`_split_kernel`): start from them
         rank = tl.load(rank_ptr + qb)
         if rank >= 0:
-            if rank < capacity:  # its S partials, folded in split order (an empty range is skipped)
-                for s in range(0, S):
+            if rank < capacity:  # its partials, folded in split order (an empty range is skipped)
+                tiles = rank * 0  # the chain's ancestor tiles of SBL keys: it used min(S, tiles // MIN_TILES)
+                for p in tl.static_range(P - 1):
+                    tiles += (tl.load(pieces_ptr + (seg * P + p) * 4 + 2) + SBL - 1) // SBL
+                for s in range(0, tl.minimum(tl.maximum(tiles // MIN_TILES, 1), S)):
                     at = ((rank * (NH // G) + kvh) * S + s) * (G * BM) + (h - kvh * G) * BM + tl.arange(0, BM)
                     sum_p = tl.load(ws_ml_ptr + at * 2 + 1, mask=valid, other=0.0)
                     has = sum_p > 0.0
@@ -364,11 +435,11 @@ def _long_tile(
 
 
 def _long_attention_kernel(
-    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, t_rows,
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, q16_ptr, t_rows,
     stride_qg, qk_scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
-    BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr,
-    KV16: tl.constexpr, ON_GPU: tl.constexpr,
+    BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, LONG_MAX: tl.constexpr,
+    KV16: tl.constexpr, Q16: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
     # query blocks last first, so the longest causal walks start first
@@ -383,6 +454,9 @@ def _long_attention_kernel(
     # a long segment's 16-row records: the one at each multiple of BM runs the large block
     if length < LONG_MIN:
         return
+    if LONG_MAX > 0:  # noqa: SIM102 - a constexpr test, then a runtime one
+        if length >= LONG_MAX:  # the next tier's
+            return
     if local0 % BM != 0:
         return
     HH: tl.constexpr = HD // 2
@@ -393,6 +467,12 @@ def _long_attention_kernel(
     q_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
     q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
     q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+    if Q16:  # through the block's own rows of a bf16 copy: loaded, the operands stay in shared memory
+        tl.store(q16_ptr + q_at, q_lo, mask=valid[:, None])
+        tl.store(q16_ptr + HH + q_at, q_hi, mask=valid[:, None])
+        tl.debug_barrier()  # every thread's stores are seen by the loads below (one block)
+        q_lo = tl.load(q16_ptr + q_at, mask=valid[:, None], other=0.0)
+        q_hi = tl.load(q16_ptr + HH + q_at, mask=valid[:, None], other=0.0)
     kvh = h // G
 
     m = tl.full((BM,), float("-inf"), tl.float32)
@@ -508,7 +588,7 @@ def _split_kernel(
     q_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, list_ptr, count_ptr, ws_ml_ptr, ws_acc_ptr,
     ml_ptr, out_ptr, n_prog, capacity, qk_scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BL: tl.constexpr,
+    BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, MIN_TILES: tl.constexpr,
     DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Persistent programs over the split blocks' work (`_split_plan_kernel` numbered them):
@@ -548,69 +628,72 @@ def _split_kernel(
         local = local0 + offs_r
         valid = (g < G) & (local < length)
         heads = kvh * G + g
-        q_at = ((tok_lo + local)[:, None] * NH + heads[:, None]) * HD + offs_d[None, :]
-        q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
-        q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
         tiles = rank * 0  # the chain's ancestor tiles (int64)
         for p in tl.static_range(P - 1):
             tiles += (tl.load(pieces_ptr + (seg * P + p) * 4 + 2) + BL - 1) // BL
-        for s in range(s_lo, s_hi):
-            lo = s * tiles // S
-            hi = (s + 1) * tiles // S
-            m = tl.full((R,), float("-inf"), tl.float32)
-            total = tl.zeros((R,), dtype=tl.float32)
-            acc_lo = tl.zeros((R, HH), dtype=tl.float32)
-            acc_hi = tl.zeros((R, HH), dtype=tl.float32)
-            first = tiles * 0  # tiles of the pieces before this one
-            for p in tl.static_range(P - 1):
-                rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
-                head_rows = tl.load(rec + 3)
-                k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
-                v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
-                n = tl.load(rec + 2)
-                n_tiles = (n + BL - 1) // BL
-                a = tl.minimum(tl.maximum(lo - first, 0), n_tiles)
-                b = tl.minimum(tl.maximum(hi - first, 0), n_tiles)
-                full = n // BL  # tiles of BL keys; a piece's last one may be partial (masked)
-                for j in range(a, tl.minimum(b, full)):
-                    m, total, acc_lo, acc_hi = _long_tile(
-                        q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                        HD, BL, DOTS, False, False, False, ON_GPU,
-                    )  # fmt: skip
-                for j in range(tl.maximum(a, full), b):
-                    m, total, acc_lo, acc_hi = _long_tile(
-                        q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                        HD, BL, DOTS, True, False, False, ON_GPU,
-                    )  # fmt: skip
-                first += n_tiles
-            m = m * 0.6931471805599453  # natural units: x ln 2 (an empty range keeps -inf, total 0)
-            if folding:  # fold into the block's running result (none before split 0)
-                row_at = (tok_lo + local) * NH + heads
-                o_at = row_at[:, None] * HD + offs_d[None, :]
-                seen = valid & (s > 0)
-                m_run = tl.load(ml_ptr + row_at * 2, mask=seen, other=float("-inf"))
-                total_run = tl.load(ml_ptr + row_at * 2 + 1, mask=seen, other=0.0)
-                has = total > 0.0
-                m_new = tl.where(has, tl.maximum(m_run, m), m_run)
-                old_scale = tl.where(has, tl.exp(m_run - m_new), 1.0)
-                new_scale = tl.where(has, tl.exp(m - m_new), 0.0)
-                acc_run = tl.load(out_ptr + o_at, mask=seen[:, None], other=0.0)
-                tl.store(out_ptr + o_at, acc_run * old_scale[:, None] + acc_lo * new_scale[:, None],
-                         mask=valid[:, None])  # fmt: skip
-                acc_run = tl.load(out_ptr + HH + o_at, mask=seen[:, None], other=0.0)
-                tl.store(out_ptr + HH + o_at, acc_run * old_scale[:, None] + acc_hi * new_scale[:, None],
-                         mask=valid[:, None])  # fmt: skip
-                tl.store(ml_ptr + row_at * 2, m_new, mask=valid)
-                tl.store(ml_ptr + row_at * 2 + 1, total_run * old_scale + total * new_scale, mask=valid)
-                tl.debug_barrier()  # the next split's loads read what every thread stored here
-            else:  # the partial of split s, for the 16-row kernel to fold
-                ws_at = ((rank * NKV + kvh) * S + s) * (G * BM) + offs_j
-                keep = valid & (total > 0.0)  # an empty range stores only its zero sum
-                tl.store(ws_ml_ptr + ws_at * 2, m, mask=keep)
-                tl.store(ws_ml_ptr + ws_at * 2 + 1, total, mask=valid)
-                w_at = ws_at[:, None] * HD + offs_d[None, :]
-                tl.store(ws_acc_ptr + w_at, acc_lo, mask=keep[:, None])
-                tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
+        used = tl.minimum(tl.maximum(tiles // MIN_TILES, 1), S)  # ranges this chain uses
+        s_hi = tl.minimum(s_hi, used)  # a unit past them has nothing to do (none of it is read)
+        if s_lo < s_hi:  # an idle unit loads nothing
+            q_at = ((tok_lo + local)[:, None] * NH + heads[:, None]) * HD + offs_d[None, :]
+            q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+            q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+            for s in range(s_lo, s_hi):
+                lo = s * tiles // used
+                hi = (s + 1) * tiles // used
+                m = tl.full((R,), float("-inf"), tl.float32)
+                total = tl.zeros((R,), dtype=tl.float32)
+                acc_lo = tl.zeros((R, HH), dtype=tl.float32)
+                acc_hi = tl.zeros((R, HH), dtype=tl.float32)
+                first = tiles * 0  # tiles of the pieces before this one
+                for p in tl.static_range(P - 1):
+                    rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
+                    head_rows = tl.load(rec + 3)
+                    k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
+                    v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+                    n = tl.load(rec + 2)
+                    n_tiles = (n + BL - 1) // BL
+                    a = tl.minimum(tl.maximum(lo - first, 0), n_tiles)
+                    b = tl.minimum(tl.maximum(hi - first, 0), n_tiles)
+                    full = n // BL  # tiles of BL keys; a piece's last one may be partial (masked)
+                    for j in range(a, tl.minimum(b, full)):
+                        m, total, acc_lo, acc_hi = _long_tile(
+                            q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                            HD, BL, DOTS, False, False, False, ON_GPU,
+                        )  # fmt: skip
+                    for j in range(tl.maximum(a, full), b):
+                        m, total, acc_lo, acc_hi = _long_tile(
+                            q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                            HD, BL, DOTS, True, False, False, ON_GPU,
+                        )  # fmt: skip
+                    first += n_tiles
+                m = m * 0.6931471805599453  # natural units: x ln 2 (an empty range keeps -inf, total 0)
+                if folding:  # fold into the block's running result (none before split 0)
+                    row_at = (tok_lo + local) * NH + heads
+                    o_at = row_at[:, None] * HD + offs_d[None, :]
+                    seen = valid & (s > 0)
+                    m_run = tl.load(ml_ptr + row_at * 2, mask=seen, other=float("-inf"))
+                    total_run = tl.load(ml_ptr + row_at * 2 + 1, mask=seen, other=0.0)
+                    has = total > 0.0
+                    m_new = tl.where(has, tl.maximum(m_run, m), m_run)
+                    old_scale = tl.where(has, tl.exp(m_run - m_new), 1.0)
+                    new_scale = tl.where(has, tl.exp(m - m_new), 0.0)
+                    acc_run = tl.load(out_ptr + o_at, mask=seen[:, None], other=0.0)
+                    tl.store(out_ptr + o_at, acc_run * old_scale[:, None] + acc_lo * new_scale[:, None],
+                             mask=valid[:, None])  # fmt: skip
+                    acc_run = tl.load(out_ptr + HH + o_at, mask=seen[:, None], other=0.0)
+                    tl.store(out_ptr + HH + o_at, acc_run * old_scale[:, None] + acc_hi * new_scale[:, None],
+                             mask=valid[:, None])  # fmt: skip
+                    tl.store(ml_ptr + row_at * 2, m_new, mask=valid)
+                    tl.store(ml_ptr + row_at * 2 + 1, total_run * old_scale + total * new_scale, mask=valid)
+                    tl.debug_barrier()  # the next split's loads read what every thread stored here
+                else:  # the partial of split s, for the 16-row kernel to fold
+                    ws_at = ((rank * NKV + kvh) * S + s) * (G * BM) + offs_j
+                    keep = valid & (total > 0.0)  # an empty range stores only its zero sum
+                    tl.store(ws_ml_ptr + ws_at * 2, m, mask=keep)
+                    tl.store(ws_ml_ptr + ws_at * 2 + 1, total, mask=valid)
+                    w_at = ws_at[:, None] * HD + offs_d[None, :]
+                    tl.store(ws_acc_ptr + w_at, acc_lo, mask=keep[:, None])
+                    tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
 
 
 _operand = helper(_operand)  # type: ignore[assignment]
@@ -711,7 +794,7 @@ def forest_attention(
     *,
     num_kv_heads: int,
     dots: str = "ieee",
-    long: LongConfig | bool = True,
+    long: LongConfig | tuple[LongConfig, ...] | bool = True,
     split: SplitConfig | bool | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
@@ -722,8 +805,9 @@ def forest_attention(
     [T, nh * 2 * hd]. rows [T, 4] is only validated: the blocks come from qblocks and segs.
     dots: one of ATTENTION_DOTS; the torch reference computes in fp32 whatever it is. Under
     LONG_DOTS, segments of at least `min_length` tokens take the large-block kernel: `long`
-    True is the shipped config (`long_config`), False keeps the 16-row kernel for every segment
-    (the previous behaviour, for benchmarks), a LongConfig is that config (tests, sweeps).
+    True is the shipped tiers (`long_configs` of `LONG_FORM`), False keeps the 16-row kernel for
+    every segment (the previous behaviour, for benchmarks), a LongConfig is that one config for
+    every long segment and a tuple of them tiers by segment length (tests, sweeps).
     `split`: the ancestor split of the 16-row kernel's blocks after long ancestors (bf16 dots
     only, `SplitConfig`): True is the shipped config (`split_config`), False walks every
     block's ancestors in its own program (the previous behaviour), a SplitConfig is that config,
@@ -747,15 +831,21 @@ def forest_attention(
     if qblocks.shape[0] == 0 or t == 0:
         return out
     q = q.contiguous()
-    cfg: LongConfig | None = None
+    tiers: tuple[LongConfig, ...] = ()
     if dots in LONG_DOTS and long is not False:
-        cfg = long_config(hd, dots) if long is True else long
+        if long is True:
+            tiers = long_configs(hd, dots)
+        elif isinstance(long, LongConfig):
+            tiers = (long,)
+        else:
+            tiers = tuple(long)
+        _check_tiers(tiers)
     scfg: SplitConfig | None = None
     if split is None:
         split = SPLIT_BY_DEFAULT
     if dots == "bf16" and split is not False:
         scfg = split_config(hd, dots) if split is True else split
-    long_min = cfg.min_length if cfg else 0
+    long_min = tiers[0].min_length if tiers else 0
     group = nh // num_kv_heads
     common = dict(NH=nh, HD=hd, G=group, P=pieces.shape[1], DOTS=dots)
     rank = ws_ml = ws_acc = ml = out  # not read without a split
@@ -767,25 +857,31 @@ def forest_attention(
         q, qg, base, segs, pieces, qblocks, out, rank, ws_ml, ws_acc, ml, qg.stride(0), hd**-0.5,
         scfg.capacity if scfg else 0,
         BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None, S=scfg.splits if scfg else 1,
+        SBL=scfg.block_l if scfg else 16, MIN_TILES=scfg.min_tiles if scfg else 1,
         num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
-    if cfg is not None:
+    if not tiers:
+        return out
+    # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding the
+    # rounded values
+    dt = torch.float32 if interpreting() else torch.bfloat16
+    k16 = v16 = q16 = base  # not read
+    if dots == "bf16" and any(c.bf16_kv for c in tiers):
+        # transient bf16 copies of the long segments' own K/V (storage stays fp32)
+        k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
+        v16 = torch.empty_like(k16)
+        _shadow[(t, num_kv_heads)](
+            base, rows, segs, pieces, k16, v16, t, HD=hd, P=pieces.shape[1], LONG_MIN=long_min, num_warps=1,
+        )  # fmt: skip
+    if dots == "bf16" and any(c.q16 for c in tiers):
+        q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
+    for cfg in tiers:
         kv16 = dots == "bf16" and cfg.bf16_kv
-        if kv16:  # transient bf16 copies of the long segments' own K/V (storage stays fp32)
-            # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding
-            # the rounded values
-            dt = torch.float32 if interpreting() else torch.bfloat16
-            k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
-            v16 = torch.empty_like(k16)
-            _shadow[(t, num_kv_heads)](
-                base, rows, segs, pieces, k16, v16, t,
-                HD=hd, P=pieces.shape[1], LONG_MIN=cfg.min_length, num_warps=1,
-            )  # fmt: skip
-        else:
-            k16 = v16 = base  # not read
         _long_attn[(nh, qblocks.shape[0])](
-            q, qg, base, segs, pieces, qblocks, out, k16, v16, t, qg.stride(0), hd**-0.5 * _LOG2E,
-            BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length, KV16=kv16,
+            q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
+            q16 if cfg.q16 and dots == "bf16" else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
+            BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
+            LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
         )  # fmt: skip
     return out
@@ -838,8 +934,8 @@ def _launch_split(
         q, base, segs, pieces, qblocks, order, count, ws_ml, ws_acc, ml, out, n_prog, cfg.capacity,
         hd**-0.5 * _LOG2E,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=next_pow2(group), BM=BLOCK_M, P=p, S=cfg.splits,
-        BL=cfg.block_l, DOTS=dots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        enable_fp_fusion=False,
+        BL=cfg.block_l, MIN_TILES=cfg.min_tiles, DOTS=dots, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, enable_fp_fusion=False,
     )  # fmt: skip
     return rank, ws_ml, ws_acc, ml
 

@@ -1,44 +1,47 @@
-"""Forest attention at the 27B attention-layer shape: the 16-row kernel vs the large-block one and
-the ancestor split (CUDA).
+"""Forest attention at the 27B (and 4B) attention-layer shapes, the way the body runs it: every
+setting captured in a CUDA graph, old configs against new ones in one process (CUDA).
 
-    PYTHONPATH=. python3 ops/bench/bench_attention.py [--reps 20] [--out attn.json] [--no-sweep]
-        [--split-sweep] [--workload q8k ...]
+    source ops/device/setup.sh
+    PYTHONPATH=. python3 ops/bench/bench_attention.py [--reps 20] [--out $OUT/attn.json]
+        [--workload a --workload c ...] [--heads 27B --heads 4B] [--no-kernels] [--quick]
 
-One attention layer (24 query heads, 4 KV heads, head_dim 256), random normalised q / k / v in
-fp32 K/V blocks laid out as `engine.run.body` lays them (one own block per segment, the evidence's
-block read in place as the questions' ancestor piece, tables padded to the body's buckets):
+One attention layer (27B: 24 query heads over 4 KV heads of 256; 4B: 16 over 4), random q / k / v
+in fp32 K/V blocks laid out as `engine.run.body` lays them (one own block per segment, a cached
+segment's block read in place as an ancestor piece, tables padded to the body's buckets), the
+forests of `ops/bench/bench_engine.py`'s workloads after its 27-token cached system segment:
 
-  (a) one 256-token segment
-  (b) a 256-token evidence segment + 3 question segments of 40 tokens (children of it)
-  (c) one 8,192-token segment
-  (q8k) one 36-token question after a cached 27-token system segment and a cached 8,156-token
-        evidence segment (both read in place, not in the pass): the question's own cost, bucket 64
-  (cq) request (c) as the body runs it: the 8,156-token evidence and its 36-token question in one
-        8,192-token pass after the cached system segment
+  a    one request: 220 evidence tokens + a 36-token question (bucket 256)
+  b    220 evidence tokens + 3 questions of 36 (bucket 384)
+  c    8,156 evidence tokens + a 36-token question (bucket 8,192)
+  q8k  the 36-token question alone after a cached 8,156-token evidence (bucket 64)
 
-For each kernel setting: ms per layer (CUDA events around each launch after warm-up, median of
---reps), the same x 16 layers, effective TFLOP/s (4 * head_dim flops per (query head, query,
-visible key): the causal work, not the padded tiles) and the largest |difference| from the
-exact "ieee" 16-row kernel on the same inputs. Settings: "old" is the 16-row kernel for every
-segment (`long=False`, `split=False`), "long" the shipped large-block config (`long_config`)
-without the ancestor split (the default until the split is measured), "new" the shipped large-block
-config and the shipped split (`split_config`); --sweep (default on) adds the other large-block
-configs (SWEEP) and --split-sweep the other split configs (SPLIT_SWEEP), so one GPU run picks;
---split-only keeps just the rows the split changes (and the ieee reference). A
-config's name reads "BM<query rows> BL<own keys per tile> w<warps> s<stages> kv16|kv32
-a<ancestor keys per tile>": kv16 loads the bf16 shadow of the own K/V (its build is timed as
-part of the call), kv32 rounds the fp32 tiles in registers (the run-2 kernel); a split's name
-"S<splits> L<keys per tile> s<stages> c<capacity>". A summary table (shipped "long" vs "new" per
-workload) ends the output.
+Why graphs: the engine replays the whole pass as one CUDA graph, and a 20-100 us launch timed
+eagerly is mostly Python launch latency (session 8 read the split's two extra launches as a 1.6x
+slowdown of (a)/(b) that way). Each setting's call is captured GRAPH_CALLS times into one graph;
+a replay's time / GRAPH_CALLS is the layer's time ("us/layer", median of --reps replays).
+"kernels" splits one call into its launches' GPU time (torch.profiler over eager calls: the
+kernels' own durations, no launch gaps): 16-row kernel, large-block kernel(s), split, plan, shadow.
+
+Every setting is compared with the first ("s10": the session-10 engine: the single large-block
+config, no split) on the same inputs: "bits" is "=" when the whole output is bitwise equal,
+else the share of rows that are (a setting that moves no bit - q16 - must read "="; one that
+changes a reduction order - a tier's block size, the split - changes the rows it takes), and
+max|d| is the largest difference. Settings (names in SETTINGS' comments): the shipped split and
+short-ancestor split rules (`SplitConfig.min_tiles`), the length tiers (`long_configs(form=
+"tiered")`), and large-block candidates for 8k (q16, tiles). Prints one table and a summary per
+workload (best setting vs s10); --out writes every row as JSON. About 2 minutes on one H200 (most
+of it compiling); --quick keeps the summary's candidates only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -47,47 +50,93 @@ from engine.kernels.forest_attention import (
     SplitConfig,
     forest_attention,
     long_config,
+    long_configs,
     split_config,
 )
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
 
-NH, NKV, HD = 24, 4, 256
-LAYERS = 16  # attention layers of the 27B model
+HEADS = {"27B": (24, 4, 256), "4B": (16, 4, 256)}  # query heads, KV heads, head_dim
+LAYERS = {"27B": 16, "4B": 8}  # attention layers (full_attention_interval 4)
 PIECES = 4  # the body's smallest piece bucket
-# bf16 configs besides the shipped one: sm_90 resources in ops/bench/NOTES-kernels.md (Session 5b)
-SWEEP = [
-    LongConfig(64, 64, 8, 128, num_stages=1, bf16_kv=False),  # the fp32-tile kernel, best at run 2
-    LongConfig(64, 64, 8, 128, num_stages=1, ancestor_block_l=32),
-    LongConfig(64, 64, 8, 128, num_stages=3, ancestor_block_l=32),
-    LongConfig(64, 64, 8, 128, num_stages=2, ancestor_block_l=16),
-    LongConfig(128, 32, 8, 128, num_stages=2, ancestor_block_l=32),
-]
-# the split configs besides the shipped one (sm_90 resources: ops/bench/NOTES-kernels.md)
-SPLIT_SWEEP = [
-    SplitConfig(splits=8, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2),
-    SplitConfig(splits=16, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2),
-    SplitConfig(splits=11, min_keys=1024, capacity=16, block_l=32, num_warps=8, num_stages=2),
-    SplitConfig(splits=11, min_keys=1024, capacity=0, block_l=16, num_warps=8, num_stages=2),
-]
+GRAPH_CALLS = 10  # calls captured in one graph (a replay's launch cost spread over them)
 SYSTEM = 27  # tokens of the cached system segment, the root of every request
 # segments (length, parent index, in the pass): a segment not in the pass is cached, read in place
 WORKLOADS: dict[str, list[tuple[int, int, bool]]] = {
-    "a": [(256, -1, True)],
-    "b": [(256, -1, True), (40, 0, True), (40, 0, True), (40, 0, True)],
-    "c": [(8192, -1, True)],
+    "a": [(SYSTEM, -1, False), (220, 0, True), (36, 1, True)],
+    "b": [(SYSTEM, -1, False), (220, 0, True), (36, 1, True), (36, 1, True), (36, 1, True)],
+    "c": [(SYSTEM, -1, False), (8156, 0, True), (36, 1, True)],
     "q8k": [(SYSTEM, -1, False), (8156, 0, False), (36, 1, True)],
-    "cq": [(SYSTEM, -1, False), (8156, 0, True), (36, 1, True)],
 }
-# (token bucket, segment slots)
-BUCKETS = {"a": (256, 4), "b": (384, 4), "c": (8192, 4), "q8k": (64, 4), "cq": (8192, 4)}
+BUCKETS = {"a": (256, 4), "b": (384, 8), "c": (8192, 4), "q8k": (64, 4)}  # (tokens, segment slots)
+
+HD = 256
+S10 = long_configs(HD, "bf16", "s10")
+TIERED = long_configs(HD, "bf16", "tiered")
+SPLIT_SHIPPED = split_config(HD)
+assert SPLIT_SHIPPED is not None
+# short-ancestor split rules: (a)/(b)'s questions see 247 ancestor keys (16 tiles of 16)
+SPLIT_SHORT = {
+    "S11 L16 t4 k128": SplitConfig(splits=11, min_keys=128, capacity=16, block_l=16, num_warps=8,
+                                   num_stages=2, min_tiles=4),
+    "S4 L32 t2 k128": SplitConfig(splits=4, min_keys=128, capacity=16, block_l=32, num_warps=8,
+                                  num_stages=2, min_tiles=2),
+    "S11 L16 t2 k128": SplitConfig(splits=11, min_keys=128, capacity=16, block_l=16, num_warps=8,
+                                   num_stages=2, min_tiles=2),
+}  # fmt: skip
+SPLIT_LONG = {  # the 8k question: other split counts and tiles than the shipped S11 L16
+    "S16 L16 k1024": SplitConfig(
+        splits=16, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2
+    ),
+    "S11 L32 k1024": SplitConfig(
+        splits=11, min_keys=1024, capacity=16, block_l=32, num_warps=8, num_stages=2
+    ),
+}
+# large-block candidates for the 8k evidence (one config for every long segment)
+LONG_8K = {
+    "BM128 BL32 a32 q16": LongConfig(128, 32, 8, 128, num_stages=2, ancestor_block_l=32, q16=True),
+    "BM128 BL32 a16": LongConfig(128, 32, 8, 128, num_stages=2, ancestor_block_l=16),
+    "BM128 BL64 a16 q16": LongConfig(128, 64, 8, 128, num_stages=2, ancestor_block_l=16, q16=True),
+    "BM128 BL32 s3 a16 q16": LongConfig(128, 32, 8, 128, num_stages=3, ancestor_block_l=16, q16=True),
+    "BM64 BL64 a32": LongConfig(64, 64, 8, 128, num_stages=2, ancestor_block_l=32),
+}
+# tier boundaries other than TIER_LENGTH's 1,024 (the short tier's config, the long one's)
+TIER_SHORT_ALT = {
+    "tiered BM64 BL32 w4": (LongConfig(64, 32, 4, 128, num_stages=2, ancestor_block_l=16, max_length=1024),),
+}
+
+Setting = tuple[str, str, "LongConfig | tuple[LongConfig, ...] | bool", "SplitConfig | bool"]
 
 
-def build(workload: str, gen: torch.Generator) -> dict:
+def settings(quick: bool) -> list[Setting]:
+    """(name, dots, long, split), the baseline first."""
+    big = long_config(HD)
+    rows: list[Setting] = [
+        ("s10", "bf16", S10, False),
+        ("s10 + split shipped", "bf16", S10, SPLIT_SHIPPED),
+        ("tiered", "bf16", TIERED, False),
+    ]
+    for name, cfg in SPLIT_SHORT.items():
+        rows.append((f"s10 + split {name}", "bf16", S10, cfg))
+        rows.append((f"tiered + split {name}", "bf16", TIERED, cfg))
+    if quick:
+        return rows
+    for name, cfg in SPLIT_LONG.items():
+        rows.append((f"s10 + split {name}", "bf16", S10, cfg))
+    for name, cfg in LONG_8K.items():
+        rows.append((f"long {name}", "bf16", cfg, False))
+    for name, (short,) in TIER_SHORT_ALT.items():
+        rows.append((name, "bf16", (short, LongConfig(**{**big.__dict__, "min_length": 1024})), False))
+    rows += [("16-row only bf16", "bf16", False, False), ("16-row only ieee", "ieee", False, False)]
+    return rows
+
+
+def build(workload: str, heads: tuple[int, int, int], gen: torch.Generator) -> dict:
     """Tables and data of one workload: segments (length, parent index, in the pass); those in the
     pass are packed in order, each reads its ancestors' blocks (oldest first) and its own."""
+    nh, nkv, hd = heads
     segments = WORKLOADS[workload]
     t_bucket, s_bucket = BUCKETS[workload]
-    base_len = sum(2 * NKV * n * HD for n, _, _ in segments) + 64
+    base_len = sum(2 * nkv * n * hd for n, _, _ in segments) + 64
     base = torch.randn(base_len, generator=gen, device="cuda")
     rows = torch.zeros(t_bucket, ROW_FIELDS, dtype=torch.int64)
     segs = torch.zeros(s_bucket, SEG_FIELDS, dtype=torch.int64)
@@ -95,10 +144,11 @@ def build(workload: str, gen: torch.Generator) -> dict:
     qblocks = torch.zeros(t_bucket // BLOCK_M + s_bucket, QBLOCK_FIELDS, dtype=torch.int64)
     own: list[list[int]] = []
     chains: list[list[int]] = []  # per segment: its ancestors, oldest first
-    off, row, nq, slot, total, flops = 0, 0, 0, 0, 0, 0
+    off, row, nq, slot, flops = 0, 0, 0, 0, 0
+    live = torch.zeros(t_bucket, dtype=torch.bool)
     for s, (n, parent, in_pass) in enumerate(segments):
-        own.append([off, off + NKV * n * HD, n, n])
-        off += 2 * NKV * n * HD
+        own.append([off, off + nkv * n * hd, n, n])
+        off += 2 * nkv * n * hd
         chains.append([*chains[parent], parent] if parent >= 0 else [])
         if not in_pass:
             continue
@@ -106,6 +156,7 @@ def build(workload: str, gen: torch.Generator) -> dict:
         rows[row : row + n, 0] = slot
         rows[row : row + n, 1] = torch.arange(n)
         rows[row : row + n, 2] = 1
+        live[row : row + n] = True
         for i, a in enumerate(chains[s]):
             pieces[slot, i] = torch.tensor(own[a])
         pieces[slot, PIECES - 1] = torch.tensor(own[s])
@@ -113,146 +164,159 @@ def build(workload: str, gen: torch.Generator) -> dict:
             qblocks[nq] = torch.tensor([slot, b, 1])
             nq += 1
         before = sum(segments[a][0] for a in chains[s])
-        flops += 4 * HD * NH * (n * before + n * (n + 1) // 2)
+        flops += 4 * hd * nh * (n * before + n * (n + 1) // 2)
         row += n
-        total += n
         slot += 1
-    # q, k as after RMSNorm (unit RMS per head vector), v unit-variance
-    q = torch.randn(t_bucket, NH, HD, generator=gen, device="cuda")
-    qg = torch.randn(t_bucket, NH * 2 * HD, generator=gen, device="cuda")
+    q = torch.randn(t_bucket, nh, hd, generator=gen, device="cuda")  # as after RMSNorm: unit RMS
+    qg = torch.randn(t_bucket, nh * 2 * hd, generator=gen, device="cuda")
     return dict(
         q=q, qg=qg, base=base, rows=rows.cuda(), segs=segs.cuda(), pieces=pieces.cuda(),
-        qblocks=qblocks.cuda(), tokens=total, flops=flops,
+        qblocks=qblocks.cuda(), live=live.cuda(), flops=flops, nkv=nkv,
     )  # fmt: skip
 
 
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
+def graph_us(fn: Callable[[], torch.Tensor], reps: int) -> float:
+    """Median GPU time of one call, from replays of a graph holding GRAPH_CALLS calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    for _ in range(3):
+        graph.replay()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
+    del graph
     return statistics.median(times)
+
+
+KERNEL_NAMES = {
+    "_attention_kernel": "16row",
+    "_long_attention_kernel": "long",
+    "_split_kernel": "split",
+    "_split_plan_kernel": "plan",
+    "_shadow_kernel": "shadow",
+}
+
+
+def kernel_us(fn: Callable[[], torch.Tensor], calls: int = 5) -> dict[str, float]:
+    """GPU time per call of each attention kernel (eager, torch.profiler): what a graph's time
+    is made of, without the launch gaps; other kernels (the output's memset) under "other"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    got: dict[str, float] = {}
+    for evt in prof.key_averages():
+        us = getattr(evt, "self_device_time_total", None)
+        if us is None:
+            us = getattr(evt, "self_cuda_time_total", 0.0)
+        if not us:
+            continue
+        key = KERNEL_NAMES.get(evt.key, "other")
+        got[key] = got.get(key, 0.0) + us / calls
+    return got
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--out", help="write the rows as JSON here")
-    ap.add_argument("--no-sweep", action="store_true", help="no other large-block configs")
-    ap.add_argument("--split-sweep", action="store_true", help="the other split configs too")
-    ap.add_argument(
-        "--split-only",
-        action="store_true",
-        help="only old ieee (the reference), long bf16 (shipped), new bf16 and --split-sweep's",
-    )
+    ap.add_argument("--out", default=None, help="JSON of every row (default $OUT/bench_attention.json)")
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="repeatable; default all")
+    ap.add_argument("--heads", action="append", choices=sorted(HEADS), help="repeatable; default 27B, 4B")
+    ap.add_argument("--no-kernels", action="store_true", help="no per-kernel profile")
+    ap.add_argument("--quick", action="store_true", help="the split and tier settings only")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_attention needs CUDA", file=sys.stderr)
         return 2
-    shipped = long_config(HD)
-    split = split_config(HD)
-    assert split is not None
-    # (name, dots, long, split)
-    settings: list[tuple[str, str, LongConfig | bool, SplitConfig | bool]] = [
-        ("old ieee", "ieee", False, False),
-        ("old bf16", "bf16", False, False),
-        ("old tf32", "tf32", False, False),
-        (f"long bf16 {_name(shipped)}", "bf16", True, False),
-        (f"new bf16 {_name(shipped)} {_split_name(split)}", "bf16", True, True),
-        (f"new tf32 {_name(long_config(HD, 'tf32'), 'tf32')}", "tf32", True, False),
-    ]
-    if args.split_only:
-        settings = [
-            row for row in settings if row[0] == "old ieee" or row[0].startswith(("long bf16", "new bf16"))
-        ]
-    if not args.no_sweep and not args.split_only:
-        for cfg in SWEEP:
-            if cfg != shipped:
-                settings.append((f"new bf16 {_name(cfg)}", "bf16", cfg, True))
-    if args.split_sweep:
-        for scfg in SPLIT_SWEEP:
-            if scfg != split:
-                settings.append((f"new bf16 {_name(shipped)} {_split_name(scfg)}", "bf16", True, scfg))
+    out_path = args.out or (
+        os.path.join(os.environ["OUT"], "bench_attention.json") if "OUT" in os.environ else None
+    )
     t0 = time.perf_counter()
-    out_rows = []
+    rows: list[dict] = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    head = ("workload", "setting", "ms/layer", "x16 ms", "TFLOP/s", "max|d| vs ieee")
-    print("{:<8} {:<52} {:>9} {:>8} {:>8} {:>15}".format(*head))
-    for w in args.workload or sorted(WORKLOADS):
-        d = build(w, gen)
-        exact = None
-        for name, dots, long, split_cfg in settings:
+    head = ("heads", "wl", "setting", "us/layer", "x L ms", "TFLOP/s", "bits", "max|d|", "kernels (us)")
+    print("{:<4} {:<4} {:<36} {:>9} {:>7} {:>7} {:>6} {:>9}  {}".format(*head), flush=True)
+    for shape in args.heads or ["27B", "4B"]:
+        for w in args.workload or ["a", "b", "c", "q8k"]:
+            d = build(w, HEADS[shape], gen)
+            base_out = None
+            for name, dots, long, split in settings(args.quick):
+                if dots == "ieee" and w in ("c", "q8k"):
+                    continue  # 100+ ms a layer at 8k: nothing to learn from it here
 
-            def run(
-                dots: str = dots,
-                long: LongConfig | bool = long,
-                split_cfg: SplitConfig | bool = split_cfg,
-                d: dict = d,
-            ) -> torch.Tensor:
-                return forest_attention(
-                    d["q"], d["qg"], d["base"], d["rows"], d["segs"], d["pieces"], d["qblocks"],
-                    num_kv_heads=NKV, dots=dots, long=long, split=split_cfg,
-                )  # fmt: skip
+                def run(
+                    dots: str = dots, long: object = long, split: object = split, d: dict = d
+                ) -> torch.Tensor:
+                    return forest_attention(
+                        d["q"], d["qg"], d["base"], d["rows"], d["segs"], d["pieces"], d["qblocks"],
+                        num_kv_heads=d["nkv"], dots=dots, long=long, split=split,  # type: ignore[arg-type]
+                    )  # fmt: skip
 
-            try:
-                out = run()
-                torch.cuda.synchronize()
-                slow = dots == "ieee" and w in ("c", "cq")
-                reps = max(3, args.reps // 4) if slow else args.reps
-                ms = time_ms(run, reps)
-            except Exception as e:  # report the failing setting, keep the others
-                print(f"{w:<8} {name:<52} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-                continue
-            if exact is None:
-                exact = out
-            diff = float((out - exact).abs().max())
-            tflops = d["flops"] / (ms * 1e-3) / 1e12
-            line = f"{w:<8} {name:<52} {ms:>9.3f} {ms * LAYERS:>8.1f} {tflops:>8.1f} {diff:>15.3e}"
-            print(line, flush=True)
-            out_rows.append(
-                dict(workload=w, setting=name, ms_per_layer=ms, ms_16_layers=ms * LAYERS, tflops=tflops,
-                     max_abs_diff_vs_ieee=diff, tokens=d["tokens"])
-            )  # fmt: skip
-    _summary(out_rows)
+                try:
+                    out = run()
+                    torch.cuda.synchronize()
+                    us = graph_us(run, args.reps)
+                    kern = {} if args.no_kernels else kernel_us(run)
+                except Exception as e:  # report the failing setting, keep the others
+                    print(
+                        f"{shape:<4} {w:<4} {name:<36} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True
+                    )
+                    continue
+                if base_out is None:
+                    base_out = out
+                live = d["live"]
+                same_rows = (out == base_out).all(dim=1)[live]
+                bits = "=" if bool(same_rows.all()) else f"{float(same_rows.float().mean()):.2f}"
+                diff = float((out - base_out).abs().max())
+                tflops = d["flops"] / (us * 1e-6) / 1e12
+                ms_layers = us * LAYERS[shape] / 1e3
+                ks = " ".join(f"{k} {v:.1f}" for k, v in sorted(kern.items(), key=lambda kv: -kv[1]))
+                print(
+                    f"{shape:<4} {w:<4} {name:<36} {us:>9.1f} {ms_layers:>7.2f} {tflops:>7.1f} {bits:>6} "
+                    f"{diff:>9.2e}  {ks}",
+                    flush=True,
+                )
+                rows.append(dict(heads=shape, workload=w, setting=name, us_per_layer=us,
+                                 ms_all_layers=ms_layers, tflops=tflops,
+                                 bits_equal_rows=float(same_rows.float().mean()), max_abs_diff_vs_s10=diff,
+                                 kernels_us=kern))  # fmt: skip
+    _summary(rows)
     print(f"bench_attention: {time.perf_counter() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out_rows, f, indent=1)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 
-def _summary(out_rows: list[dict]) -> None:
-    """Per workload: the shipped "long" setting (no split) against "new" (with the split)."""
-    print("\nsummary (ms per layer): workload, long (shipped), new (+ split), speedup, new max|d| vs ieee")
-    for w in dict.fromkeys(r["workload"] for r in out_rows):
-        got: dict[str, dict] = {}  # the first row of each kind: the shipped configs
-        for r in out_rows:
-            kind, dots = r["setting"].split()[:2]
-            if r["workload"] == w and dots == "bf16":
-                got.setdefault(kind, r)
-        if "long" in got and "new" in got:
-            old, new = got["long"]["ms_per_layer"], got["new"]["ms_per_layer"]
-            diff = got["new"]["max_abs_diff_vs_ieee"]
-            print(f"  {w:<6} {old:>9.3f} {new:>9.3f} {old / new:>7.2f}x {diff:>10.2e}")
-
-
-def _split_name(cfg: SplitConfig) -> str:
-    """e.g. "S11 L16 s2 c32": splits, keys per ancestor tile, stages, capacity."""
-    return f"S{cfg.splits} L{cfg.block_l} s{cfg.num_stages} c{cfg.capacity}"
-
-
-def _name(cfg: LongConfig, dots: str = "bf16") -> str:
-    """e.g. "BM64 BL64 w8 s2 kv16 a32": kv16 reads the bf16 shadow (kv32: rounds fp32 tiles in
-    registers), aN: ancestor tiles of N keys."""
-    kv = "kv16" if cfg.bf16_kv and dots == "bf16" else "kv32"
-    return f"BM{cfg.block_m} BL{cfg.block_l} w{cfg.num_warps} s{cfg.num_stages} {kv} a{cfg.ancestor_l}"
+def _summary(rows: list[dict]) -> None:
+    """Per heads and workload: s10 against the fastest bf16 setting, and the time saved per pass."""
+    print("\nsummary: heads, workload, s10 us/layer, best setting, its us/layer, saved ms per pass")
+    for shape, w in dict.fromkeys((r["heads"], r["workload"]) for r in rows):
+        mine = [r for r in rows if r["heads"] == shape and r["workload"] == w and "ieee" not in r["setting"]]
+        if not mine:
+            continue
+        base = mine[0]
+        best = min(mine, key=lambda r: r["us_per_layer"])
+        saved = (base["us_per_layer"] - best["us_per_layer"]) * LAYERS[shape] / 1e3
+        print(f"  {shape:<4} {w:<4} {base['us_per_layer']:>8.1f}  {best['setting']:<36} "
+              f"{best['us_per_layer']:>8.1f}  {saved:>6.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ from engine.kernels.decode_attention import AttentionHeads, PrepInputs
 from engine.kernels.forest_attention import (
     LongConfig,
     SplitConfig,
+    _check_tiers,
     _launch_split,
     forest_attention,
     forest_attention_prep,
     long_config,
+    long_configs,
     split_config,
 )
 from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS, SEG_LIVE
@@ -49,6 +51,14 @@ LONG = {
     "small": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17),
     "fp32kv": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17, bf16_kv=False),
     "anc": LongConfig(block_m=32, block_l=32, num_warps=4, min_length=17, ancestor_block_l=16),
+    # "small" with its queries staged through the bf16 copy (same bits)
+    "q16": LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17, q16=True),
+    # two tiers by segment length: 17 and 33 tokens in 32-row blocks, 70 in 64-row blocks over
+    # 32-key tiles (ancestors 16), like `long_configs(form="tiered")` at head_dim 256
+    "tiers": (
+        LongConfig(block_m=32, block_l=16, num_warps=4, min_length=17, max_length=64),
+        LongConfig(block_m=64, block_l=32, num_warps=4, min_length=64, ancestor_block_l=16, q16=True),
+    ),
 }
 # The ancestor split's configs under test (bf16 dots, beside the shipped large-block config, which
 # takes only the 70-token segment): 3 ranges of 16-key tiles for blocks after >= 12 ancestor keys,
@@ -60,6 +70,10 @@ SPLITS = {
     "wide": SplitConfig(splits=3, min_keys=12, capacity=8, block_l=16, num_warps=4),
     "narrow": SplitConfig(splits=3, min_keys=12, capacity=2, block_l=16, num_warps=4),
     "serial": SplitConfig(splits=3, min_keys=12, capacity=0, block_l=16, num_warps=4),
+    # at least 3 tiles a range: the 17-token segment's 6 ancestor tiles in 2 ranges, the 33-token
+    # one's single tile in 1 (and "tiles_serial" folds them all in one program: the same bits)
+    "tiles": SplitConfig(splits=3, min_keys=12, capacity=8, block_l=16, num_warps=4, min_tiles=3),
+    "tiles_serial": SplitConfig(splits=3, min_keys=12, capacity=0, block_l=16, num_warps=4, min_tiles=3),
 }
 SPLIT_SEGMENTS = (2, 3)
 
@@ -360,6 +374,24 @@ def test_bf16_shadow_gives_the_in_register_rounding_bits(dev: torch.device, gen:
                        _attend(case, lay, q, "triton", "bf16", LONG["fp32kv"]))  # fmt: skip
 
 
+def test_q16_and_tiers_move_only_what_they_should(dev: torch.device, gen: torch.Generator) -> None:
+    """q16 changes where the rounded queries are kept, not their values: the bits of "small".
+    Tiers: each segment gets the bits of its tier's config applied alone (the 17- and 33-token
+    segments those of the 32-row tier, the 70-token one those of the 64-row tier)."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    small = _attend(case, lay, q, "triton", "bf16", LONG["small"])
+    assert torch.equal(_attend(case, lay, q, "triton", "bf16", LONG["q16"]), small)
+    tiers = _attend(case, lay, q, "triton", "bf16", LONG["tiers"])
+    short, big = LONG["tiers"]
+    alone_big = _attend(case, lay, q, "triton", "bf16", dataclasses.replace(big, min_length=17))
+    for s, row0 in lay.row_of.items():
+        rows = slice(row0, row0 + SEGMENTS[s][1])
+        want = small if SEGMENTS[s][1] < big.min_length else alone_big
+        assert torch.equal(tiers[rows], want[rows]), s
+
+
 def test_long_config_is_checked() -> None:
     with pytest.raises(ValueError, match="block_m must be a multiple"):
         LongConfig(block_m=48, block_l=32, num_warps=4, min_length=64)
@@ -373,6 +405,25 @@ def test_long_config_is_checked() -> None:
             assert cfg.min_length >= cfg.block_m  # a long segment fills at least one block
 
 
+def test_long_tiers_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_length"):
+        LongConfig(block_m=32, block_l=16, num_warps=4, min_length=64, max_length=64)
+    short, big = LONG["tiers"]
+    with pytest.raises(ValueError, match="tier bounds"):
+        _check_tiers((short, dataclasses.replace(big, min_length=80)))
+    with pytest.raises(ValueError, match="last tier"):
+        _check_tiers((short,))
+    with pytest.raises(ValueError, match="form must be"):
+        long_configs(256, "bf16", "fast")
+    for hd in (32, 256):
+        assert long_configs(hd, "bf16", "s10") == (long_config(hd),)
+        tiers = long_configs(hd, "bf16", "tiered")
+        _check_tiers(tiers)
+        assert tiers[0].min_length == long_config(hd).min_length  # the same segments go long
+        assert all(c.min_length >= c.block_m for c in tiers)
+        assert long_configs(hd, "tf32", "tiered") == (long_config(hd, "tf32"),)
+
+
 def test_split_config_is_checked() -> None:
     with pytest.raises(ValueError, match="splits and min_keys"):
         SplitConfig(splits=0, min_keys=16, capacity=1)
@@ -380,6 +431,8 @@ def test_split_config_is_checked() -> None:
         SplitConfig(splits=2, min_keys=16, capacity=-1)
     with pytest.raises(ValueError, match="block_l"):
         SplitConfig(splits=2, min_keys=16, capacity=1, block_l=24)
+    with pytest.raises(ValueError, match="min_tiles"):
+        SplitConfig(splits=2, min_keys=16, capacity=1, min_tiles=0)
     for hd in (32, 256):
         cfg = split_config(hd, "bf16")
         assert cfg is not None and cfg.min_keys >= cfg.splits * cfg.block_l  # no empty range
@@ -445,6 +498,17 @@ def test_split_changes_only_the_split_segments(dev: torch.device, gen: torch.Gen
     assert changed  # another reduction order rounds differently somewhere: the split ran
     assert torch.equal(new["narrow"], new["wide"])
     assert torch.equal(new["serial"], new["wide"])
+    assert torch.equal(new["tiles_serial"], new["tiles"])
+    # fewer ranges only for the 17-token segment (6 tiles: 2 ranges of 3 instead of 3 of 2); the
+    # 33-token one's single tile is one range either way
+    r3 = slice(lay.row_of[3], lay.row_of[3] + SEGMENTS[3][1])
+    assert torch.equal(new["tiles"][r3], new["wide"][r3])
+    r2 = slice(lay.row_of[2], lay.row_of[2] + SEGMENTS[2][1])
+    assert not torch.equal(new["tiles"][r2], new["wide"][r2])  # other ranges round differently: it ran
+    for s, row0 in lay.row_of.items():
+        if s not in SPLIT_SEGMENTS:
+            rows = slice(row0, row0 + SEGMENTS[s][1])
+            assert torch.equal(new["tiles"][rows], old[rows]), s
     for dots in ("ieee", "tf32"):
         assert torch.equal(
             _attend(case, lay, q, "triton", dots, True, SPLITS["wide"]),
@@ -463,7 +527,8 @@ def test_unknown_dots_raise(dev: torch.device, gen: torch.Generator) -> None:
 @pytest.mark.parametrize(
     ("dots", "long", "split"), [("ieee", "shipped", ""), ("tf32", "shipped", ""), ("bf16", "shipped", ""),
                                 ("tf32", "small", ""), ("bf16", "small", ""), ("bf16", "anc", ""),
-                                ("bf16", "shipped", "wide"), ("bf16", "shipped", "narrow")]
+                                ("bf16", "shipped", "wide"), ("bf16", "shipped", "narrow"),
+                                ("bf16", "tiers", "tiles")]
 )  # fmt: skip
 def test_segment_bits_do_not_depend_on_the_launch(
     dots: str, long: str, split: str, dev: torch.device, gen: torch.Generator
@@ -661,3 +726,44 @@ def test_27b_split_alone_equals_packed_at_every_capacity_and_within_bound(gen: t
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed[16] - want).abs().max()
     assert err <= bound + 1e-5, f"split: {err:.3g} over {bound:.3g}"
+
+
+# The length tiers, q16 and the short-ancestor split rule at their real size: a 1,100-token root
+# (the tiered form's 128-row tier), a 300-token child of it (the 64-row tier, over 1,100 ancestor
+# keys) and a 40-token question after the root (split by the shipped rule and the short one).
+TIER_BIG_SEGMENTS = [(1100, -1), (40, 0), (300, 0)]
+SHORT_SPLIT = SplitConfig(
+    splits=11, min_keys=128, capacity=16, block_l=16, num_warps=8, num_stages=2, min_tiles=4
+)
+BIG_VARIANTS: dict[str, dict] = {
+    "tiered": dict(long=long_configs(BIG_HD, "bf16", "tiered"), split=False),
+    "q16": dict(long=dataclasses.replace(long_config(BIG_HD), q16=True), split=False),
+    "short_split": dict(long=True, split=SHORT_SPLIT),
+    "tiered_short_split": dict(long=long_configs(BIG_HD, "bf16", "tiered"), split=SHORT_SPLIT),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("variant", sorted(BIG_VARIANTS))
+def test_27b_tiers_q16_and_short_split_alone_equal_packed_and_within_bound(
+    variant: str, gen: torch.Generator
+) -> None:
+    """Compiled at the 27B heads: each segment's bits alone equal its bits packed (for the split
+    also at a capacity that folds blocks in one program), the output stays within the bf16 bound
+    of the reference, and q16 gives the bits of the same config without it."""
+    kw = BIG_VARIANTS[variant]
+    run, base = _big_case(TIER_BIG_SEGMENTS, "bf16", gen)
+    packed, row_of = run([2, 0, 1], pad=8, **kw)
+    want, _ = run([2, 0, 1], pad=8, backend="torch")
+    for s, (n, _) in enumerate(TIER_BIG_SEGMENTS):
+        alone, _ = run([s], pad=0, **kw)
+        assert torch.equal(alone[:n], packed[row_of[s] : row_of[s] + n]), s
+    if isinstance(kw["split"], SplitConfig):
+        folded = dataclasses.replace(kw["split"], capacity=1)
+        assert torch.equal(run([2, 0, 1], pad=8, long=kw["long"], split=folded)[0], packed)
+    if variant == "q16":
+        assert torch.equal(run([2, 0, 1], pad=8, long=long_config(BIG_HD), split=False)[0], packed)
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed - want).abs().max()
+    assert err <= bound + 1e-5, f"{variant}: {err:.3g} over {bound:.3g}"
