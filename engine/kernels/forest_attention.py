@@ -102,6 +102,16 @@ LONG_DOTS = ("tf32", "bf16")
 # does not say: off until the H200 run of its CUDA tests and `ops/bench/bench_attention.py`
 # decides (then True makes it the engine's: `engine.run.body` passes no `split`).
 SPLIT_BY_DEFAULT = False
+# Piece offsets (k_off, v_off) are multiples of this many elements: every K/V view the engine
+# makes is whole [.., head_dim] rows of a torch allocation (>= 64-byte aligned, as the body's
+# `base`), and the kernels' fp32 K/V tiles are read at those offsets. Unannounced, the compiler
+# knows nothing of a loaded offset's alignment and copies those tiles 4 bytes at a time (sm_90
+# build: every K/V `cp.async` of the 16-row, split and ancestor paths was 4-byte, against 16
+# for the bf16 shadow's); at 4 they go 16 bytes at a time. The same values are loaded either
+# way. 1 is the former build (no hint), for the bench's old-vs-new rows. Checked on the host
+# for CPU tables (the interpreter, where a wrong hint would go unnoticed); on CUDA a violated
+# one faults (misaligned address) rather than reading wrong data.
+PIECE_ALIGN = 4
 
 
 @dataclass(frozen=True)
@@ -296,7 +306,7 @@ def _attention_kernel(
     ml_ptr, stride_qg, scale, capacity,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, SPLIT: tl.constexpr, S: tl.constexpr,
-    SBL: tl.constexpr, MIN_TILES: tl.constexpr, ON_GPU: tl.constexpr,
+    SBL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -343,8 +353,9 @@ def _attention_kernel(
                 acc = tl.load(out_ptr + at[:, None] * HD + offs_d[None, :], mask=valid[:, None], other=0.0)
     for p in tl.static_range(P):
         rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
-        k_base = base_ptr + tl.load(rec)
-        v_base = base_ptr + tl.load(rec + 1)
+        k_off, v_off = _piece_offsets(rec, ALIGN)
+        k_base = base_ptr + k_off
+        v_base = base_ptr + v_off
         n = tl.load(rec + 2)
         head_rows = tl.load(rec + 3)
         if p == P - 1:
@@ -365,6 +376,16 @@ def _attention_kernel(
     )
     o = _gated(acc, total, gate)
     tl.store(out_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], o, mask=valid[:, None])
+
+
+def _piece_offsets(rec, ALIGN: tl.constexpr):
+    """A piece record's K and V offsets, declared multiples of ALIGN elements (`PIECE_ALIGN`)."""
+    k_off = tl.load(rec)
+    v_off = tl.load(rec + 1)
+    if ALIGN > 1:
+        k_off = tl.multiple_of(k_off, ALIGN)
+        v_off = tl.multiple_of(v_off, ALIGN)
+    return k_off, v_off
 
 
 def _operand(x, DOTS: tl.constexpr, ON_GPU: tl.constexpr):
@@ -439,7 +460,7 @@ def _long_attention_kernel(
     stride_qg, qk_scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, LONG_MAX: tl.constexpr,
-    KV16: tl.constexpr, Q16: tl.constexpr, ON_GPU: tl.constexpr,
+    KV16: tl.constexpr, Q16: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
     # query blocks last first, so the longest causal walks start first
@@ -484,8 +505,9 @@ def _long_attention_kernel(
     for p in tl.static_range(P - 1):
         rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
         head_rows = tl.load(rec + 3)
-        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
-        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+        k_off, v_off = _piece_offsets(rec, ALIGN)
+        k_base = base_ptr + k_off + kvh * head_rows * HD
+        v_base = base_ptr + v_off + kvh * head_rows * HD
         n = tl.load(rec + 2)
         full = (n // BLA) * BLA
         for start in range(0, full, BLA):
@@ -506,8 +528,9 @@ def _long_attention_kernel(
     else:
         rec = pieces_ptr + (seg * P + P - 1) * 4
         head_rows = tl.load(rec + 3)
-        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
-        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+        k_off, v_off = _piece_offsets(rec, ALIGN)
+        k_base = base_ptr + k_off + kvh * head_rows * HD
+        v_base = base_ptr + v_off + kvh * head_rows * HD
     for start in range(0, full, BL):
         m, total, acc_lo, acc_hi = _long_tile(
             q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
@@ -532,7 +555,7 @@ def _long_attention_kernel(
 
 def _shadow_kernel(
     base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, t_rows,
-    HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ON_GPU: tl.constexpr,
+    HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (packed row, KV head): a live row of a long segment copies its key and value from
     its segment's own fp32 block into the bf16 shadow [NKV, T, HD] at its packed row, rounded to
@@ -552,8 +575,9 @@ def _shadow_kernel(
     own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
     at = (kv * tl.load(own + 3) + local) * HD + tl.arange(0, HD)
     to = (kv * t_rows + row) * HD + tl.arange(0, HD)
-    tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + tl.load(own) + at), ON_GPU))
-    tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + tl.load(own + 1) + at), ON_GPU))
+    k_off, v_off = _piece_offsets(own, ALIGN)
+    tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + k_off + at), ON_GPU))
+    tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + v_off + at), ON_GPU))
 
 
 def _split_plan_kernel(
@@ -589,7 +613,7 @@ def _split_kernel(
     ml_ptr, out_ptr, n_prog, capacity, qk_scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     BM: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BL: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+    ALIGN: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Persistent programs over the split blocks' work (`_split_plan_kernel` numbered them):
     unit (rank, KV head, s) for the first `capacity` blocks, which reduces split s and stores its
@@ -648,8 +672,9 @@ def _split_kernel(
                 for p in tl.static_range(P - 1):
                     rec = pieces_ptr + (seg * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
                     head_rows = tl.load(rec + 3)
-                    k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
-                    v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+                    k_off, v_off = _piece_offsets(rec, ALIGN)
+                    k_base = base_ptr + k_off + kvh * head_rows * HD
+                    v_base = base_ptr + v_off + kvh * head_rows * HD
                     n = tl.load(rec + 2)
                     n_tiles = (n + BL - 1) // BL
                     a = tl.minimum(tl.maximum(lo - first, 0), n_tiles)
@@ -696,6 +721,7 @@ def _split_kernel(
                     tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
 
 
+_piece_offsets = helper(_piece_offsets)  # type: ignore[assignment]
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
 _attn = kernel(_attention_kernel)
@@ -742,6 +768,13 @@ def _check_qg(qg: torch.Tensor, t: int, nh: int, hd: int) -> None:
         raise ValueError(
             f"qg must be [{t}, {nh * 2 * hd}] with unit column stride, got {tuple(qg.shape)} {qg.stride()}"
         )
+
+
+def _check_alignment(pieces: torch.Tensor) -> None:
+    """CPU tables (interpreter runs): every piece offset a multiple of PIECE_ALIGN. CUDA tables
+    are not read back (a sync per layer); the compiled kernels fault on a misaligned one."""
+    if PIECE_ALIGN > 1 and not pieces.is_cuda and bool((pieces[..., :2] % PIECE_ALIGN).any()):
+        raise ValueError(f"piece offsets must be multiples of {PIECE_ALIGN} elements (PIECE_ALIGN)")
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -827,6 +860,7 @@ def forest_attention(
     if not use_triton(backend, q):
         return forest_attention_reference(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads)
     _check_head_dim(hd)
+    _check_alignment(pieces)
     out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
     if qblocks.shape[0] == 0 or t == 0:
         return out
@@ -857,7 +891,7 @@ def forest_attention(
         q, qg, base, segs, pieces, qblocks, out, rank, ws_ml, ws_acc, ml, qg.stride(0), hd**-0.5,
         scfg.capacity if scfg else 0,
         BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None, S=scfg.splits if scfg else 1,
-        SBL=scfg.block_l if scfg else 16, MIN_TILES=scfg.min_tiles if scfg else 1,
+        SBL=scfg.block_l if scfg else 16, MIN_TILES=scfg.min_tiles if scfg else 1, ALIGN=PIECE_ALIGN,
         num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
     if not tiers:
@@ -871,7 +905,8 @@ def forest_attention(
         k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
         v16 = torch.empty_like(k16)
         _shadow[(t, num_kv_heads)](
-            base, rows, segs, pieces, k16, v16, t, HD=hd, P=pieces.shape[1], LONG_MIN=long_min, num_warps=1,
+            base, rows, segs, pieces, k16, v16, t,
+            HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ALIGN=PIECE_ALIGN, num_warps=1,
         )  # fmt: skip
     if dots == "bf16" and any(c.q16 for c in tiers):
         q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
@@ -881,7 +916,7 @@ def forest_attention(
             q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
             q16 if cfg.q16 and dots == "bf16" else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
             BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
-            LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16",
+            LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16", ALIGN=PIECE_ALIGN,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
         )  # fmt: skip
     return out
@@ -934,7 +969,7 @@ def _launch_split(
         q, base, segs, pieces, qblocks, order, count, ws_ml, ws_acc, ml, out, n_prog, cfg.capacity,
         hd**-0.5 * _LOG2E,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=next_pow2(group), BM=BLOCK_M, P=p, S=cfg.splits,
-        BL=cfg.block_l, MIN_TILES=cfg.min_tiles, DOTS=dots, num_warps=cfg.num_warps,
+        BL=cfg.block_l, MIN_TILES=cfg.min_tiles, ALIGN=PIECE_ALIGN, DOTS=dots, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, enable_fp_fusion=False,
     )  # fmt: skip
     return rank, ws_ml, ws_acc, ml

@@ -23,14 +23,15 @@ a replay's time / GRAPH_CALLS is the layer's time ("us/layer", median of --reps 
 kernels' own durations, no launch gaps): 16-row kernel, large-block kernel(s), split, plan, shadow.
 
 Every setting is compared with the first ("s10": the session-10 engine: the single large-block
-config, no split) on the same inputs: "bits" is "=" when the whole output is bitwise equal,
-else the share of rows that are (a setting that moves no bit - q16 - must read "="; one that
-changes a reduction order - a tier's block size, the split - changes the rows it takes), and
-max|d| is the largest difference. Settings (names in SETTINGS' comments): the shipped split and
-short-ancestor split rules (`SplitConfig.min_tiles`), the length tiers (`long_configs(form=
+config, no split, fp32 K/V copied 4 bytes at a time) on the same inputs: "bits" is "=" when the
+whole output is bitwise equal, else the share of rows that are (a setting that moves no bit -
+"a4", q16 - must read "="; one that changes a reduction order - a tier's block size, the split -
+changes the rows it takes), and max|d| is the largest difference. Settings (`settings()`): "a4"
+has the 16-byte K/V loads (`PIECE_ALIGN` 4; every later setting has them too), the shipped split
+and short-ancestor split rules (`SplitConfig.min_tiles`), the length tiers (`long_configs(form=
 "tiered")`), and large-block candidates for 8k (q16, tiles). Prints one table and a summary per
-workload (best setting vs s10); --out writes every row as JSON. About 2 minutes on one H200 (most
-of it compiling); --quick keeps the summary's candidates only.
+workload (best setting vs s10); --out writes every row as JSON. About 2-3 minutes on one H200
+(most of it compiling ~50 builds); --quick keeps the split and tier settings, --heads 27B halves it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from collections.abc import Callable
 
 import torch
 
+import engine.kernels.forest_attention as fa
 from engine.kernels.forest_attention import (
     LongConfig,
     SplitConfig,
@@ -104,29 +106,36 @@ TIER_SHORT_ALT = {
     "tiered BM64 BL32 w4": (LongConfig(64, 32, 4, 128, num_stages=2, ancestor_block_l=16, max_length=1024),),
 }
 
-Setting = tuple[str, str, "LongConfig | tuple[LongConfig, ...] | bool", "SplitConfig | bool"]
+Setting = tuple[str, str, "LongConfig | tuple[LongConfig, ...] | bool", "SplitConfig | bool", int]
 
 
 def settings(quick: bool) -> list[Setting]:
-    """(name, dots, long, split), the baseline first."""
+    """(name, dots, long, split, PIECE_ALIGN), the baseline first: "s10" is the session-10 build
+    (no alignment hint); every other setting has the 16-byte K/V loads (PIECE_ALIGN 4)."""
     big = long_config(HD)
     rows: list[Setting] = [
-        ("s10", "bf16", S10, False),
-        ("s10 + split shipped", "bf16", S10, SPLIT_SHIPPED),
-        ("tiered", "bf16", TIERED, False),
+        ("s10", "bf16", S10, False, 1),
+        ("s10 a4", "bf16", S10, False, 4),
+        ("s10 a4 + split shipped", "bf16", S10, SPLIT_SHIPPED, 4),
+        ("tiered", "bf16", TIERED, False, 4),
     ]
     for name, cfg in SPLIT_SHORT.items():
-        rows.append((f"s10 + split {name}", "bf16", S10, cfg))
-        rows.append((f"tiered + split {name}", "bf16", TIERED, cfg))
+        rows.append((f"s10 a4 + split {name}", "bf16", S10, cfg, 4))
+        rows.append((f"tiered + split {name}", "bf16", TIERED, cfg, 4))
     if quick:
         return rows
+    rows.append(("s10 + split shipped (no hint)", "bf16", S10, SPLIT_SHIPPED, 1))
     for name, cfg in SPLIT_LONG.items():
-        rows.append((f"s10 + split {name}", "bf16", S10, cfg))
+        rows.append((f"s10 a4 + split {name}", "bf16", S10, cfg, 4))
     for name, cfg in LONG_8K.items():
-        rows.append((f"long {name}", "bf16", cfg, False))
+        rows.append((f"long {name}", "bf16", cfg, False, 4))
     for name, (short,) in TIER_SHORT_ALT.items():
-        rows.append((name, "bf16", (short, LongConfig(**{**big.__dict__, "min_length": 1024})), False))
-    rows += [("16-row only bf16", "bf16", False, False), ("16-row only ieee", "ieee", False, False)]
+        rows.append((name, "bf16", (short, LongConfig(**{**big.__dict__, "min_length": 1024})), False, 4))
+    rows += [
+        ("16-row only bf16", "bf16", False, False, 4),
+        ("16-row only ieee (no hint)", "ieee", False, False, 1),
+        ("16-row only ieee", "ieee", False, False, 4),
+    ]
     return rows
 
 
@@ -257,13 +266,18 @@ def main() -> int:
         for w in args.workload or ["a", "b", "c", "q8k"]:
             d = build(w, HEADS[shape], gen)
             base_out = None
-            for name, dots, long, split in settings(args.quick):
+            for name, dots, long, split, align in settings(args.quick):
                 if dots == "ieee" and w in ("c", "q8k"):
                     continue  # 100+ ms a layer at 8k: nothing to learn from it here
 
                 def run(
-                    dots: str = dots, long: object = long, split: object = split, d: dict = d
+                    dots: str = dots,
+                    long: object = long,
+                    split: object = split,
+                    d: dict = d,
+                    align: int = align,
                 ) -> torch.Tensor:
+                    fa.PIECE_ALIGN = align  # read at each launch (a constexpr: its own build)
                     return forest_attention(
                         d["q"], d["qg"], d["base"], d["rows"], d["segs"], d["pieces"], d["qblocks"],
                         num_kv_heads=d["nkv"], dots=dots, long=long, split=split,  # type: ignore[arg-type]

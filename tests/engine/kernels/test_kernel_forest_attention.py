@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import engine.kernels.forest_attention as fa
 from engine.kernels.decode_attention import AttentionHeads, PrepInputs
 from engine.kernels.forest_attention import (
     LongConfig,
@@ -555,6 +556,20 @@ def test_segment_bits_do_not_depend_on_the_launch(
             assert torch.equal(case.pool.base[block], base_big[block]), s
 
 
+def test_misaligned_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Generator) -> None:
+    """The kernels declare piece offsets multiples of PIECE_ALIGN (16-byte K/V loads when
+    compiled): CPU tables are checked, since the interpreter would read them right anyway."""
+    if dev.type == "cuda":
+        pytest.skip("CUDA tables are not read back")
+    case = _case(dev, gen)
+    lay = _launch(case, [2], dev, spread=False)
+    q = _prep(case, lay, "torch")
+    assert fa.PIECE_ALIGN > 1 and not bool((lay.pieces[..., :2] % fa.PIECE_ALIGN).any())  # the pool's
+    lay.pieces[0, 0, 0] += 1
+    with pytest.raises(ValueError, match="multiples of"):
+        _attend(case, lay, q, "triton")
+
+
 def test_bad_tables_raise(dev: torch.device, gen: torch.Generator) -> None:
     case = _case(dev, gen)
     lay = _launch(case, [1], dev, spread=True)
@@ -767,3 +782,19 @@ def test_27b_tiers_q16_and_short_split_alone_equal_packed_and_within_bound(
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed - want).abs().max()
     assert err <= bound + 1e-5, f"{variant}: {err:.3g} over {bound:.3g}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize(("dots", "split"), [("ieee", False), ("bf16", False), ("bf16", True)])
+def test_27b_aligned_loads_give_the_unhinted_bits(
+    dots: str, split: bool, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIECE_ALIGN only widens the fp32 K/V loads: the output is bit for bit the unhinted build's
+    (every path reading pieces: the 16-row kernel, its split, the large-block ancestors, the
+    shadow)."""
+    run, _ = _big_case(SPLIT_BIG_SEGMENTS, dots, gen)
+    monkeypatch.setattr(fa, "PIECE_ALIGN", 4)
+    hinted, _ = run([2, 0, 1], pad=8, split=split)
+    monkeypatch.setattr(fa, "PIECE_ALIGN", 1)
+    plain, _ = run([2, 0, 1], pad=8, split=split)
+    assert torch.equal(hinted, plain)
