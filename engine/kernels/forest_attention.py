@@ -43,8 +43,16 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   partials in range order and goes on with the own block. Blocks past the workspace's capacity
   run their ranges one after another in one unit (the same loop), folding as they go.
 
-Every tile holds tokens of one segment only and the config is fixed by the head sizes, so a
-token's bits depend on its own segment's data alone: never on its segment's slot, its packed
+Length tiers (`long_configs`, `LongConfig.max_length`): the large-block kernel may run once per
+tier of segment lengths, each tier with its own block config (short evidence in smaller blocks,
+to fill the GPU); `LongConfig.q16` stages a block's rounded queries through a bf16 copy so the
+q k^T products read them from shared memory; `SplitConfig.min_tiles` gives a chain with few
+ancestor tiles fewer split ranges. Piece offsets are declared multiples of `PIECE_ALIGN`
+elements, so fp32 K/V tiles read through the tables load 16 bytes at a time.
+
+Every tile holds tokens of one segment only and the config is fixed by the head sizes (the tier
+by the segment's own length, the split ranges by its own chain), so a token's bits depend on its
+own segment's data alone: never on its segment's slot, its packed
 rows, or what else (or how much) the launch holds. `P` (piece slots) is a bucket shape and a
 compile-time constant like in the decode kernels.
 """

@@ -60,6 +60,7 @@ from engine.kernels.forest_tables import BLOCK_M, QBLOCK_FIELDS, ROW_FIELDS, SEG
 HEADS = {"27B": (24, 4, 256), "4B": (16, 4, 256)}  # query heads, KV heads, head_dim
 LAYERS = {"27B": 16, "4B": 8}  # attention layers (full_attention_interval 4)
 PIECES = 4  # the body's smallest piece bucket
+DEVICE = "cuda"
 GRAPH_CALLS = 10  # calls captured in one graph (a replay's launch cost spread over them)
 SYSTEM = 27  # tokens of the cached system segment, the root of every request
 # segments (length, parent index, in the pass): a segment not in the pass is cached, read in place
@@ -146,7 +147,7 @@ def build(workload: str, heads: tuple[int, int, int], gen: torch.Generator) -> d
     segments = WORKLOADS[workload]
     t_bucket, s_bucket = BUCKETS[workload]
     base_len = sum(2 * nkv * n * hd for n, _, _ in segments) + 64
-    base = torch.randn(base_len, generator=gen, device="cuda")
+    base = torch.randn(base_len, generator=gen, device=DEVICE)
     rows = torch.zeros(t_bucket, ROW_FIELDS, dtype=torch.int64)
     segs = torch.zeros(s_bucket, SEG_FIELDS, dtype=torch.int64)
     pieces = torch.zeros(s_bucket, PIECES, 4, dtype=torch.int64)
@@ -176,11 +177,11 @@ def build(workload: str, heads: tuple[int, int, int], gen: torch.Generator) -> d
         flops += 4 * hd * nh * (n * before + n * (n + 1) // 2)
         row += n
         slot += 1
-    q = torch.randn(t_bucket, nh, hd, generator=gen, device="cuda")  # as after RMSNorm: unit RMS
-    qg = torch.randn(t_bucket, nh * 2 * hd, generator=gen, device="cuda")
+    q = torch.randn(t_bucket, nh, hd, generator=gen, device=DEVICE)  # as after RMSNorm: unit RMS
+    qg = torch.randn(t_bucket, nh * 2 * hd, generator=gen, device=DEVICE)
     return dict(
-        q=q, qg=qg, base=base, rows=rows.cuda(), segs=segs.cuda(), pieces=pieces.cuda(),
-        qblocks=qblocks.cuda(), live=live.cuda(), flops=flops, nkv=nkv,
+        q=q, qg=qg, base=base, rows=rows.to(DEVICE), segs=segs.to(DEVICE), pieces=pieces.to(DEVICE),
+        qblocks=qblocks.to(DEVICE), live=live.to(DEVICE), flops=flops, nkv=nkv,
     )  # fmt: skip
 
 
@@ -259,7 +260,7 @@ def main() -> int:
     )
     t0 = time.perf_counter()
     rows: list[dict] = []
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     head = ("heads", "wl", "setting", "us/layer", "x L ms", "TFLOP/s", "bits", "max|d|", "kernels (us)")
     print("{:<4} {:<4} {:<36} {:>9} {:>7} {:>7} {:>6} {:>9}  {}".format(*head), flush=True)
     for shape in args.heads or ["27B", "4B"]:
@@ -289,6 +290,8 @@ def main() -> int:
                     us = graph_us(run, args.reps)
                     kern = {} if args.no_kernels else kernel_us(run)
                 except Exception as e:  # report the failing setting, keep the others
+                    if os.environ.get("BENCH_RAISE"):
+                        raise
                     print(
                         f"{shape:<4} {w:<4} {name:<36} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True
                     )
