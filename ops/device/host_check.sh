@@ -15,7 +15,7 @@ STAGE=${STAGE:-all}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 source ops/device/setup.sh
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=tests/engine \
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=tests/engine \
         tests/engine/body/test_host_tables.py tests/engine/test_rope.py \
         tests/engine/kernels/test_kernel_vocab_mass.py > "$OUT/pytest_host.log" 2>&1
     tail -3 "$OUT/pytest_host.log"
@@ -25,7 +25,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = host ]; then
         2>&1 | tee "$OUT/bench_host.log"
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = engine ]; then
-    timeout 360 python3 ops/bench/bench_engine.py --shape 27B --variants tc64inv --skip-long --skip-decode \
+    timeout 300 python3 ops/bench/bench_engine.py --shape 27B --variants tc64inv --skip-long --skip-decode \
         --wall-split --json "$OUT/engine.json" > "$OUT/bench_engine.log" 2>&1
     grep -E '^(---|[a-d]_)' "$OUT/bench_engine.log" | cut -c1-220
 fi
