@@ -23,7 +23,7 @@ import torch
 
 from engine.cache import PrefixCache, prefix_key
 from engine.decide.decision_config import DecisionConfig
-from engine.decide.readout import ChoiceRounds, LetterReadout, read_letters
+from engine.decide.readout import ChoiceRounds, LetterReadout, read_letters, read_letters_many
 from engine.decide.sampling import thought_key
 from engine.model.prompt import MAX_LETTERS, PromptEncoder, render_parts_for_state_text, render_state
 from engine.model.tokenizer import Tokenizer
@@ -237,17 +237,16 @@ class Stages:
             return []
         out, packed, rows = self._run(segments)
         dc = self.decision_config
-        result: list[Readout] = []
-        for question, i in zip(questions, read_index, strict=True):
-            n = n_options(question)
-            ro = read_letters(
-                out.logits[rows[packed[i]]],
-                self.prompts.letter_token_ids(n),
-                dc.temperature(question.type),
-                coverage=dc.coverage,
-            )
-            result.append(single_readout(option_ids(question), ro, dc.temperature(question.type)))
-        return result
+        readouts = read_letters_many(
+            [out.logits[rows[packed[i]]] for i in read_index],
+            [self.prompts.letter_token_ids(n_options(question)) for question in questions],
+            [dc.temperature(question.type) for question in questions],
+            coverage=dc.coverage,
+        )
+        return [
+            single_readout(option_ids(question), ro, dc.temperature(question.type))
+            for question, ro in zip(questions, readouts, strict=True)
+        ]
 
     def _decide(self, requests: list[DecideRequest], mode: Mode) -> list[DecideResult]:
         t0 = time.perf_counter()
@@ -407,8 +406,11 @@ class Stages:
                 break
             outs = self._read_stage(reads, evidence_ids, evidence_states, mode, evidence_images, think=False)
             per_question: dict[int, list[LetterReadout]] = {}
-            for (_, q, group), (logits, _) in zip(reads, outs, strict=True):
-                per_question.setdefault(id(q), []).append(self._read_letters(q, logits, len(group)))
+            readouts = self._read_many(
+                [(q, logits, len(group)) for (_, q, group), (logits, _) in zip(reads, outs, strict=True)]
+            )
+            for (_, q, _), ro in zip(reads, readouts, strict=True):
+                per_question.setdefault(id(q), []).append(ro)
             for _, q in unique_questions(reads):
                 q.rounds.submit(per_question[id(q)])
         for qs in batch:
@@ -542,6 +544,17 @@ class Stages:
         dc = self.decision_config
         return read_letters(
             logits, self.prompts.letter_token_ids(n), dc.temperature(q.question.type), coverage=dc.coverage
+        )
+
+    def _read_many(self, reads: list[tuple[QuestionRun, torch.Tensor, int]]) -> list[LetterReadout]:
+        """`_read_letters` of every (question, logits row, letters) of a stage at once: on CUDA one
+        sync and one copy back for them all (`read_letters_many`)."""
+        dc = self.decision_config
+        return read_letters_many(
+            [logits for _, logits, _ in reads],
+            [self.prompts.letter_token_ids(n) for _, _, n in reads],
+            [dc.temperature(q.question.type) for q, _, _ in reads],
+            coverage=dc.coverage,
         )
 
     def _readout(self, q: QuestionRun, rounds: ChoiceRounds) -> Readout:

@@ -226,26 +226,65 @@ def read_letters(
     on an empty/duplicate/out-of-range id list, more than 26 letters, temperature <= 0, or
     NaN/+inf logits.
     """
-    # a CUDA row's mass is reduced on the device (which also counts NaN and +inf entries)
-    on_device = coverage and isinstance(logits, torch.Tensor) and logits.is_cuda
-    _check_logits_tensor(logits, scan_values=not on_device)
-    ids = _check_letter_ids(letter_ids, logits.numel())
-    _check_temperature(temperature)
-    index = torch.tensor(ids, dtype=torch.long, device=logits.device)
-    letters = logits.detach().index_select(0, index)
-    if on_device:
-        m, total, letter_logits = _device_mass(logits, letters)
-    else:
-        letter_logits = letters.cpu().tolist()
-    readout = readout_from_letter_logits(ids, letter_logits, temperature)
-    if not coverage:
-        return readout
-    if not on_device:
-        m, total = _host_mass(logits)
-    # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
-    # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
-    mass = math.fsum(math.exp(x - m) for x in readout.logits)
-    return replace(readout, coverage=min(1.0, mass / total))
+    return read_letters_many([logits], [letter_ids], [temperature], coverage=coverage)[0]
+
+
+# How `read_letters_many` reads CUDA rows (a bench flips it in one process): "batched" - every
+# row's kernels queued without a sync, one copy back; "per_row" - each row read alone, its letter
+# ids uploaded with a sync and its results copied back before the next row starts (engine 0.5.0).
+DEVICE_READS = ("batched", "per_row")
+DEVICE_READ = "batched"
+
+
+def read_letters_many(
+    rows: Sequence[torch.Tensor],
+    letter_ids: Sequence[Sequence[int]],
+    temperatures: Sequence[float],
+    *,
+    coverage: bool = True,
+) -> list[LetterReadout]:
+    """`read_letters` of each (row, its letter ids, its temperature), the same values.
+
+    Why at once: a CUDA row's read-out is a few small kernels and a copy back; queued for every
+    row together (the letter ids go up without a sync, `_device_masses`) they run behind the pass
+    that made the logits while the host is still queueing, and one copy brings every row's
+    numbers back. Row by row, each row waited for the previous row's copy."""
+    if not len(rows) == len(letter_ids) == len(temperatures):
+        raise ValueError(
+            f"{len(rows)} rows, {len(letter_ids)} letter id lists and {len(temperatures)} temperatures"
+        )
+    on_device = [coverage and isinstance(x, torch.Tensor) and x.is_cuda for x in rows]
+    ids_of: list[list[int]] = []
+    for logits, ids, on_dev, t in zip(rows, letter_ids, on_device, temperatures, strict=True):
+        # a CUDA row's mass is reduced on the device (which also counts NaN and +inf entries)
+        _check_logits_tensor(logits, scan_values=not on_dev)
+        ids_of.append(_check_letter_ids(ids, logits.numel()))
+        _check_temperature(t)
+    device_rows = [r for r, on_dev in enumerate(on_device) if on_dev]
+    masses: dict[int, tuple[float, float, list[float]]] = {}
+    if DEVICE_READ == "batched" and device_rows:
+        batch = _device_masses([rows[r] for r in device_rows], [ids_of[r] for r in device_rows])
+        masses = dict(zip(device_rows, batch, strict=True))
+    out = []
+    for r, (logits, ids, t) in enumerate(zip(rows, ids_of, temperatures, strict=True)):
+        if on_device[r] and r not in masses:  # "per_row"
+            index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+            masses[r] = _device_mass(logits, logits.detach().index_select(0, index))
+        if on_device[r]:
+            m, total, letter_logits = masses[r]
+        else:
+            index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+            letter_logits = logits.detach().index_select(0, index).cpu().tolist()
+        readout = readout_from_letter_logits(ids, letter_logits, t)
+        if coverage:
+            if not on_device[r]:
+                m, total = _host_mass(logits)
+            # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
+            # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
+            mass = math.fsum(math.exp(x - m) for x in readout.logits)
+            readout = replace(readout, coverage=min(1.0, mass / total))
+        out.append(readout)
+    return out
 
 
 def _host_mass(logits: torch.Tensor) -> tuple[float, float]:
@@ -270,6 +309,41 @@ def _device_mass(logits: torch.Tensor, letters: torch.Tensor) -> tuple[float, fl
     n = parts.numel()
     m, total = fold_vocab_mass([host[c : c + FIELDS] for c in range(0, n, FIELDS)])
     return m, total, host[n:]
+
+
+def _device_masses(
+    rows: Sequence[torch.Tensor], letter_ids: Sequence[Sequence[int]]
+) -> list[tuple[float, float, list[float]]]:
+    """`_device_mass` of every row (one device), the same values: every row's partials (the same
+    kernel over the same row) and letters written into one fp64 buffer, the letter ids uploaded
+    without a sync (a pageable copy the driver stages), and one copy back."""
+    from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
+
+    device = rows[0].device
+    if any(x.device != device for x in rows):
+        return [
+            _device_mass(x, x.detach().index_select(0, torch.tensor(ids, dtype=torch.long, device=x.device)))
+            for x, ids in zip(rows, letter_ids, strict=True)
+        ]
+    sizes = [-(-x.numel() // CHUNK) * FIELDS for x in rows]
+    parts_size = sum(sizes)
+    flat = [i for ids in letter_ids for i in ids]
+    buf = torch.empty(parts_size + len(flat), dtype=torch.float64, device=device)
+    index = torch.tensor(flat, dtype=torch.long).to(device, non_blocking=True)
+    spans = []  # per row: its partials in buf, its letters in index (and at parts_size + in buf)
+    at, k = 0, 0
+    for size, ids in zip(sizes, letter_ids, strict=True):
+        spans.append((at, at + size, k, k + len(ids)))
+        at, k = at + size, k + len(ids)
+    for x, (lo, hi, k0, k1) in zip(rows, spans, strict=True):
+        vocab_partials(x.detach(), out=buf[lo:hi].view(-1, FIELDS))
+        buf[parts_size + k0 : parts_size + k1].copy_(x.detach().index_select(0, index[k0:k1]))
+    host = buf.tolist()  # the one sync
+    out = []
+    for lo, hi, k0, k1 in spans:
+        m, total = fold_vocab_mass([host[c : c + FIELDS] for c in range(lo, hi, FIELDS)])
+        out.append((m, total, host[parts_size + k0 : parts_size + k1]))
+    return out
 
 
 def fold_vocab_mass(chunks: Sequence[Sequence[float]]) -> tuple[float, float]:

@@ -62,18 +62,34 @@ def _vocab_mass_kernel(x_ptr, out_ptr, V, CHUNK: tl.constexpr, ON_GPU: tl.conste
 _kernel = kernel(_vocab_mass_kernel)
 
 
-def vocab_partials(logits: torch.Tensor, *, backend: Backend = "triton") -> torch.Tensor:
-    """fp64 [ceil(V / CHUNK), FIELDS] partials of a 1-D float logits row, on its device."""
+def vocab_partials(
+    logits: torch.Tensor, *, backend: Backend = "triton", out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """fp64 [ceil(V / CHUNK), FIELDS] partials of a 1-D float logits row, on its device (written
+    into `out` when given: a contiguous fp64 tensor of that shape, e.g. a slice of one buffer that
+    several rows' read-outs share and copy back at once)."""
     if logits.dim() != 1 or not logits.is_floating_point() or logits.numel() == 0:
         raise ValueError(
             f"logits must be a non-empty 1-D float tensor, got {logits.dtype} {tuple(logits.shape)}"
         )
     v = logits.numel()
     chunks = cdiv(v, CHUNK)
+    if out is not None and (
+        out.shape != (chunks, FIELDS)
+        or out.dtype != torch.float64
+        or out.device != logits.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous fp64 [{chunks}, {FIELDS}] tensor on {logits.device}, got "
+            f"{out.dtype} {tuple(out.shape)} on {out.device}"
+        )
     if not use_triton(backend, logits):
-        return vocab_partials_reference(logits)
+        ref = vocab_partials_reference(logits)
+        return ref if out is None else out.copy_(ref)
     x = logits if logits.is_contiguous() else logits.contiguous()
-    out = torch.empty(chunks, FIELDS, dtype=torch.float64, device=logits.device)
+    if out is None:
+        out = torch.empty(chunks, FIELDS, dtype=torch.float64, device=logits.device)
     _kernel[(chunks,)](x, out, v, CHUNK=CHUNK, num_warps=NUM_WARPS)
     return out
 

@@ -30,8 +30,12 @@ computed in the pass (its blocks hold the very values the pass would read).
 from __future__ import annotations
 
 import contextlib
+import operator
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
+import numpy as np
 import structlog
 import torch
 
@@ -53,8 +57,14 @@ from engine.kernels.forest_tables import (
     CONV_ROW,
     CONV_TAIL,
     CONV_ZERO,
+    QB_LIVE,
+    QB_LOCAL,
+    QB_SEG,
     QBLOCK_FIELDS,
     ROW_FIELDS,
+    ROW_LIVE,
+    ROW_LOCAL,
+    ROW_SEG,
     ROW_TOKEN,
     SEG_CONV_OUT,
     SEG_FIELDS,
@@ -71,7 +81,7 @@ from engine.run.executor import ForestCounters, ForestOutput
 from engine.run.forest import Forest, SegmentState
 from engine.run.graphs import fit
 from engine.run.layers import AttentionInputs, GdnInputs, Int8Layers
-from engine.run.rope import rope_rows
+from engine.run.rope import rope_rows, rope_table
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +94,147 @@ TOKEN_BUCKETS = (
 )  # fmt: skip
 SEGMENT_BUCKETS = (4, 16, 64, 256)
 PIECE_BUCKETS = (4, 8)
+
+# How a pass's host side builds and uploads its tables (`ForestBody.host_tables`, flipped on a live
+# body by the benches): "packed" - numpy tables, every table of a bucket uploaded in one copy from a
+# pinned buffer, RoPE rows gathered on the device, segment states whose per-layer views are made on
+# first access; "lists" - Python lists turned into tensors, one pageable upload per table, RoPE rows
+# from the host, every view made up front (the session-10 path). The same tables and the same bits.
+HOST_TABLES = ("packed", "lists")
+# A bucket's int64 tables that live in its one packed device buffer, with the axis along which a
+# plan fills a leading part (rows, segment slots or query blocks; the rest is padding). The plan's
+# fields of the same names hold a pass's values; `positions` [T] is the packed buffer's own (the
+# RoPE gather reads it).
+PACKED_TABLES = (
+    ("rows", 0), ("segs", 0), ("conv_src", 0), ("pieces", 1), ("qblocks", 0), ("reads", 0), ("positions", 0),
+)  # fmt: skip
+
+
+def forest_counters(forest: Forest) -> ForestCounters:
+    """Per level its tokens and segments, and the read positions (whole columns: a loop over
+    the segments of each level cost 0.3 ms at 64 clients)."""
+    counters = ForestCounters(read_positions=len(forest.read_segments))
+    if forest.segments:
+        levels = forest.levels.numpy()
+        tokens = np.zeros(forest.num_levels, dtype=np.int64)
+        np.add.at(tokens, levels, np.diff(forest.offsets.numpy()))
+        counters.tokens_per_level = tokens.tolist()
+        counters.segments_per_level = np.bincount(levels, minlength=forest.num_levels).tolist()
+    return counters
+
+
+@dataclass(frozen=True)
+class _StateShape:
+    """How a body lays out a segment's output block: what a state made by one body needs for another
+    body (same model sizes, same device) to read its offsets from the block instead of its views."""
+
+    device: torch.device
+    attn_layers: tuple[int, ...]
+    gdn_layers: tuple[int, ...]
+    kv_heads: int
+    head_dim: int
+    state: tuple[int, int, int]  # value heads, key dim, value dim
+    conv: tuple[int, int]  # conv channels, W - 1
+
+    def kv_size(self, n: int) -> int:
+        """fp32 elements of one of K or V of an n-token segment, over every attention layer."""
+        return len(self.attn_layers) * self.kv_heads * n * self.head_dim
+
+    def state_size(self) -> int:
+        nv, dk, dv = self.state
+        return nv * dk * dv
+
+    def block_size(self, n: int) -> int:
+        tail = self.conv[0] * self.conv[1]
+        return 2 * self.kv_size(n) + len(self.gdn_layers) * (self.state_size() + tail)
+
+
+_VIEW_FIELDS = ("keys", "values", "recurrent", "conv")
+
+
+class _BlockState(SegmentState):
+    """A body-made `SegmentState` whose per-layer tensors are views of its one output block, made
+    the first time anything reads them.
+
+    Why: a 27B segment has 128 per-layer views (K and V of 16 attention layers, state and conv
+    tail of 48 DeltaNet layers); making them took ~0.1 ms a segment on the host path every pass
+    waits for, and most question segments' states are never read (a thought reads them when it
+    starts). The body itself reads a state's offsets from its block (`block_offset`), never from
+    the views, unless something replaced them (`views_intact`).
+    """
+
+    def __init__(
+        self, parent: SegmentState | None, start: int, length: int, block: torch.Tensor, shape: _StateShape
+    ) -> None:
+        super().__init__(parent=parent, start=start, length=length)
+        d = self.__dict__
+        for name in _VIEW_FIELDS:  # made on first access (__getattr__)
+            del d[name]
+        d["_block"], d["_shape"], d["_made"] = block, shape, None
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for what normal lookup did not find: the views before they are made
+        d = self.__dict__
+        if name in _VIEW_FIELDS and "_shape" in d and d["_made"] is None:
+            self._make_views()
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _make_views(self) -> None:
+        shape, block, n = self.__dict__["_shape"], self.__dict__["_block"], self.length
+        n_attn, n_gdn = len(shape.attn_layers), len(shape.gdn_layers)
+        kv, size = shape.kv_size(n), shape.state_size()
+        keys = block[:kv].view(n_attn, shape.kv_heads, n, shape.head_dim)
+        values = block[kv : 2 * kv].view(n_attn, shape.kv_heads, n, shape.head_dim)
+        recurrent = block[2 * kv : 2 * kv + n_gdn * size].view(n_gdn, *shape.state)
+        conv = block[2 * kv + n_gdn * size :].view(n_gdn, *shape.conv)
+        # unbind: every layer's view in one call (a Python index per layer cost ~1 us each)
+        made = {
+            "keys": dict(zip(shape.attn_layers, keys.unbind(0), strict=True)),
+            "values": dict(zip(shape.attn_layers, values.unbind(0), strict=True)),
+            "recurrent": dict(zip(shape.gdn_layers, recurrent.unbind(0), strict=True)),
+            "conv": dict(zip(shape.gdn_layers, conv.unbind(0), strict=True)),
+        }
+        self.__dict__.update(made)
+        self.__dict__["_made"] = {name: tuple(views.values()) for name, views in made.items()}
+
+    def views_intact(self) -> bool:
+        """Whether every per-layer tensor is still the block's own view (or none was made yet)."""
+        made = self.__dict__["_made"]
+        if made is None:
+            return True
+        for name, views in made.items():
+            now = self.__dict__[name]
+            if len(now) != len(views) or not all(map(operator.is_, now.values(), views)):
+                return False
+        return True
+
+    def block_offset(self, shape: _StateShape, base: torch.Tensor) -> int | None:
+        """The block's offset from `base` when the block still holds this state's tensors in
+        `shape`'s layout (else None: read the views)."""
+        d = self.__dict__
+        if d["_shape"] != shape or not self.views_intact():
+            return None
+        return element_offset(d["_block"], base)
+
+    def nbytes(self) -> int:
+        if self.__dict__["_made"] is None:  # the views would cover the block exactly
+            block = self.__dict__["_block"]
+            return block.numel() * block.element_size()
+        return super().nbytes()
+
+
+@dataclass(eq=False)
+class _Staging:
+    """A bucket's packed tables: one int64 device buffer whose views are the bucket's tables, its
+    pinned host twin (the same buffer on CPU), and what the last packed load filled."""
+
+    host: torch.Tensor
+    device: torch.Tensor
+    host_views: dict[str, np.ndarray]
+    positions: torch.Tensor  # the device view the RoPE gather reads
+    used: dict[str, int]  # per table: leading entries along its axis the last load wrote
+    copied: torch.cuda.Event | None = None  # after the last upload: the host buffer is free again
 
 
 @dataclass(eq=False)
@@ -103,6 +254,7 @@ class _Bucket:
     rope: torch.Tensor  # [T, 2, rope_dims] fp32 (cos, sin)
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
+    staging: _Staging | None = None  # the packed tables (`ForestBody._pack`)
 
 
 @dataclass
@@ -124,6 +276,8 @@ class _Plan:
 
 class ForestBody(Int8Layers):
     """One-pass forest execution for int8 weights on one device (see the module docstring)."""
+
+    host_tables: str = "packed"  # one of HOST_TABLES; a bench may set it on an instance
 
     def __init__(
         self,
@@ -176,11 +330,7 @@ class ForestBody(Int8Layers):
             # Its device tables have no image rows or 3-axis positions: the engine runs evidence
             # holding images through the level executor first (`engine.stages.Stages._read_stage`).
             raise ValueError("the one-pass body does not take segments holding images")
-        counters = ForestCounters(read_positions=len(forest.read_segments))
-        for level in range(forest.num_levels):
-            segs = forest.level_segments(level)
-            counters.tokens_per_level.append(sum(len(forest.segments[s].tokens) for s in segs))
-            counters.segments_per_level.append(len(segs))
+        counters = forest_counters(forest)
         if not forest.segments:
             return ForestOutput(torch.zeros(0, self.config.vocab_size), [], counters)
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
@@ -192,6 +342,42 @@ class ForestBody(Int8Layers):
     # ------------------------------------------------------------------------------ outputs
     def _allocate(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
         """Each segment's output block and the `SegmentState` whose tensors are views of it."""
+        if self.host_tables == "lists":
+            return self._allocate_views(forest)
+        return self._allocate_blocks(forest)
+
+    @cached_property
+    def _state_shape(self) -> _StateShape:
+        c = self.config
+        return _StateShape(
+            device=self.device,
+            attn_layers=tuple(self.attn_layers),
+            gdn_layers=tuple(self.gdn_layers),
+            kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            state=(c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+            conv=(c.conv_dim, c.conv_kernel - 1),
+        )
+
+    def _allocate_blocks(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
+        """The blocks, and states whose views are made when first read (`_BlockState`)."""
+        shape, dev = self._state_shape, self.device
+        lengths = (forest.offsets[1:] - forest.offsets[:-1]).tolist()
+        parents, starts = forest.parents.tolist(), forest.starts.tolist()
+        states: list[SegmentState] = []
+        blocks: list[torch.Tensor] = []
+        for s, seg in enumerate(forest.segments):
+            n = lengths[s]
+            block = torch.empty(shape.block_size(n), device=dev)
+            p = parents[s]
+            parent = states[p] if p >= 0 else seg.parent
+            parent = parent if isinstance(parent, SegmentState) else None
+            states.append(_BlockState(parent, starts[s], n, block, shape))
+            blocks.append(block)
+        return states, blocks
+
+    def _allocate_views(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
+        """The "lists" form: every state's per-layer views made here."""
         c, dev = self.config, self.device
         n_attn, n_gdn = len(self.attn_layers), len(self.gdn_layers)
         nkv, hd = c.num_kv_heads, c.head_dim
@@ -267,6 +453,12 @@ class ForestBody(Int8Layers):
         return self._offset(copy)
 
     def _plan(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
+        """The forest's tables on the host (`engine.kernels.forest_tables`), offsets into `blocks`."""
+        if self.host_tables == "lists":
+            return self._plan_lists(forest, states, blocks)
+        return self._plan_packed(forest, states, blocks)
+
+    def _plan_lists(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
         c = self.config
         w1 = self.width - 1
         n_seg = len(forest.segments)
@@ -354,6 +546,116 @@ class ForestBody(Int8Layers):
             known[id(node)] = records
         return known[id(node)]
 
+    def _plan_packed(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
+        """The tables as numpy arrays (the values `_plan_lists` gives): whole columns at once, and
+        a state's offsets from its block where the body made it (`_BlockState.block_offset`)."""
+        shape = self._state_shape
+        w1 = self.width - 1
+        n_seg, n_tok = len(forest.segments), forest.num_tokens
+        n_attn, n_gdn = len(self.attn_layers), len(self.gdn_layers)
+        held: list[torch.Tensor] = []
+        offsets = forest.offsets.numpy()
+        lo, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
+        parents = forest.parents.tolist()
+
+        seg_of = np.repeat(np.arange(n_seg, dtype=np.int64), lengths)
+        local = np.arange(n_tok, dtype=np.int64) - lo[seg_of]
+        rows = np.empty((n_tok, ROW_FIELDS), dtype=np.int64)
+        rows[:, ROW_SEG], rows[:, ROW_LOCAL], rows[:, ROW_LIVE] = seg_of, local, 1
+        rows[:, ROW_TOKEN] = forest.tokens.numpy()
+        positions = forest.starts.numpy()[seg_of] + local
+
+        block = np.array([self._offset(b) for b in blocks], dtype=np.int64)
+        kv_layer = shape.kv_heads * shape.head_dim * lengths  # one attention layer's K (or V)
+        kv = n_attn * kv_layer
+        segs = np.zeros((n_seg, SEG_FIELDS), dtype=np.int64)
+        segs[:, SEG_TOK_LO], segs[:, SEG_LENGTH], segs[:, SEG_LEVEL] = lo, lengths, forest.levels.numpy()
+        segs[:, SEG_STATE_OUT] = block + 2 * kv
+        segs[:, SEG_CONV_OUT] = segs[:, SEG_STATE_OUT] + n_gdn * self.state_size
+        segs[:, SEG_LIVE] = 1
+        # every segment's own piece per attention layer: its K/V block, read causally
+        own = np.empty((n_seg, n_attn, PIECE_FIELDS), dtype=np.int64)
+        own[:, :, 0] = block[:, None] + np.arange(n_attn)[None, :] * kv_layer[:, None]
+        own[:, :, 1] = own[:, :, 0] + kv[:, None]
+        own[:, :, 2] = own[:, :, 3] = lengths[:, None]
+
+        conv_src = np.empty((n_seg, w1, 2), dtype=np.int64)
+        history: list[list[tuple[int, int]]] = []  # the last W-1 inputs up to each segment's end
+        chains: list[list[np.ndarray]] = []  # per segment: its chain's piece records, oldest first
+        known: dict[int, np.ndarray] = {}  # id(state outside the forest) -> its piece records
+        stacked: dict[int, int] = {}  # id(a cached parent's per-layer dict) -> its block offset
+        for s in range(n_seg):
+            p, n, first = parents[s], int(lengths[s]), int(lo[s])
+            outside = forest.segments[s].parent
+            if p >= 0:
+                segs[s, SEG_STATE_IN], segs[s, SEG_HAS_STATE_IN] = segs[p, SEG_STATE_OUT], 1
+                before = history[p]
+                chains.append([*chains[p], own[s]])
+            elif isinstance(outside, SegmentState):
+                state_in, tail = self._state_offsets(outside, held, stacked)
+                segs[s, SEG_STATE_IN], segs[s, SEG_HAS_STATE_IN] = state_in, 1
+                before = [(CONV_TAIL, tail + k) for k in range(w1)]
+                chains.append([*(self._records(node, known, held) for node in outside.chain()), own[s]])
+            else:
+                before = [(CONV_ZERO, 0)] * w1
+                chains.append([own[s]])
+            conv_src[s] = before
+            history.append([*before, *((CONV_ROW, first + k) for k in range(max(0, n - w1), n))][-w1:])
+
+        per_seg = (lengths + BLOCK_M - 1) // BLOCK_M
+        qblocks = np.empty((int(per_seg.sum()), QBLOCK_FIELDS), dtype=np.int64)
+        qblocks[:, QB_SEG] = np.repeat(np.arange(n_seg, dtype=np.int64), per_seg)
+        starts_at = np.repeat(np.cumsum(per_seg) - per_seg, per_seg)
+        qblocks[:, QB_LOCAL] = (np.arange(qblocks.shape[0], dtype=np.int64) - starts_at) * BLOCK_M
+        qblocks[:, QB_LIVE] = 1
+
+        p_size, _ = fit(max(len(ch) for ch in chains), PIECE_BUCKETS)
+        pieces = np.zeros((n_attn, n_seg, p_size, PIECE_FIELDS), dtype=np.int64)  # unused: length 0
+        for s, chain in enumerate(chains):
+            for j, records in enumerate(chain[:-1]):
+                pieces[:, s, j] = records
+            pieces[:, s, p_size - 1] = chain[-1]
+        return _Plan(
+            rows=torch.from_numpy(rows),
+            segs=torch.from_numpy(segs),
+            conv_src=torch.from_numpy(conv_src),
+            pieces=torch.from_numpy(pieces),
+            qblocks=torch.from_numpy(qblocks),
+            reads=forest.read_positions.to(torch.int64),
+            positions=torch.from_numpy(positions),
+            levels=forest.num_levels,
+            held=held,
+        )
+
+    def _state_offsets(
+        self, state: SegmentState, held: list[torch.Tensor], stacked: dict[int, int]
+    ) -> tuple[int, int]:
+        """Offsets of a parent's stacked recurrent states and conv tails (from its block when the
+        body made it, else as `_plan_lists` finds them)."""
+        at = state.block_offset(self._state_shape, self.base) if isinstance(state, _BlockState) else None
+        if at is not None:
+            state_in = at + 2 * self._state_shape.kv_size(state.length)
+            return state_in, state_in + len(self.gdn_layers) * self.state_size
+        state_in = self._stacked(state.recurrent, self.gdn_layers, held, stacked)
+        return state_in, self._stacked(state.conv, self.gdn_layers, held, stacked)
+
+    def _records(
+        self, node: SegmentState, known: dict[int, np.ndarray], held: list[torch.Tensor]
+    ) -> np.ndarray:
+        """[n_attn, PIECE_FIELDS] piece records of node's own K/V (memoized in `known`)."""
+        if id(node) not in known:
+            at = node.block_offset(self._state_shape, self.base) if isinstance(node, _BlockState) else None
+            if at is None:
+                records = np.array(self._pieces_of(node, {}, held), dtype=np.int64)
+            else:
+                shape, n = self._state_shape, node.length
+                records = np.empty((len(shape.attn_layers), PIECE_FIELDS), dtype=np.int64)
+                records[:, 0] = at + np.arange(len(shape.attn_layers)) * (shape.kv_heads * n * shape.head_dim)
+                records[:, 1] = records[:, 0] + shape.kv_size(n)
+                records[:, 2] = records[:, 3] = n
+            known[id(node)] = records
+        return known[id(node)]
+
     # ------------------------------------------------------------------------------ buckets
     def _bucket(self, tokens: int, slots: int, pieces_per_segment: int, levels: int) -> tuple[_Bucket, bool]:
         t, t_ok = fit(tokens, TOKEN_BUCKETS)
@@ -378,12 +680,19 @@ class ForestBody(Int8Layers):
             reads=torch.zeros(s, dtype=torch.int64, device=dev),
             rope=torch.zeros(t, 2, c.rope_dims, device=dev),
         )
+        self._pack(bucket)
         if capturable:
             self._buckets[key] = bucket  # one-off shapes are not kept
         return bucket, capturable
 
     def _load(self, bucket: _Bucket, plan: _Plan | None) -> None:
         """Copy a plan's tables into the bucket's static tensors (None: all padding)."""
+        if self.host_tables == "lists":
+            self._load_lists(bucket, plan)
+        else:
+            self._load_packed(bucket, plan)
+
+    def _load_lists(self, bucket: _Bucket, plan: _Plan | None) -> None:
         t, s = bucket.tokens, bucket.slots
         rows = torch.zeros(t, ROW_FIELDS, dtype=torch.int64)
         segs = torch.zeros(s, SEG_FIELDS, dtype=torch.int64)
@@ -410,6 +719,53 @@ class ForestBody(Int8Layers):
             (bucket.rope, torch.stack([cos, sin], dim=1)),
         ):
             static.copy_(host, non_blocking=True)
+
+    def _pack(self, bucket: _Bucket) -> None:
+        """Move the bucket's int64 tables (PACKED_TABLES) into one device buffer, views of which
+        they become (before anything reads them: a bucket is packed when it is made), with a host
+        twin: a pass's tables then go up in one copy (`_load_packed`)."""
+        dev = self.device
+        shapes = {name: getattr(bucket, name).shape for name, _ in PACKED_TABLES if name != "positions"}
+        shapes["positions"] = torch.Size([bucket.tokens])
+        total = sum(shape.numel() for shape in shapes.values())
+        device = torch.zeros(total, dtype=torch.int64, device=dev)
+        host = torch.zeros(total, dtype=torch.int64, pin_memory=True) if dev.type == "cuda" else device
+        host_np = host.numpy()
+        views, at = {}, 0
+        for name, shape in shapes.items():
+            size = shape.numel()
+            views[name] = host_np[at : at + size].reshape(shape)
+            table = device[at : at + size].view(shape)
+            if name != "positions":
+                setattr(bucket, name, table)
+            else:
+                positions = table
+            at += size
+        bucket.staging = _Staging(host, device, views, positions, dict.fromkeys(shapes, 0))
+
+    def _load_packed(self, bucket: _Bucket, plan: _Plan | None) -> None:
+        """The plan's tables into the host buffer (zeroing only what the last load filled past
+        them), one upload, and the RoPE rows gathered on the device from `rope_table`."""
+        st = bucket.staging
+        assert st is not None
+        if st.copied is not None:
+            st.copied.synchronize()  # the previous upload has read the host buffer (done unless back to back)
+        for name, axis in PACKED_TABLES:
+            host = st.host_views[name] if axis == 0 else np.moveaxis(st.host_views[name], axis, 0)
+            new = None if plan is None else getattr(plan, name).numpy()
+            n = 0 if new is None else new.shape[axis]
+            if st.used[name] > n:
+                host[n : st.used[name]] = 0
+            if new is not None and n:
+                host[:n] = new if axis == 0 else np.moveaxis(new, axis, 0)
+            st.used[name] = n
+        if st.device is not st.host:
+            st.device.copy_(st.host, non_blocking=True)
+            st.copied = torch.cuda.Event()
+            st.copied.record()
+        need = 1 if plan is None or not plan.positions.numel() else int(plan.positions.max()) + 1
+        table = rope_table(self.config, need, self.device)
+        torch.index_select(table, 0, st.positions, out=bucket.rope)
 
     def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:
         bucket, capturable = self._bucket(tokens, slots, plan.pieces.shape[2], plan.levels)

@@ -7,6 +7,10 @@ batch. Here the fp64 rows are computed in fixed blocks of ROPE_BLOCK positions
 (rope_cos_sin over [b * ROPE_BLOCK, (b + 1) * ROPE_BLOCK)) and gathered: a position's
 values are a function of the position alone, in any batch, process or replay, and a long
 prefill pays for its angles once instead of on every pass.
+
+`rope_table` is the same fp32 rows on a device, [positions, 2, rope_dims] (cos, sin), copied
+from this table (so bit for bit `rope_rows`): the one-pass body gathers a pass's rows from it on
+the device instead of uploading them (4 MB at 8,192 rows) every pass.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from engine.run.reference import rope_cos_sin
 ROPE_BLOCK = 2048
 
 _TABLES: dict[tuple[int, float], _RopeTable] = {}
+_DEVICE_TABLES: dict[tuple[int, float, torch.device], torch.Tensor] = {}
 _LOCK = threading.Lock()
 
 
@@ -50,6 +55,36 @@ class _RopeTable:
         return self.rounded[dtype]
 
 
+def _host_table(config: ModelConfig, need: int) -> _RopeTable:
+    """The process-wide fp64 table of config's angles, grown to cover [0, need); call under _LOCK."""
+    key = (config.rope_dims, float(config.rope_theta))
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = _RopeTable(config)
+    table.grow_to(need)
+    return table
+
+
+def rope_table(config: ModelConfig, positions: int, device: torch.device | str) -> torch.Tensor:
+    """fp32 [n, 2, rope_dims] on `device` (n >= positions, whole ROPE_BLOCKs): row p holds the
+    cos and sin `rope_rows(config, [p], torch.float32)` gives, copied (not recomputed), so a
+    gather from it is bit for bit the host rows. Kept per device and replaced (never written)
+    when it grows: a tensor returned earlier stays valid, and a gather launched from it on a
+    stream reads what it read when launched."""
+    if positions < 0:
+        raise ValueError(f"positions must be >= 0, got {positions}")
+    device = torch.device(device)
+    key = (config.rope_dims, float(config.rope_theta), device)
+    with _LOCK:
+        table = _DEVICE_TABLES.get(key)
+        if table is not None and table.shape[0] >= positions:
+            return table
+        host = _host_table(config, max(positions, 1))
+        cos, sin = host.of(torch.float32)
+        table = _DEVICE_TABLES[key] = torch.stack([cos, sin], dim=1).to(device)
+        return table
+
+
 def rope_rows(
     config: ModelConfig, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,11 +96,6 @@ def rope_rows(
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
     need = int(positions.max()) + 1 if positions.numel() else 0
-    key = (config.rope_dims, float(config.rope_theta))
     with _LOCK:
-        table = _TABLES.get(key)
-        if table is None:
-            table = _TABLES[key] = _RopeTable(config)
-        table.grow_to(need)
-        cos, sin = table.of(dtype)  # grown by replacement: these stay valid unlocked
+        cos, sin = _host_table(config, need).of(dtype)  # grown by replacement: these stay valid unlocked
     return cos.index_select(0, positions), sin.index_select(0, positions)

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decide.readout import read_letters
+from engine.decide import readout
+from engine.decide.readout import DEVICE_READS, read_letters, read_letters_many
 from engine.decide.sampling import sample_tokens
 from engine.kernels import cutlass_gemm
 from engine.kernels.forest_attention import ATTENTION_DOTS
@@ -58,7 +59,7 @@ from engine.kernels.forest_gdn import GDN_DOTS
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
 from engine.quant.linear import QuantLinear
-from engine.run.body import ForestBody
+from engine.run.body import HOST_TABLES, ForestBody
 from engine.run.decoder import Decoder
 from engine.run.executor import ForestOutput, run_forest
 from engine.run.forest import Forest, Segment, SegmentState, build_forest
@@ -179,8 +180,7 @@ class Bench:
         segs = [Segment(self.tokens(evidence_tokens), self.root)]
         segs += [Segment(self.tokens(question_tokens), 0, read=True) for _ in range(questions)]
         out = self.run(build_forest(segs))
-        for row in range(questions):
-            read_letters(out.logits[row], LETTERS[:4], 1.0)
+        read_letters_many(list(out.logits[:questions]), [LETTERS[:4]] * questions, [1.0] * questions)
         sync()
         return time.perf_counter() - t0
 
@@ -192,8 +192,7 @@ class Bench:
             segs.append(Segment(self.tokens(evidence_tokens), self.root))
             segs.append(Segment(self.tokens(question_tokens), len(segs) - 1, read=True))
         out = self.run(build_forest(segs))
-        for row in range(clients):
-            read_letters(out.logits[row], LETTERS[:4], 1.0)
+        read_letters_many(list(out.logits[:clients]), [LETTERS[:4]] * clients, [1.0] * clients)
         sync()
         return time.perf_counter() - t0
 
@@ -894,8 +893,18 @@ def _run_variant(
         if args.profile and decode:
             profile_prefill(bench, args.profile, skip_long=args.skip_long)
         if args.wall_split and body is not None and body.graphs:
-            record("a_wall_split", wall_split(bench, 220, 1))
-            record("b_wall_split", wall_split(bench, 220, 3))
+            # the host forms on the same body and graphs: the default ("packed" tables, batched
+            # read-outs) and, as "_lists", the session-10 host path (`HOST_TABLES`, `DEVICE_READS`)
+            for suffix, (tables, reads) in {
+                "": ("packed", "batched"),
+                "_lists": ("lists", "per_row"),
+            }.items():
+                body.host_tables, readout.DEVICE_READ = tables, reads
+                try:
+                    record(f"a_wall_split{suffix}", wall_split(bench, 220, 1))
+                    record(f"b_wall_split{suffix}", wall_split(bench, 220, 3))
+                finally:
+                    body.host_tables, readout.DEVICE_READ = HOST_TABLES[0], DEVICE_READS[0]
     if decode:
         bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
         record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))

@@ -22,6 +22,7 @@ from engine.decide.readout import (
     mix_probabilities,
     plan_rounds,
     read_letters,
+    read_letters_many,
     readout_from_letter_logits,
     run_choice_rounds,
     select_finalists,
@@ -179,6 +180,32 @@ def test_readout_top_and_dict():
 def test_read_letters_rejects_bad_input(logits, ids, t, message):
     with pytest.raises(ValueError, match=message):
         read_letters(logits, ids, t)
+
+
+def test_read_letters_many_reads_each_row_as_read_letters_does():
+    g = torch.Generator().manual_seed(7)
+    block = torch.randn(4, 50, generator=g) * 3
+    rows = [block[0], block[2], torch.randn(30, generator=g, dtype=torch.float64), block[3]]
+    ids = [[5, 1, 40], [0], [29, 3], list(range(26))]
+    temps = [1.0, 0.3, 2.5, 0.7]
+    for coverage in (True, False):
+        many = read_letters_many(rows, ids, temps, coverage=coverage)
+        assert many == [
+            read_letters(r, i, t, coverage=coverage) for r, i, t in zip(rows, ids, temps, strict=True)
+        ]
+    assert read_letters_many([], [], []) == []
+
+
+def test_read_letters_many_checks_every_row_first():
+    good = torch.zeros(8)
+    with pytest.raises(ValueError, match="2 rows, 1 letter id lists and 2 temperatures"):
+        read_letters_many([good, good], [[0]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="duplicate"):
+        read_letters_many([good, good], [[0, 1], [2, 2]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        read_letters_many([good, torch.tensor([0.0, float("nan")])], [[0], [0]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="temperature"):
+        read_letters_many([good], [[0]], [0.0])
 
 
 def test_letter_level_api_rejects_bad_input():

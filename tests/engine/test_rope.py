@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.run.rope import ROPE_BLOCK, rope_rows
+from engine.run.rope import ROPE_BLOCK, rope_rows, rope_table
 from engine.testing.make_model import dims_config
 
 
@@ -61,3 +61,23 @@ def test_bad_positions_are_named() -> None:
         rope_rows(cfg, torch.tensor([3, -1]), torch.float32)
     empty = rope_rows(cfg, torch.zeros(0, dtype=torch.int64), torch.float32)
     assert empty[0].shape == (0, cfg.rope_dims)
+
+
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def test_the_device_table_holds_the_host_rows_and_grows_by_replacement(device: str) -> None:
+    """`rope_table` is what the one-pass body gathers a pass's RoPE rows from: bit for bit
+    `rope_rows`' fp32 values, at every position it covers, before and after it grows."""
+    cfg = _config(31_415.0)
+    small = rope_table(cfg, 10, device)
+    assert small.shape == (ROPE_BLOCK, 2, cfg.rope_dims) and small.dtype == torch.float32
+    assert small.device.type == device
+    assert rope_table(cfg, ROPE_BLOCK, device) is small  # covered: the same tensor
+    big = rope_table(cfg, 2 * ROPE_BLOCK + 1, device)
+    assert big.shape[0] == 3 * ROPE_BLOCK and big is not small
+    positions = torch.tensor([0, 1, 17, ROPE_BLOCK - 1, ROPE_BLOCK, 2 * ROPE_BLOCK, 3 * ROPE_BLOCK - 1])
+    cos, sin = rope_rows(cfg, positions, torch.float32)
+    rows = big.index_select(0, positions.to(device)).cpu()
+    assert torch.equal(rows[:, 0], cos) and torch.equal(rows[:, 1], sin)
+    assert torch.equal(small.cpu(), big[:ROPE_BLOCK].cpu())  # the old table stays valid and equal
+    with pytest.raises(ValueError, match=">= 0"):
+        rope_table(cfg, -1, device)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.decide.readout import _device_mass, _host_mass, fold_vocab_mass, read_letters
+from engine.decide.readout import _device_mass, _device_masses, _host_mass, fold_vocab_mass, read_letters
 from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
 
 V = 3 * CHUNK + 1234  # a partial last chunk
@@ -85,3 +85,29 @@ def test_device_mass_matches_the_host_mass(dev: torch.device, gen: torch.Generat
     mass = math.fsum(math.exp(v - m) for v in host.logits)
     assert host.coverage is not None
     assert abs(min(1.0, mass / total) - host.coverage) <= 1e-12 * host.coverage
+
+
+def test_partials_written_into_a_shared_buffer_are_the_same(dev: torch.device, gen: torch.Generator) -> None:
+    x = _row(gen, dev)
+    chunks = -(-V // CHUNK)
+    buf = torch.full((3 + chunks * FIELDS,), 7.0, dtype=torch.float64, device=dev)
+    out = buf[3:].view(chunks, FIELDS)
+    assert vocab_partials(x, out=out) is out and torch.equal(out, vocab_partials(x))
+    assert torch.equal(buf[:3].cpu(), torch.full((3,), 7.0, dtype=torch.float64))  # nothing else written
+    with pytest.raises(ValueError, match="contiguous fp64"):
+        vocab_partials(x, out=torch.empty(chunks, FIELDS, device=dev))
+    with pytest.raises(ValueError, match="contiguous fp64"):
+        vocab_partials(x, out=torch.empty(chunks + 1, FIELDS, dtype=torch.float64, device=dev))
+
+
+def test_many_rows_fold_to_what_each_row_folds_alone(dev: torch.device, gen: torch.Generator) -> None:
+    """`read_letters_many`'s device path: every row's partials and letters in one buffer, one
+    copy back; the same numbers as `_device_mass` row by row (rows of one block at other
+    alignments, a row of another length, a row with a whole chunk at -inf)."""
+    block = torch.randn(3, V, generator=gen).to(dev) * 4
+    rows = [_row(gen, dev), block[1], block[2][: 2 * CHUNK + 5], block[0]]
+    ids = [[17, 100, 2 * CHUNK + 5, V - 1], [0], [3, 2 * CHUNK + 4], list(range(26))]
+    many = _device_masses(rows, ids)
+    for x, i, got in zip(rows, ids, many, strict=True):
+        index = torch.tensor(i, device=dev)
+        assert got == _device_mass(x, x.index_select(0, index))
