@@ -177,6 +177,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.forest_attention import (
         ATTENTION_DOTS,
         LONG_FORMS,
+        attention_warps,
         forest_attention,
         forest_attention_prep,
         long_configs,
@@ -287,6 +288,15 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         qblocks = torch.zeros(t // 16 + 4, QBLOCK_FIELDS, dtype=torch.int64)
         conv_src = torch.zeros(4, width - 1, 2, dtype=torch.int64)
         forest_attention_prep(prep, base, frows, segs, fpieces, heads)
+        # the body's last layer: every row's keys and values, the read rows' queries, and the
+        # read rows attended by the decode kernel (unsplit with the forest kernel's warps, or split)
+        forest_attention_prep(prep, base, frows, segs, fpieces, heads, part="keys")
+        forest_attention_prep(prep, base, frows, segs, fpieces, heads, part="queries")
+        for dots, splits in itertools.product(ATTENTION_DOTS, (1, None)):
+            decode_attention(
+                f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv, splits=splits, dots=dots,
+                num_warps=attention_warps(hd),
+            )  # fmt: skip
         for dots in ATTENTION_DOTS:
             forest_attention(
                 f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots

@@ -450,6 +450,11 @@ def check_rope(rope: torch.Tensor, n: int) -> None:
         raise ValueError(f"rope must be fp32 [{n}, 2, rope_dims], got {rope.dtype} {tuple(rope.shape)}")
 
 
+# Which heads a prep launch runs: all (queries, then keys and values), the query heads only
+# (nothing is stored), or the key/value heads only (no query is made; its qg is never read).
+PREP_PARTS = ("all", "queries", "keys")
+
+
 def launch_prep(
     x: PrepInputs,
     base: torch.Tensor,
@@ -458,21 +463,35 @@ def launch_prep(
     heads: AttentionHeads,
     *,
     packed: bool,
+    part: str = "all",
 ) -> torch.Tensor:
     """Run the prep kernel over decode rows (`engine.kernels.decode_rows`) or packed forest rows
-    (`engine.kernels.forest_tables`, `packed`) and return the normed, rotated queries."""
-    n = x.qg.shape[0]
+    (`engine.kernels.forest_tables`, `packed`) and return the normed, rotated queries.
+
+    `part` (PREP_PARTS) picks the heads: "queries" is the same compiled kernel as "all" on a
+    grid of the query heads only, so a query gets the bits "all" gives it; "keys" runs the key /
+    value heads only, as the kernel built with NH = 0 (every program is then a KV head: the same
+    instructions on the same inputs, one constant apart, so the same stored bits - tested) and
+    returns an empty [n, 0, hd] query tensor. Why: the body's last layer needs every row's keys
+    and values (the segments' states) but the queries of its read rows only."""
+    if part not in PREP_PARTS:
+        raise ValueError(f"part must be one of {PREP_PARTS}, got {part!r}")
+    n = x.qg.shape[0] if part != "keys" else x.k.shape[0]
     nh, nkv, hd, eps = heads
     rd = x.rope.shape[-1]
     if hd & (hd - 1) or rd % 2 or rd > hd:
         raise ValueError(f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {hd}, {rd}")
-    q_out = torch.empty(n, nh, hd, dtype=torch.float32, device=x.qg.device)
+    device = x.k.device if part == "keys" else x.qg.device
+    q_out = torch.empty(n, 0 if part == "keys" else nh, hd, dtype=torch.float32, device=device)
     if n == 0:
         return q_out
-    _prep[(n, nh + nkv)](
-        x.qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
-        q_out, x.qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
-        NH=nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed,
+    grid_heads = {"all": nh + nkv, "queries": nh, "keys": nkv}[part]
+    kernel_nh = 0 if part == "keys" else nh
+    qg = x.k if part == "keys" else x.qg  # "keys": a placeholder pointer, never read
+    _prep[(n, grid_heads)](
+        qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
+        q_out, qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
+        NH=kernel_nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q_out
@@ -488,6 +507,7 @@ def decode_attention(
     num_kv_heads: int,
     splits: int | None = None,
     dots: str = "ieee",
+    num_warps: int | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [B, nh * hd] of queries q [B, nh, hd] over each row's pieces.
@@ -497,6 +517,9 @@ def decode_attention(
     it the bits: a decoder keeps one value for every step and batch. `dots`: "ieee" (fp32 FMA
     products, the reference's arithmetic to rounding), or "bf16" / "tf32" tensor-core products
     (as the body's `attention_dots`: q, k, the probabilities and v rounded, fp32 accumulation).
+    `num_warps`: the unsplit kernel's warps (default NUM_WARPS; the split kernels keep theirs) -
+    the one-pass body's read rows (`engine.run.body`) run it with the forest kernel's warps, so
+    that both reduce a row's 16-row tiles in the same layouts.
     """
     if dots not in ("ieee", "tf32", "bf16"):
         raise ValueError(f"dots must be ieee, tf32 or bf16, got {dots!r}")
@@ -529,7 +552,7 @@ def decode_attention(
     _attn[(b, num_kv_heads)](
         q.contiguous(), qg, base, rows, pieces, out, qg.stride(0), hd**-0.5,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=max(16, next_pow2(group)), P=pieces.shape[1],
-        BL=_block_l(hd), DOTS=dots, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        BL=_block_l(hd), DOTS=dots, num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
@@ -541,17 +564,28 @@ def _view(base: torch.Tensor, off: int, shape: tuple[int, int, int]) -> torch.Te
     return torch.as_strided(base, shape, (r * d, d, 1), base.storage_offset() + off)
 
 
+def query_row_reference(x: PrepInputs, r: int, heads: AttentionHeads) -> torch.Tensor:
+    """Row r's q [nh, hd] normed and rotated by `engine.run.reference`'s ops."""
+    nh, _, hd, eps = heads
+    cos, sin = x.rope[r, 0:1], x.rope[r, 1:2]
+    q_heads = x.qg[r].float().view(nh, 2 * hd)[:, :hd]
+    return apply_partial_rope(rms_norm(q_heads, x.q_norm, eps)[None], cos, sin)[0]
+
+
+def key_row_reference(x: PrepInputs, r: int, heads: AttentionHeads) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row r's k [nkv, hd] normed and rotated, and v [nkv, hd], by `engine.run.reference`'s ops."""
+    _, nkv, hd, eps = heads
+    cos, sin = x.rope[r, 0:1], x.rope[r, 1:2]
+    k = apply_partial_rope(rms_norm(x.k[r].float().view(1, nkv, hd), x.k_norm, eps), cos, sin)[0]
+    return k, x.v[r].float().view(nkv, hd)
+
+
 def prep_row_reference(
     x: PrepInputs, r: int, heads: AttentionHeads
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row r's q [nh, hd] and k [nkv, hd] normed and rotated, and v [nkv, hd], by
     `engine.run.reference`'s ops: the oracle of both attention preps (decode and forest)."""
-    nh, nkv, hd, eps = heads
-    cos, sin = x.rope[r, 0:1], x.rope[r, 1:2]
-    q_heads = x.qg[r].float().view(nh, 2 * hd)[:, :hd]
-    q = apply_partial_rope(rms_norm(q_heads, x.q_norm, eps)[None], cos, sin)[0]
-    k = apply_partial_rope(rms_norm(x.k[r].float().view(1, nkv, hd), x.k_norm, eps), cos, sin)[0]
-    return q, k, x.v[r].float().view(nkv, hd)
+    return (query_row_reference(x, r, heads), *key_row_reference(x, r, heads))
 
 
 def prep_rows_reference(
@@ -559,16 +593,22 @@ def prep_rows_reference(
     base: torch.Tensor,
     heads: AttentionHeads,
     own_slot: Callable[[int], tuple[torch.Tensor, int] | None],
+    part: str = "all",
 ) -> torch.Tensor:
-    """Every row's query by `prep_row_reference`; a row's key and value go to `own_slot(r)`
-    (its own piece's record and the index in it), or nowhere for a padding row (None)."""
+    """Every row's query by `query_row_reference`; a row's key and value (`key_row_reference`)
+    go to `own_slot(r)` (its own piece's record and the index in it), or nowhere for a padding
+    row (None). `part` as in `launch_prep`: "queries" stores nothing, "keys" makes no query (an
+    empty [rows, 0, hd] tensor)."""
     nh, _, hd, _ = heads
-    q_out = torch.zeros(x.qg.shape[0], nh, hd, dtype=torch.float32, device=x.qg.device)
-    for r in range(x.qg.shape[0]):
-        q_out[r], kr, vr = prep_row_reference(x, r, heads)
-        slot = own_slot(r)
+    n = x.k.shape[0] if part == "keys" else x.qg.shape[0]
+    device = x.k.device if part == "keys" else x.qg.device
+    q_out = torch.zeros(n, 0 if part == "keys" else nh, hd, dtype=torch.float32, device=device)
+    for r in range(n):
+        if part != "keys":
+            q_out[r] = query_row_reference(x, r, heads)
+        slot = own_slot(r) if part != "queries" else None
         if slot is not None:
-            store_kv_reference(base, slot[0], slot[1], kr, vr)
+            store_kv_reference(base, slot[0], slot[1], *key_row_reference(x, r, heads))
     return q_out
 
 

@@ -67,6 +67,7 @@ import torch
 
 from engine.kernels._triton import Backend, helper, interpreting, kernel, next_pow2, use_triton
 from engine.kernels.decode_attention import (
+    PREP_PARTS,
     AttentionHeads,
     PrepInputs,
     _bf16_operand,
@@ -297,7 +298,7 @@ def split_config(head_dim: int, dots: str = "bf16") -> SplitConfig | None:
     return SplitConfig(splits=8, min_keys=512, capacity=16, block_l=32, num_warps=4)
 
 
-def _attention_warps(head_dim: int) -> int:
+def attention_warps(head_dim: int) -> int:
     """Warps of the attention kernel. At head_dim 256 (q, running output and per-piece output
     [16, 256] fp32, K and V [32, 256]) 4 warps leave sm_90 spilling 6 KB per thread to the stack;
     8 warps fit in 190 registers (`ops/bench/kernel_resources.py`)."""
@@ -798,19 +799,28 @@ def forest_attention_prep(
     pieces: torch.Tensor,
     heads: AttentionHeads,
     *,
+    part: str = "all",
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Normed, rotated queries fp32 [T, nh, hd]; stores each live row's key and value in its
     segment's own K/V block (the last piece of `pieces[seg]`) at the row's local index.
 
     rows [T, 4], segs [S, 8] and one attention layer's pieces [S, P, 4] as in
-    `engine.kernels.forest_tables`; `x` as in `PrepInputs`.
+    `engine.kernels.forest_tables`; `x` as in `PrepInputs`. `part` (`PREP_PARTS`): "queries"
+    makes the queries and stores nothing (x.k and x.v are not read: any tensors), "keys" stores
+    the keys and values and makes no query (x.qg is not read; returns [T, 0, hd]); either gives
+    the bits "all" gives (`launch_prep`). The body's last layer runs "keys" over every row and
+    "queries" over its read rows only (a rows table of those rows: their slot, local index, live).
     """
-    t = x.qg.shape[0]
-    _check_tables(rows, segs, pieces, None, t, x.qg)
-    _check_qg(x.qg, t, heads.num_heads, heads.head_dim)
+    if part not in PREP_PARTS:
+        raise ValueError(f"part must be one of {PREP_PARTS}, got {part!r}")
+    like = x.k if part == "keys" else x.qg
+    t = like.shape[0]
+    _check_tables(rows, segs, pieces, None, t, like)
+    if part != "keys":
+        _check_qg(x.qg, t, heads.num_heads, heads.head_dim)
     width = heads.num_kv_heads * heads.head_dim
-    for name, kv in (("k", x.k), ("v", x.v)):
+    for name, kv in (("k", x.k), ("v", x.v)) if part != "queries" else ():
         if kv.dim() != 2 or kv.shape != (t, width) or kv.stride(1) != 1:
             raise ValueError(
                 f"{name} must be [{t}, {width}] with unit column stride, got {tuple(kv.shape)} {kv.stride()}"
@@ -818,10 +828,12 @@ def forest_attention_prep(
     check_rope(x.rope, t)
     if base.dtype != torch.float32:
         raise ValueError(f"base must be fp32, got {base.dtype}")
-    if not use_triton(backend, x.qg):
-        return forest_attention_prep_reference(x, base, rows, segs, pieces, heads)
+    if not use_triton(backend, like):
+        return forest_attention_prep_reference(x, base, rows, segs, pieces, heads, part)
     _check_head_dim(heads.head_dim)
-    return launch_prep(x, base, rows, pieces, heads, packed=True)
+    if part == "queries":  # placeholders for the never-read k / v pointers: the query rows
+        x = x._replace(k=x.qg, v=x.qg)
+    return launch_prep(x, base, rows, pieces, heads, packed=True, part=part)
 
 
 def forest_attention(
@@ -900,7 +912,7 @@ def forest_attention(
         scfg.capacity if scfg else 0,
         BM=BLOCK_M, BL=_block_l(hd), LONG_MIN=long_min, SPLIT=scfg is not None, S=scfg.splits if scfg else 1,
         SBL=scfg.block_l if scfg else 16, MIN_TILES=scfg.min_tiles if scfg else 1, ALIGN=PIECE_ALIGN,
-        num_warps=_attention_warps(hd), enable_fp_fusion=False, **common,
+        num_warps=attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
     if not tiers:
         return out
@@ -991,6 +1003,7 @@ def forest_attention_prep_reference(
     segs: torch.Tensor,
     pieces: torch.Tensor,
     heads: AttentionHeads,
+    part: str = "all",
 ) -> torch.Tensor:
     """`engine.run.reference` norms and RoPE row by row (own blocks inside base's storage): the oracle."""
 
@@ -999,7 +1012,7 @@ def forest_attention_prep_reference(
             return None
         return pieces[int(rows[r, ROW_SEG]), -1], int(rows[r, ROW_LOCAL])
 
-    return prep_rows_reference(x, base, heads, own_slot)
+    return prep_rows_reference(x, base, heads, own_slot, part)
 
 
 def forest_attention_reference(

@@ -17,6 +17,12 @@ forest in one sweep instead:
   captured once per bucket as a `torch.cuda.CUDAGraph` and replayed for any forest that fits;
   padding rows and slots read and write nothing that matters.
 
+- The last layer computes only what the read-outs and the states need (`last_layer="reads"`):
+  every row's K/V (or DeltaNet recurrence), the query, attention, output projection and MLP at
+  the read rows only; a read row is attended by the decode kernel over its segment's pieces
+  (`_ReadTables`, fixed shapes per bucket like the rest). At 8,192 rows and one read that is
+  ~1/64 of the pass's GEMMs and the whole last layer's attention but one row.
+
 Each segment's outputs (its K/V per attention layer, final recurrent state and conv tail per
 GDN layer) go to one fp32 block of its own, allocated per call, whose views become the
 segment's `SegmentState`: the prefix cache and the thought decoder use them as they are.
@@ -39,9 +45,15 @@ import numpy as np
 import structlog
 import torch
 
-from engine.kernels.decode_attention import PrepInputs
-from engine.kernels.decode_rows import PIECE_FIELDS, element_offset
-from engine.kernels.forest_attention import ATTENTION_DOTS, forest_attention, forest_attention_prep
+from engine.kernels.decode_attention import PrepInputs, decode_attention
+from engine.kernels.decode_rows import LIVE, PIECE_FIELDS, THOUGHT_LEN, element_offset
+from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
+from engine.kernels.forest_attention import (
+    ATTENTION_DOTS,
+    attention_warps,
+    forest_attention,
+    forest_attention_prep,
+)
 from engine.kernels.forest_gdn import (
     TC_PREP_FORMS,
     forest_conv,
@@ -94,6 +106,11 @@ TOKEN_BUCKETS = (
 )  # fmt: skip
 SEGMENT_BUCKETS = (4, 16, 64, 256)
 PIECE_BUCKETS = (4, 8)
+# How the last layer runs (`ForestBody(last_layer=)`): "reads" computes every row's state (K/V,
+# DeltaNet state) but the rest of the layer - query, attention, output projection, MLP - at the
+# read rows only (`engine.run.layers.Int8Layers._last_layer_at_reads`); "full" runs it on every
+# row and picks the read rows after it (the former pass, for benchmarks and tests).
+LAST_LAYERS = ("reads", "full")
 
 # How a pass's host side builds and uploads its tables (`ForestBody.host_tables`, flipped on a live
 # body by the benches): "packed" - numpy tables, every table of a bucket uploaded in one copy from a
@@ -255,6 +272,27 @@ class _Bucket:
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
     staging: _Staging | None = None  # the packed tables (`ForestBody._pack`)
+    read_tables: _ReadTables | None = None  # a last attention layer at the read rows (`_read_tables`)
+
+
+@dataclass(eq=False)
+class _ReadTables:
+    """A bucket's tables of its S read slots for a last attention layer run at the read rows only,
+    views of one int64 buffer (one host-to-device copy a pass). Read slot r is the r-th read
+    row; padding slots are all zeros (live 0: no query is attended, nothing is stored).
+
+    rows [S, ROW_FIELDS]: the read row's record of `bucket.rows` (slot, local index, live, token),
+        the query prep's table (`forest_attention_prep(part="queries")`).
+    decode [S, decode ROW_FIELDS]: the row as a decode row (`engine.kernels.decode_rows`):
+        thought_len = its local index (the decode kernel reads own keys 0 .. thought_len), live.
+    pieces [S, P, PIECE_FIELDS]: the last attention layer's pieces of the read row's segment
+        (ancestors whole, the own K/V block last), which the decode kernel reads in place.
+    """
+
+    flat: torch.Tensor
+    rows: torch.Tensor
+    decode: torch.Tensor
+    pieces: torch.Tensor
 
 
 @dataclass
@@ -288,6 +326,8 @@ class ForestBody(Int8Layers):
         gdn_dots: str = "ieee",
         attention_dots: str = "ieee",
         gdn_prep: str = "blocks",
+        last_layer: str = "reads",
+        read_splits: int = 1,
     ) -> None:
         """gdn_chunk: 0 runs the recurrence token by token; C > 0 in chunks of C tokens
         (`engine.kernels.forest_gdn`: the same recurrence in another summation order), whose
@@ -299,7 +339,24 @@ class ForestBody(Int8Layers):
         rounding points, the same products; "auto": invert where it runs compiled at the model's
         head sizes, `invert_compiles_for`, else blocks - a function of the model alone). Each
         setting changes rounding, never invariance: a segment's bits still depend on its own
-        inputs."""
+        inputs.
+
+        last_layer (`LAST_LAYERS`): "reads" runs the last layer's query, attention, output
+        projection and MLP at the read rows only (every row's K/V and DeltaNet states are still
+        computed, with the full layer's bits); "full" the whole layer on every row. A read row's
+        attention then runs in the decode kernel (`engine.kernels.decode_attention`: one query
+        row over its chain's pieces) with `read_splits` programs per (row, KV head) over its
+        keys: 1 folds each piece whole in one program, with the forest kernel's warps - the same
+        operations in the same order as the 16-row forest kernel, so the full layer's bits in the
+        interpreter (tested); more (the decoder's SPLITS) cut a long chain's keys over that many
+        programs, folded in another order: other rounding, the same invariance. Segments the full
+        layer's large-block kernel attends (tensor-core dots, `forest_attention.LongConfig.
+        min_length` tokens on) round otherwise under either setting.
+        """
+        if last_layer not in LAST_LAYERS:
+            raise ValueError(f"last_layer must be one of {LAST_LAYERS}, got {last_layer!r}")
+        if read_splits < 1:
+            raise ValueError(f"read_splits must be >= 1, got {read_splits}")
         gdn_allowed = gdn_dots_for(gdn_chunk)
         if gdn_prep not in (*TC_PREP_FORMS, "auto"):
             raise ValueError(f"gdn_prep must be one of {TC_PREP_FORMS} or 'auto', got {gdn_prep!r}")
@@ -322,6 +379,14 @@ class ForestBody(Int8Layers):
             gdn_prep = "invert" if fits else "blocks"
         self.gdn_prep = gdn_prep
         self.attention_dots = attention_dots
+        self.last_layer = last_layer
+        self.read_splits = read_splits
+        self.reads_only_last = last_layer == "reads"
+        last = c.num_layers - 1
+        # the last layer's attention index when it is attention run at the read rows (read tables)
+        self._read_attn = (
+            self._attn_index[last] if self.reads_only_last and c.is_full_attention(last) else None
+        )
 
     # ------------------------------------------------------------------------------ public
     def run(self, forest: Forest) -> ForestOutput:
@@ -766,14 +831,59 @@ class ForestBody(Int8Layers):
         need = 1 if plan is None or not plan.positions.numel() else int(plan.positions.max()) + 1
         table = rope_table(self.config, need, self.device)
         torch.index_select(table, 0, st.positions, out=bucket.rope)
+    # ------------------------------------------------------------------------------ read rows
+    def _read_tables(self, bucket: _Bucket) -> _ReadTables | None:
+        """The bucket's read-slot tables (made on first use), when the last layer is attention
+        run at the read rows; else None."""
+        if self._read_attn is None:
+            return None
+        if bucket.read_tables is None:
+            s, p = bucket.slots, bucket.pieces_per_segment
+            flat = torch.zeros(s * (ROW_FIELDS + DECODE_ROW_FIELDS + p * PIECE_FIELDS), dtype=torch.int64)
+            bucket.read_tables = self._read_views(flat.to(self.device), s, p)
+        return bucket.read_tables
+
+    @staticmethod
+    def _read_views(flat: torch.Tensor, slots: int, p: int) -> _ReadTables:
+        a, b = slots * ROW_FIELDS, slots * (ROW_FIELDS + DECODE_ROW_FIELDS)
+        return _ReadTables(
+            flat=flat,
+            rows=flat[:a].view(slots, ROW_FIELDS),
+            decode=flat[a:b].view(slots, DECODE_ROW_FIELDS),
+            pieces=flat[b:].view(slots, p, PIECE_FIELDS),
+        )
+
+    def _load_reads(self, bucket: _Bucket, plan: _Plan | None) -> None:
+        """Copy the read slots' tables of a plan (None: all padding) into the bucket's: from the
+        plan's rows, reads and pieces (host tensors), one copy."""
+        tables = self._read_tables(bucket)
+        if tables is None:
+            return
+        host = self._read_views(
+            torch.zeros_like(tables.flat, device="cpu"), bucket.slots, bucket.pieces_per_segment
+        )
+        if plan is not None and plan.reads.numel():
+            n = plan.reads.numel()
+            rows = plan.rows.index_select(0, plan.reads)
+            host.rows[:n] = rows
+            host.decode[:n, THOUGHT_LEN] = rows[:, ROW_LOCAL]
+            host.decode[:n, LIVE] = rows[:, ROW_LIVE]
+            assert self._read_attn is not None
+            host.pieces[:n] = plan.pieces[self._read_attn].index_select(0, rows[:, ROW_SEG])
+        tables.flat.copy_(host.flat, non_blocking=True)
+
+    def _load_pass(self, bucket: _Bucket, plan: _Plan | None) -> None:
+        """Every table of the pass: the plan's (`_load`) and the read slots' (`_load_reads`)."""
+        self._load(bucket, plan)
+        self._load_reads(bucket, plan)
 
     def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:
         bucket, capturable = self._bucket(tokens, slots, plan.pieces.shape[2], plan.levels)
         logits, captured = self._graphs.run(
             bucket,
             self._forward,
-            lambda: self._load(bucket, plan),
-            lambda: self._load(bucket, None),
+            lambda: self._load_pass(bucket, plan),
+            lambda: self._load_pass(bucket, None),
             capturable=capturable,
         )
         if captured:
@@ -821,6 +931,27 @@ class ForestBody(Int8Layers):
         # chunk 64 (split walk): every level's outputs at once, and the padding rows' zeros
         forest_gdn_outputs(prep, bucket.segs, o, rows=bucket.rows)
         return o
+
+    def _attend_reads(
+        self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket
+    ) -> torch.Tensor:
+        """The last attention layer at the read rows: every live row's key and value stored
+        (`part="keys"`, the full prep's bits), the read rows' queries (`part="queries"` over the
+        read slots' rows, RoPE at their positions), then each read row attended by the decode
+        kernel over its segment's pieces (`_ReadTables`): [S, heads * dim]."""
+        tables = bucket.read_tables
+        assert tables is not None, "the read tables are made with the bucket's first pass"
+        heads, hd = self.attention_heads, self.config.head_dim
+        prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
+        forest_attention_prep(prep, self.base, bucket.rows, bucket.segs, pieces, heads, part="keys")
+        at_reads = prep._replace(rope=bucket.rope.index_select(0, bucket.reads))
+        q = forest_attention_prep(
+            at_reads, self.base, tables.rows, bucket.segs, pieces, heads, part="queries"
+        )
+        return decode_attention(
+            q, x.qg, self.base, tables.decode, tables.pieces, num_kv_heads=self.config.num_kv_heads,
+            splits=self.read_splits, dots=self.attention_dots, num_warps=attention_warps(hd),
+        )  # fmt: skip
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
         prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)

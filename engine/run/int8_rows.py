@@ -173,6 +173,55 @@ def grouped_projections(
     return list(y.split(group.splits, dim=1))
 
 
+def split_projections(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    layer: dict,
+    names: tuple[str, ...],
+    reads: torch.Tensor,
+    at_reads: frozenset[str],
+) -> list[torch.Tensor]:
+    """`grouped_projections` where the linears in `at_reads` are wanted at the rows `reads`
+    only (their outputs have reads.numel() rows) and the others at every row of x.
+
+    Why: in the body's last layer only the read rows' query (or output gate) matters, while
+    every row's keys and values (or DeltaNet inputs) are the segments' states. x is normed and
+    quantized once for every row, as in `grouped_projections`; a read row's quantized input is
+    then picked (row-local: its bits do not depend on the other rows) and multiplied by the
+    read-only linears. A stacked group is multiplied in runs of consecutive members wanted at
+    the same rows, each one GEMM over a row view of the stacked weight: each output column is
+    the same exact int32 dot and the same epilogue whichever launch makes it, so every output
+    has the bits `grouped_projections` gives that row."""
+    group = input_group(layer, names)
+    lins = [group.linear] if group is not None else [layer[n] for n in names]
+    quantized = norm_quantize(x, norm, eps, lins)
+    picked: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def at(q: torch.Tensor, s: torch.Tensor, lin: QuantLinear, rows: bool) -> torch.Tensor:
+        if not rows:
+            return gemm(q, s, lin)
+        if id(q) not in picked:
+            picked[id(q)] = (q.index_select(0, reads), s.index_select(0, reads))
+        return gemm(*picked[id(q)], lin)
+
+    if group is None:
+        return [at(q, s, lin, n in at_reads) for n, (lin, (q, s)) in zip(names, quantized, strict=True)]
+    ((stacked, (q, s)),) = quantized
+    out: list[torch.Tensor] = []
+    j = 0
+    while j < len(names):
+        k = j
+        while k + 1 < len(names) and (names[k + 1] in at_reads) == (names[j] in at_reads):
+            k += 1
+        lo, hi = sum(group.splits[:j]), sum(group.splits[: k + 1])
+        run = QuantLinear(stacked.qweight[lo:hi], stacked.w_scale[lo:hi], stacked.smooth)
+        y = at(q, s, run, names[j] in at_reads)
+        out += list(y.split(group.splits[j : k + 1], dim=1))
+        j = k + 1
+    return out
+
+
 def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     """h + ffn_down(silu(ffn_gate(x)) * ffn_up(x)), x = post-attention rms_norm(h): the layer's MLP.
 

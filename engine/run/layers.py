@@ -5,9 +5,12 @@ DeltaNet or full attention), the output projection and residual, the SwiGLU MLP 
 the final norm and the LM head at the rows read. The two passes differ only in how a mixer reads
 and writes its state - the forest kernels over device tables of segments (`ForestBody`), the
 one-token kernels over per-sequence rows (`Decoder`) - which is what a subclass supplies
-(`_gdn`, `_attend`). The level executor (`engine.run.executor`) and the CPU oracle
-(`engine.run.reference`) stay separate on purpose: they are the float paths these kernels are
-tested against, and an oracle sharing this code would check it against itself.
+(`_gdn`, `_attend`). A pass that reads a few rows of many (the forest body: one per question)
+can run its last layer for the read rows only (`reads_only_last`, `_last_layer_at_reads`):
+every row's state, the rest at the reads (`_attend_reads` for an attention layer). The level
+executor (`engine.run.executor`) and the CPU oracle (`engine.run.reference`) stay separate on
+purpose: they are the float paths these kernels are tested against, and an oracle sharing this
+code would check it against itself.
 
 May import: `engine.run.int8_rows`, `engine.model`.
 """
@@ -30,6 +33,7 @@ from engine.run.int8_rows import (
     grouped_projections,
     lm_head,
     mlp_residual,
+    split_projections,
 )
 
 GDN_INPUTS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
@@ -85,12 +89,20 @@ class Int8Layers:
         heads = (c.num_attention_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
         self.attention_heads = AttentionHeads(*heads)
 
+    # Whether `_stack` with read rows runs the last layer for them only (`_last_layer_at_reads`);
+    # False: every layer on every row, then the read rows picked (the former pass).
+    reads_only_last: bool = False
+
     def _stack(self, tokens: torch.Tensor, bucket: Any, reads: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding -> layers -> final norm -> LM head (at `reads`, else every row): fp32 logits."""
         w, c = self.weights, self.config
         eps = c.rms_norm_eps
         h = w.token_embd.index_select(0, tokens).float()
+        last = len(w.layers) - 1
         for i, layer in enumerate(w.layers):
+            if reads is not None and i == last and self.reads_only_last:
+                h = self._last_layer_at_reads(i, layer, h, bucket, reads)
+                return lm_head(h, w.output_norm, w.output, eps)
             if c.is_full_attention(i):
                 h = self._attention(i, layer, h, bucket)
             else:
@@ -99,6 +111,36 @@ class Int8Layers:
         if reads is not None:
             h = h.index_select(0, reads)
         return lm_head(h, w.output_norm, w.output, eps)
+
+    def _last_layer_at_reads(
+        self, i: int, layer: dict, h: torch.Tensor, bucket: Any, reads: torch.Tensor
+    ) -> torch.Tensor:
+        """The last layer (i) computing only what the read-outs and the states need: hidden rows
+        [R, hidden] at `reads`.
+
+        After the last layer's token mixer nothing reads a row but the LM head, so the output
+        projection, the residual and the MLP run on the read rows alone. The mixer's state is
+        every row's: a full-attention layer projects every row's key and value (the segments'
+        K/V: prefix cache, children, thought decoder) but only the read rows' query and gate
+        (`_attend_reads`); a DeltaNet layer runs its conv and recurrence on every row (the final
+        states) and projects the output gate z at the read rows only. Every op is row-local, so
+        a read row's bits are those of the full layer given the same mixer output; the states'
+        bits are the full layer's (`split_projections`)."""
+        eps = self.config.rms_norm_eps
+        norm = layer["attn_norm"]
+        if self.config.is_full_attention(i):
+            qg, k, v = split_projections(h, norm, eps, layer, ATTENTION_INPUTS, reads, frozenset({"attn_q"}))
+            out = self._attend_reads(
+                bucket.pieces[self._attn_index[i]], layer, AttentionInputs(qg, k, v), bucket
+            )
+            h = attention_output_residual(out, layer, h.index_select(0, reads))
+        else:
+            qkv, z, b_raw, a_raw = split_projections(
+                h, norm, eps, layer, GDN_INPUTS, reads, frozenset({"attn_gate"})
+            )
+            o = self._gdn(self._gdn_index[i], layer, GdnInputs(qkv, b_raw, a_raw), bucket)
+            h = gdn_output_residual(o.index_select(0, reads), z, layer, eps, h.index_select(0, reads))
+        return mlp_residual(h, layer, eps)
 
     def _deltanet(self, i: int, layer: dict, h: torch.Tensor, bucket: Any) -> torch.Tensor:
         eps = self.config.rms_norm_eps
@@ -118,4 +160,12 @@ class Int8Layers:
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: Any) -> torch.Tensor:
         """A full-attention layer's norms, RoPE, cache writes and attention: [rows, heads * dim]."""
+        raise NotImplementedError
+
+    def _attend_reads(
+        self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: Any
+    ) -> torch.Tensor:
+        """`_attend` for a last layer whose queries are wanted at the read rows only: x.qg holds
+        the read rows' [q | gate] ([R, ...]), x.k and x.v every row's; every row's key and value
+        are stored as `_attend` stores them; returns the read rows' outputs [R, heads * dim]."""
         raise NotImplementedError

@@ -260,7 +260,8 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
     if body is not None and body.graphs:
         bench.body = ForestBody(
             bench.weights, graphs=False, gdn_chunk=body.gdn_chunk, gdn_dots=body.gdn_dots,
-            attention_dots=body.attention_dots, gdn_prep=body.gdn_prep,
+            attention_dots=body.attention_dots, gdn_prep=body.gdn_prep, last_layer=body.last_layer,
+            read_splits=body.read_splits,
         )  # fmt: skip
     try:
         for _ in range(3):
@@ -450,7 +451,7 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
         states, blocks = body._allocate(f)
         plan = body._plan(f, states, blocks)
         bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
-        body._load(bucket, plan)
+        body._load_pass(bucket, plan)
         sync()
         return time.perf_counter() - t0
 
@@ -504,6 +505,51 @@ def agreement(bench: Bench, evidence_tokens: int, questions: int, question_token
     prob_diff = max(abs(x - y) for pair in pairs for x, y in pair)
     same = all(a.top == b.top for a, b in probs)
     return {"max_rel_logit_diff": rel, "max_letter_prob_diff": prob_diff, "same_answers": same}
+
+
+def last_layer_agreement(
+    bench: Bench, evidence_tokens: int, questions: int, question_tokens: int = 36
+) -> dict:
+    """The bench's body (last layer at the read rows) against an eager twin running the full
+    last layer (`last_layer="full"`, the same settings) on one request under the bench's root:
+    whether every state the pass writes (K/V, DeltaNet states, conv tails) has the same bits
+    (it must), whether the read logits do (they do where the read row's attention is the 16-row
+    forest kernel's operations in the same layouts: unsplit, a short segment), the largest logit
+    difference relative to its row's largest logit, and whether the answers are the same."""
+    body = bench.body
+    assert body is not None and body.reads_only_last
+    segs = [Segment(bench.tokens(evidence_tokens), bench.root)]
+    segs += [Segment(bench.tokens(question_tokens), 0, read=True) for _ in range(questions)]
+    forest = build_forest(segs)
+    got = body.run(forest)
+    twin = ForestBody(
+        bench.weights, graphs=False, gdn_chunk=body.gdn_chunk, gdn_dots=body.gdn_dots,
+        attention_dots=body.attention_dots, gdn_prep=body.gdn_prep, last_layer="full",
+    )  # fmt: skip
+    want = twin.run(forest)
+    states = all(
+        torch.equal(mine[layer], theirs[layer])
+        for a, b in zip(got.states, want.states, strict=True)
+        for mine, theirs in (
+            (a.keys, b.keys),
+            (a.values, b.values),
+            (a.recurrent, b.recurrent),
+            (a.conv, b.conv),
+        )
+        for layer in theirs
+    )
+    g, w = got.logits.float(), want.logits.float()
+    rel = ((g - w).abs().amax(-1) / w.abs().amax(-1)).max().item()
+    same = all(
+        read_letters(g[r], LETTERS[:4], 1.0).top == read_letters(w[r], LETTERS[:4], 1.0).top
+        for r in range(questions)
+    )
+    return {
+        "states_same_bits": states,
+        "logits_same_bits": torch.equal(g, w),
+        "max_rel_logit_diff": rel,
+        "same_answers": same,
+    }
 
 
 def serial(fn, n: int = 25, warmup: int = 5) -> dict[str, float]:
@@ -719,6 +765,24 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "cutlass": False,
     },
+    # the CUDA default with the former full last layer (every row through the last layer's query,
+    # attention, output projection and MLP; `ForestBody(last_layer="full")`): the same states
+    "tc64inv-fulllast": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "last_layer": "full",
+    },
+    # the CUDA default with the read rows' attention split over their keys as the decoder's is
+    # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
+    "tc64inv-reads16": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "read_splits": 16,
+    },
 }
 
 
@@ -882,12 +946,19 @@ def _run_variant(
         record("gdn_chunk", body.gdn_chunk)
         record("gdn_dots", body.gdn_dots)
         record("attention_dots", body.attention_dots)
+        record("last_layer", body.last_layer)
+        record("read_splits", body.read_splits)
     record("weights_gib", torch.cuda.memory_allocated() / 2**30 if device == "cuda" else 0.0)
     exact = body is None or (body.gdn_chunk, body.gdn_dots, body.attention_dots) == (0, "ieee", "ieee")
     if not exact:  # what the opt-in settings cost in accuracy, beside what they save in time
         record("accuracy_b_vs_exact", agreement(bench, 220, 3))
         if not args.skip_long:
             record("accuracy_c_vs_exact", agreement(bench, 8156, 1))
+    if body is not None and body.reads_only_last and not args.decode_only:
+        # the last layer at the read rows against the full one: states, logits, answers
+        record("lastlayer_b_vs_full", last_layer_agreement(bench, 220, 3))
+        if not args.skip_long:
+            record("lastlayer_c_vs_full", last_layer_agreement(bench, 8156, 1))
     if not args.decode_only:
         run_workloads(bench, record, skip_long=args.skip_long)
         if args.profile and decode:

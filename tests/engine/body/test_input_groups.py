@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.quant.linear import QuantLinear
-from engine.run.int8_rows import grouped_projections, input_group, projections
+from engine.run.int8_rows import grouped_projections, input_group, projections, split_projections
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("attn_q", "attn_k", "attn_v")
@@ -73,6 +73,35 @@ def test_linears_with_different_smoothquant_divisors_stay_separate(case) -> None
     separate = projections(x, norm, 1e-6, [_clone(layer[n]) for n in NAMES])
     for got, want in zip(grouped_projections(x, norm, 1e-6, layer, NAMES), separate, strict=True):
         assert torch.equal(got, want)
+
+
+GDN_NAMES = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
+
+
+@pytest.mark.parametrize("smooth", [False, True], ids=["stacked", "separate"])
+@pytest.mark.parametrize(
+    ("names", "at_reads"),
+    [(NAMES, {"attn_q"}), (GDN_NAMES, {"attn_gate"}), (GDN_NAMES, {"attn_qkv", "ssm_alpha"}), (NAMES, set())],
+)
+def test_split_projections_give_the_grouped_bits_at_their_rows(
+    names: tuple[str, ...], at_reads: set[str], smooth: bool
+) -> None:
+    """The last layer's projections (`split_projections`): a linear wanted at the read rows gives
+    exactly those rows of `grouped_projections`, the others every row's bits - whether the group
+    stacks (runs of members as one GEMM each: a run in the middle, runs at both ends) or not (a
+    SmoothQuant divisor of its own)."""
+    g = torch.Generator().manual_seed(5)
+    layer = {n: _linear(g, w) for n, w in zip(names, (40, 24, 8, 8), strict=False)}
+    if smooth:
+        layer[names[-1]] = _linear(g, 8, smooth=(torch.rand(K, generator=g) + 0.5).to(DEVICE))
+    x = torch.randn(7, K, generator=g).to(DEVICE)
+    norm = (torch.rand(K, generator=g) + 0.5).to(DEVICE)
+    reads = torch.tensor([6, 0, 3, 3], device=DEVICE)  # any order, a row twice (padding reads)
+    want = grouped_projections(x, norm, 1e-6, layer, names)
+    got = split_projections(x, norm, 1e-6, layer, names, reads, frozenset(at_reads))
+    assert (input_group(layer, names) is None) == smooth
+    for name, a, b in zip(names, got, want, strict=True):
+        assert torch.equal(a, b.index_select(0, reads) if name in at_reads else b), name
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the fused SwiGLU GEMM runs on CUDA only (mlp_residual)")

@@ -14,12 +14,17 @@ import pytest
 import torch
 
 import engine.kernels.forest_attention as fa
-from engine.kernels.decode_attention import AttentionHeads, PrepInputs
+from engine.kernels._triton import interpreting
+from engine.kernels.decode_attention import SPLITS as DECODE_SPLITS
+from engine.kernels.decode_attention import AttentionHeads, PrepInputs, decode_attention
+from engine.kernels.decode_rows import LIVE, THOUGHT_LEN
+from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
 from engine.kernels.forest_attention import (
     LongConfig,
     SplitConfig,
     _check_tiers,
     _launch_split,
+    attention_warps,
     forest_attention,
     forest_attention_prep,
     long_config,
@@ -570,6 +575,93 @@ def test_misaligned_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Gen
         _attend(case, lay, q, "triton")
 
 
+def _read_rows(lay: Launch, dev: torch.device) -> list[int]:
+    """The packed rows a body would read: each segment's last row, and a middle one of the
+    longest (a row whose own keys stop inside its query block and a key block)."""
+    reads = [row0 + SEGMENTS[s][1] - 1 for s, row0 in lay.row_of.items()]
+    longest = max(lay.row_of, key=lambda s: SEGMENTS[s][1])
+    return [*reads, lay.row_of[longest] + 40]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_the_keys_and_queries_parts_give_the_whole_preps_bits(
+    backend: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """`part="keys"` over every row stores exactly what the whole prep stores (and nothing else);
+    `part="queries"` over some rows (their own rows table) makes exactly their queries of the
+    whole prep and stores nothing: the body's last layer splits its prep this way."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q_all = _prep(case, lay, backend)
+    stored = case.pool.base.clone()
+    qg, k, v = lay.inputs()
+    x = PrepInputs(qg, k, v, case.q_norm, case.k_norm, lay.rope)
+    case.pool.base.copy_(case.before)
+    none = forest_attention_prep(
+        x, case.pool.base, lay.rows, lay.segs, lay.pieces, HEADS, part="keys", backend=backend
+    )
+    assert none.shape == (lay.rows.shape[0], 0, HD)
+    assert torch.equal(case.pool.base, stored)
+    case.pool.base.copy_(case.before)
+    reads = torch.tensor(_read_rows(lay, dev), device=dev)
+    at = PrepInputs(qg[reads], k[:1], v[:1], case.q_norm, case.k_norm, lay.rope[reads])
+    q = forest_attention_prep(
+        at, case.pool.base, lay.rows[reads], lay.segs, lay.pieces, HEADS, part="queries", backend=backend
+    )
+    assert torch.equal(q, q_all[reads])
+    assert torch.equal(case.pool.base, case.before)
+    with pytest.raises(ValueError, match="part must be one of"):
+        forest_attention_prep(x, case.pool.base, lay.rows, lay.segs, lay.pieces, HEADS, part="values")
+
+
+def _decode_reads(
+    case: Case, lay: Launch, reads: list[int], dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode-row tables of packed rows `reads` (+ one padding row): the row's local index as
+    its thought length (own keys 0 .. local) and its segment's pieces, as the body builds them."""
+    drows = torch.zeros(len(reads) + 1, DECODE_ROW_FIELDS, dtype=torch.int64)
+    pieces = torch.zeros(len(reads) + 1, P, 4, dtype=torch.int64)
+    for j, r in enumerate(reads):
+        slot, local = lay.rows[r, 0].item(), lay.rows[r, 1].item()
+        drows[j, THOUGHT_LEN], drows[j, LIVE] = local, 1
+        pieces[j] = lay.pieces[slot].cpu()
+    return drows.to(dev), pieces.to(dev)
+
+
+@pytest.mark.parametrize("dots", ["ieee", "bf16"])
+def test_a_read_row_through_the_decode_kernel_gets_the_forest_kernels_bits(
+    dots: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """The body's last layer attends its read rows in the decode kernel: unsplit, with the forest
+    kernel's warps, it runs the 16-row forest kernel's operations on a segment's last row (the
+    row a body reads) in the same order - the same bits in the interpreter (its dots are numpy's,
+    row by row); on CUDA the two builds may lay their reductions out differently, so there: the
+    reference's tolerance. A row inside its query block (the last entry of `_read_rows`) is held
+    to the tolerance everywhere: the forest kernel loads the block's keys past that row and masks
+    their scores, the decode kernel never loads them, so the interpreter's dots see other operands
+    (seen: 1 ulp). Split (the decoder's SPLITS), other fold order: within the tolerance. A
+    padding row (live 0) gets zeros."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    want = _attend(case, lay, q, "triton", dots, long=False, split=False)  # the 16-row kernel
+    reads = _read_rows(lay, dev)
+    drows, dpieces = _decode_reads(case, lay, reads, dev)
+    idx = torch.tensor([*reads, 0], device=dev)
+    qg = lay.inputs()[0][idx]
+    for splits in (1, DECODE_SPLITS):
+        got = decode_attention(
+            q[idx], qg, case.pool.base, drows, dpieces, num_kv_heads=NKV, splits=splits, dots=dots,
+            num_warps=attention_warps(HD),
+        )  # fmt: skip
+        assert torch.equal(got[-1], torch.zeros_like(got[-1]))
+        last_rows = len(reads) - 1  # every segment's last row; then the row inside its block
+        if splits == 1 and interpreting():
+            assert torch.equal(got[:last_rows], want[idx[:last_rows]])
+        tol = 1e-5 if dots == "ieee" else 2e-2  # bf16 operands: the probabilities' rounding
+        torch.testing.assert_close(got[:-1], want[idx[:-1]], rtol=tol, atol=tol)
+
+
 def test_bad_tables_raise(dev: torch.device, gen: torch.Generator) -> None:
     case = _case(dev, gen)
     lay = _launch(case, [1], dev, spread=True)
@@ -798,3 +890,83 @@ def test_27b_aligned_loads_give_the_unhinted_bits(
     monkeypatch.setattr(fa, "PIECE_ALIGN", 1)
     plain, _ = run([2, 0, 1], pad=8, split=split)
     assert torch.equal(hinted, plain)
+
+
+def _big_kv(segments: list[tuple[int, int]]) -> tuple[list[list[int]], int]:
+    """Own piece records of `segments` laid back to back in one base, and its size."""
+    block = BIG_NKV * BIG_HD
+    kv, off = [], 0
+    for n, _ in segments:
+        kv.append([off, off + n * block, n, n])
+        off += 2 * n * block
+    return kv, off
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+def test_27b_keys_and_queries_parts_give_the_whole_preps_bits(gen: torch.Generator) -> None:
+    """The body's last layer at 27B heads: the keys-only build (NH = 0) stores the whole prep's
+    bits, the queries-only launch over the read rows makes their queries' bits."""
+    dev = torch.device("cuda")
+    kv, size = _big_kv(BIG_SEGMENTS)
+    rows, segs, pieces, _, row_of = _big_tables([2, 0, 1], kv, dev, 8)
+    t = rows.shape[0]
+    heads = AttentionHeads(BIG_NH, BIG_NKV, BIG_HD, 1e-6)
+    qg = torch.randn(t, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
+    k, v = (torch.randn(t, BIG_NKV * BIG_HD, generator=gen).to(dev) for _ in range(2))
+    rope = torch.randn(t, 2, 64, generator=gen).to(dev)
+    x = PrepInputs(
+        qg, k, v, 1 + 0.1 * torch.randn(BIG_HD, generator=gen).to(dev), torch.ones(BIG_HD, device=dev), rope
+    )
+    base = torch.zeros(size, device=dev)
+    q_all = forest_attention_prep(x, base, rows, segs, pieces, heads)
+    stored = base.clone()
+    base.zero_()
+    forest_attention_prep(x, base, rows, segs, pieces, heads, part="keys")
+    assert torch.equal(base, stored)
+    base.zero_()
+    reads = torch.tensor([r + n - 1 for s, r in row_of.items() for n in [BIG_SEGMENTS[s][0]]], device=dev)
+    at = PrepInputs(qg[reads], k[:1], v[:1], x.q_norm, x.k_norm, rope[reads])
+    q = forest_attention_prep(at, base, rows[reads], segs, pieces, heads, part="queries")
+    assert torch.equal(q, q_all[reads])
+    assert not base.any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("splits", [1, DECODE_SPLITS])
+def test_27b_read_rows_in_the_decode_kernel_alone_equal_packed_and_within_bound(
+    splits: int, gen: torch.Generator
+) -> None:
+    """The read rows' attention as the body's last layer runs it at 27B heads (bf16 dots, the
+    forest kernel's warps): each row's bits alone equal its bits among the others, and every row
+    within the bf16 bound of the torch reference (bf16-representable q and K/V: only the
+    weights are rounded)."""
+    dev = torch.device("cuda")
+    kv, size = _big_kv(BIG_SEGMENTS)
+    rows, segs, pieces, qblocks, row_of = _big_tables([2, 0, 1], kv, dev, 8)
+    t = rows.shape[0]
+    base = torch.randn(size, generator=gen).bfloat16().float().to(dev)
+    q = torch.randn(t, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
+    qg = torch.randn(t, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
+    want = forest_attention(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, backend="torch")
+    reads = [r + BIG_SEGMENTS[s][0] - 1 for s, r in row_of.items()] + [row_of[0] + 150]
+    drows = torch.zeros(len(reads), DECODE_ROW_FIELDS, dtype=torch.int64)
+    dpieces = torch.zeros(len(reads), 2, 4, dtype=torch.int64)
+    for j, r in enumerate(reads):
+        drows[j, THOUGHT_LEN], drows[j, LIVE] = rows[r, 1].item(), 1
+        dpieces[j] = pieces[rows[r, 0].item()].cpu()
+    drows, dpieces = drows.to(dev), dpieces.to(dev)
+    idx = torch.tensor(reads, device=dev)
+
+    def attend(sel: slice) -> torch.Tensor:
+        return decode_attention(
+            q[idx[sel]], qg[idx[sel]], base, drows[sel], dpieces[sel], num_kv_heads=BIG_NKV, splits=splits,
+            dots="bf16", num_warps=attention_warps(BIG_HD),
+        )  # fmt: skip
+
+    packed = attend(slice(None))
+    for j in range(len(reads)):
+        assert torch.equal(attend(slice(j, j + 1))[0], packed[j]), j
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed - want[idx]).abs().max()
+    assert err <= bound + 1e-5, f"splits {splits}: {err:.3g} over {bound:.3g}"
