@@ -108,9 +108,11 @@ ATTENTION_DOTS = ("ieee", "tf32", "bf16")
 # The settings under which long segments take the large-block tensor-core kernel.
 LONG_DOTS = ("tf32", "bf16")
 # Whether `forest_attention` splits long ancestors (`SplitConfig`, bf16 dots) when its caller
-# does not say: off until the H200 run of its CUDA tests and `ops/bench/bench_attention.py`
-# decides (then True makes it the engine's: `engine.run.body` passes no `split`).
-SPLIT_BY_DEFAULT = False
+# does not say (`engine.run.body` passes no `split`). On since 2026-12-04 (H200, 27B heads,
+# `ops/bench/bench_attention.py`, graph-timed): a 36-token question after a cached 8,156-token
+# evidence 483 -> 114 us a layer, workload (c) 3,631 -> 3,273; (a) / (b), whose ~250 ancestor keys
+# stay under min_keys, pay the plan and split launches only (+2 / +5 us a layer).
+SPLIT_BY_DEFAULT = True
 # Piece offsets (k_off, v_off) are multiples of this many elements: every K/V view the engine
 # makes is whole [.., head_dim] rows of a torch allocation (>= 64-byte aligned, as the body's
 # `base`), and the kernels' fp32 K/V tiles are read at those offsets. Unannounced, the compiler
@@ -192,14 +194,23 @@ def long_config(head_dim: int, dots: str = "bf16") -> LongConfig:
 
 
 # Forms of the large-block tiers (`long_configs`): "s10" is the single config measured in session
-# 10 (`long_config`); "tiered" gives segments under TIER_LENGTH tokens 64-row blocks (twice the
-# programs: workload (a)'s 220-token evidence fills 96 programs instead of 48) and longer ones
-# the session-10 config. The default stays "s10" until the
-# H200 run of `ops/bench/bench_attention.py` picks (it times every form in one process).
+# 10 (`long_config`); "tiered" gives segments under TIER_LENGTH tokens 64-row blocks over 64-key
+# tiles (twice the programs: workload (a)'s 220-token evidence fills 96 programs instead of 48)
+# and longer ones 128-row blocks over 32-key tiles in three stages, ancestors in 16-key tiles and
+# the queries fed from shared memory (`LONG_TIER`). Default since the H200 run of 2026-12-04
+# (`ops/bench/bench_attention.py`, 27B heads, us a layer): (a) 74.4 -> 55.9 and (b) 98.8 -> 81.8
+# for the short tier's config, the 8k evidence's large-block kernel 3,042 -> 2,116 for the long
+# tier's (other rounding than s10: another tile size and ancestor fold order, the same invariance).
 LONG_FORMS = ("s10", "tiered")
-LONG_FORM = "s10"
+LONG_FORM = "tiered"
 # Where the tiered form's short tier ends (tokens of the segment itself).
 TIER_LENGTH = 1024
+# The tiered form's long tier at head_dim >= 256 (bf16): fastest of the 2026-12-04 candidates at
+# the 8k evidence (2.12 ms a 27B layer against 2.13 for 64-key tiles in two stages, 3.04 for the
+# session-10 config; 160 KiB shared memory, 255 registers, 400 B spilled per thread on sm_90).
+LONG_TIER = LongConfig(
+    block_m=128, block_l=32, num_warps=8, min_length=TIER_LENGTH, num_stages=3, ancestor_block_l=16, q16=True
+)
 
 
 def long_configs(head_dim: int, dots: str = "bf16", form: str | None = None) -> tuple[LongConfig, ...]:
@@ -208,9 +219,8 @@ def long_configs(head_dim: int, dots: str = "bf16", form: str | None = None) -> 
     next tier's min_length). Which tier attends a segment depends on its own length alone.
     At head_dim 256 (bf16) the short tier is session 5b's 64 rows over 64-key tiles on 8 warps
     (the two warp groups split the products' columns; 254 registers, no spills in the sm_90
-    build) and the long one the session-10 config. (q16 moves the q k^T operands to shared
-    memory, but in this kernel it does not lower the register count - the ancestors' in-register
-    rounding and the diagonal tiles set it - so it is a bench candidate, not a tier default.)"""
+    build) and the long one `LONG_TIER` (q16 and three stages: it does not lower the register
+    count, but it was the fastest at 8k); other head sizes keep `long_config` for the long tier."""
     form = LONG_FORM if form is None else form
     if form not in LONG_FORMS:
         raise ValueError(f"form must be one of {LONG_FORMS}, got {form!r}")
@@ -226,6 +236,8 @@ def long_configs(head_dim: int, dots: str = "bf16", form: str | None = None) -> 
         short = LongConfig(
             block_m=32, block_l=32, num_warps=4, min_length=big.min_length, max_length=TIER_LENGTH
         )
+    if head_dim >= 256:
+        return (short, LongConfig(**{**LONG_TIER.__dict__, "min_length": TIER_LENGTH}))
     return (short, dataclasses.replace(big, min_length=TIER_LENGTH))
 
 
@@ -288,13 +300,14 @@ def split_config(head_dim: int, dots: str = "bf16") -> SplitConfig | None:
     At 27B one 36-token question after ~8,200 ancestor keys is 3 query blocks x 4 KV heads = 12
     (block, KV head) pairs: 11 splits make 132 programs, one per H200 SM, each reducing ~745 keys
     for 96 query rows (6 heads x 16 rows in one 128-row tile). The 16-row kernel walked all the
-    keys in 72 programs of 16 rows (0.87 ms a layer). Short ancestors (< 1,024 keys: the system
+    keys in 72 programs of 16 rows (0.87 ms a layer). Tiles of 32 keys: the split kernel 84 us a
+    layer at (c) against 111 for 16-key tiles (H200, 2026-12-04). Short ancestors (< 1,024 keys: the system
     prompt, workload (b)'s 256-token evidence) keep the 16-row kernel's walk. Capacity 16 (5
     such questions in one call) keeps the workspace at 69 MB; it never changes a bit."""
     if dots != "bf16":
         return None
     if head_dim >= 256:
-        return SplitConfig(splits=11, min_keys=1024, capacity=16, block_l=16, num_warps=8, num_stages=2)
+        return SplitConfig(splits=11, min_keys=1024, capacity=16, block_l=32, num_warps=8, num_stages=2)
     return SplitConfig(splits=8, min_keys=512, capacity=16, block_l=32, num_warps=4)
 
 
@@ -931,6 +944,8 @@ def forest_attention(
     if dots == "bf16" and any(c.q16 for c in tiers):
         q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
     for cfg in tiers:
+        if cfg.min_length > t:  # no segment of the call's T rows is that long: an idle launch
+            continue
         kv16 = dots == "bf16" and cfg.bf16_kv
         _long_attn[(nh, qblocks.shape[0])](
             q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,

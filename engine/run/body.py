@@ -20,8 +20,8 @@ forest in one sweep instead:
 - The last layer computes only what the read-outs and the states need (`last_layer="reads"`):
   every row's K/V (or DeltaNet recurrence), the query, attention, output projection and MLP at
   the read rows only; a read row is attended by the decode kernel over its segment's pieces
-  (`_ReadTables`, fixed shapes per bucket like the rest). At 8,192 rows and one read that is
-  ~1/64 of the pass's GEMMs and the whole last layer's attention but one row.
+  (`_read_tables`: fixed shapes per bucket, uploaded with the other tables). At 8,192 rows and
+  one read that is ~1/64 of the pass's GEMMs and the whole last layer's attention but one row.
 
 Each segment's outputs (its K/V per attention layer, final recurrent state and conv tail per
 GDN layer) go to one fp32 block of its own, allocated per call, whose views become the
@@ -111,6 +111,8 @@ PIECE_BUCKETS = (4, 8)
 # read rows only (`engine.run.layers.Int8Layers._last_layer_at_reads`); "full" runs it on every
 # row and picks the read rows after it (the former pass, for benchmarks and tests).
 LAST_LAYERS = ("reads", "full")
+# The bucket's (and a plan's) read-slot tables (`ForestBody._read_tables`), packed with the rest.
+READ_TABLES = ("read_rows", "read_decode", "read_pieces")
 
 # How a pass's host side builds and uploads its tables (`ForestBody.host_tables`, flipped on a live
 # body by the benches): "packed" - numpy tables, every table of a bucket uploaded in one copy from a
@@ -124,6 +126,7 @@ HOST_TABLES = ("packed", "lists")
 # RoPE gather reads it).
 PACKED_TABLES = (
     ("rows", 0), ("segs", 0), ("conv_src", 0), ("pieces", 1), ("qblocks", 0), ("reads", 0), ("positions", 0),
+    ("read_rows", 0), ("read_decode", 0), ("read_pieces", 0),
 )  # fmt: skip
 
 
@@ -269,30 +272,14 @@ class _Bucket:
     qblocks: torch.Tensor  # [Q, QBLOCK_FIELDS]
     reads: torch.Tensor  # [S] packed rows whose logits are returned
     rope: torch.Tensor  # [T, 2, rope_dims] fp32 (cos, sin)
+    # The read slots' tables for a last attention layer run at the read rows (`_read_tables`);
+    # read slot r is the r-th read row, padding slots are zeros (live 0: nothing attended or stored)
+    read_rows: torch.Tensor  # [S, ROW_FIELDS] the read row's record of `rows` (the query prep's)
+    read_decode: torch.Tensor  # [S, decode ROW_FIELDS] as a decode row: thought_len = local index
+    read_pieces: torch.Tensor  # [S, P, PIECE_FIELDS] the last attention layer's pieces of its segment
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
     staging: _Staging | None = None  # the packed tables (`ForestBody._pack`)
-    read_tables: _ReadTables | None = None  # a last attention layer at the read rows (`_read_tables`)
-
-
-@dataclass(eq=False)
-class _ReadTables:
-    """A bucket's tables of its S read slots for a last attention layer run at the read rows only,
-    views of one int64 buffer (one host-to-device copy a pass). Read slot r is the r-th read
-    row; padding slots are all zeros (live 0: no query is attended, nothing is stored).
-
-    rows [S, ROW_FIELDS]: the read row's record of `bucket.rows` (slot, local index, live, token),
-        the query prep's table (`forest_attention_prep(part="queries")`).
-    decode [S, decode ROW_FIELDS]: the row as a decode row (`engine.kernels.decode_rows`):
-        thought_len = its local index (the decode kernel reads own keys 0 .. thought_len), live.
-    pieces [S, P, PIECE_FIELDS]: the last attention layer's pieces of the read row's segment
-        (ancestors whole, the own K/V block last), which the decode kernel reads in place.
-    """
-
-    flat: torch.Tensor
-    rows: torch.Tensor
-    decode: torch.Tensor
-    pieces: torch.Tensor
 
 
 @dataclass
@@ -307,6 +294,9 @@ class _Plan:
     reads: torch.Tensor
     positions: torch.Tensor
     levels: int
+    read_rows: torch.Tensor | None = None  # the read slots' tables (`_read_tables`)
+    read_decode: torch.Tensor | None = None
+    read_pieces: torch.Tensor | None = None
     # copies the tables point at: alive until the pass is enqueued; the caching allocator reuses
     # their memory only for work queued after it on the same stream, so no sync is needed
     held: list[torch.Tensor] = field(default_factory=list)
@@ -520,8 +510,27 @@ class ForestBody(Int8Layers):
     def _plan(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
         """The forest's tables on the host (`engine.kernels.forest_tables`), offsets into `blocks`."""
         if self.host_tables == "lists":
-            return self._plan_lists(forest, states, blocks)
-        return self._plan_packed(forest, states, blocks)
+            plan = self._plan_lists(forest, states, blocks)
+        else:
+            plan = self._plan_packed(forest, states, blocks)
+        self._read_tables(plan)
+        return plan
+
+    def _read_tables(self, plan: _Plan) -> None:
+        """The read slots' tables of a plan, for a last attention layer run at the read rows
+        (`_attend_reads`; left None otherwise): per read row its record of `plan.rows`, the same
+        row as a decode row (`engine.kernels.decode_rows`: thought_len = its local index, so the
+        decode kernel reads own keys 0 .. local; live) and its segment's pieces of that layer
+        (ancestors whole, the own K/V block last), which the decode kernel reads in place."""
+        if self._read_attn is None:
+            return
+        reads = plan.reads.numpy()
+        rows = plan.rows.numpy()[reads]
+        decode = np.zeros((reads.shape[0], DECODE_ROW_FIELDS), dtype=np.int64)
+        decode[:, THOUGHT_LEN], decode[:, LIVE] = rows[:, ROW_LOCAL], rows[:, ROW_LIVE]
+        plan.read_rows = torch.from_numpy(rows)
+        plan.read_decode = torch.from_numpy(decode)
+        plan.read_pieces = torch.from_numpy(plan.pieces.numpy()[self._read_attn][rows[:, ROW_SEG]])
 
     def _plan_lists(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
         c = self.config
@@ -744,6 +753,9 @@ class ForestBody(Int8Layers):
             qblocks=torch.zeros(t // BLOCK_M + s, QBLOCK_FIELDS, dtype=torch.int64, device=dev),
             reads=torch.zeros(s, dtype=torch.int64, device=dev),
             rope=torch.zeros(t, 2, c.rope_dims, device=dev),
+            read_rows=torch.zeros(s, ROW_FIELDS, dtype=torch.int64, device=dev),
+            read_decode=torch.zeros(s, DECODE_ROW_FIELDS, dtype=torch.int64, device=dev),
+            read_pieces=torch.zeros(s, pieces_per_segment, PIECE_FIELDS, dtype=torch.int64, device=dev),
         )
         self._pack(bucket)
         if capturable:
@@ -766,6 +778,7 @@ class ForestBody(Int8Layers):
         qblocks = torch.zeros(bucket.qblocks.shape, dtype=torch.int64)
         reads = torch.zeros(s, dtype=torch.int64)
         positions = torch.zeros(t, dtype=torch.int64)
+        read_tables = [torch.zeros_like(getattr(bucket, name), device="cpu") for name in READ_TABLES]
         if plan is not None:
             n, m = plan.rows.shape[0], plan.segs.shape[0]
             rows[:n], segs[:m], conv_src[:m] = plan.rows, plan.segs, plan.conv_src
@@ -773,6 +786,9 @@ class ForestBody(Int8Layers):
             qblocks[: plan.qblocks.shape[0]] = plan.qblocks
             reads[: plan.reads.numel()] = plan.reads
             positions[:n] = plan.positions
+            for host, name in zip(read_tables, READ_TABLES, strict=True):
+                if getattr(plan, name) is not None:
+                    host[: plan.reads.numel()] = getattr(plan, name)
         cos, sin = rope_rows(self.config, positions, torch.float32)
         for static, host in (
             (bucket.rows, rows),
@@ -782,6 +798,7 @@ class ForestBody(Int8Layers):
             (bucket.qblocks, qblocks),
             (bucket.reads, reads),
             (bucket.rope, torch.stack([cos, sin], dim=1)),
+            *((getattr(bucket, name), host) for name, host in zip(READ_TABLES, read_tables, strict=True)),
         ):
             static.copy_(host, non_blocking=True)
 
@@ -817,7 +834,7 @@ class ForestBody(Int8Layers):
             st.copied.synchronize()  # the previous upload has read the host buffer (done unless back to back)
         for name, axis in PACKED_TABLES:
             host = st.host_views[name] if axis == 0 else np.moveaxis(st.host_views[name], axis, 0)
-            new = None if plan is None else getattr(plan, name).numpy()
+            new = None if plan is None or getattr(plan, name) is None else getattr(plan, name).numpy()
             n = 0 if new is None else new.shape[axis]
             if st.used[name] > n:
                 host[n : st.used[name]] = 0
@@ -831,59 +848,14 @@ class ForestBody(Int8Layers):
         need = 1 if plan is None or not plan.positions.numel() else int(plan.positions.max()) + 1
         table = rope_table(self.config, need, self.device)
         torch.index_select(table, 0, st.positions, out=bucket.rope)
-    # ------------------------------------------------------------------------------ read rows
-    def _read_tables(self, bucket: _Bucket) -> _ReadTables | None:
-        """The bucket's read-slot tables (made on first use), when the last layer is attention
-        run at the read rows; else None."""
-        if self._read_attn is None:
-            return None
-        if bucket.read_tables is None:
-            s, p = bucket.slots, bucket.pieces_per_segment
-            flat = torch.zeros(s * (ROW_FIELDS + DECODE_ROW_FIELDS + p * PIECE_FIELDS), dtype=torch.int64)
-            bucket.read_tables = self._read_views(flat.to(self.device), s, p)
-        return bucket.read_tables
-
-    @staticmethod
-    def _read_views(flat: torch.Tensor, slots: int, p: int) -> _ReadTables:
-        a, b = slots * ROW_FIELDS, slots * (ROW_FIELDS + DECODE_ROW_FIELDS)
-        return _ReadTables(
-            flat=flat,
-            rows=flat[:a].view(slots, ROW_FIELDS),
-            decode=flat[a:b].view(slots, DECODE_ROW_FIELDS),
-            pieces=flat[b:].view(slots, p, PIECE_FIELDS),
-        )
-
-    def _load_reads(self, bucket: _Bucket, plan: _Plan | None) -> None:
-        """Copy the read slots' tables of a plan (None: all padding) into the bucket's: from the
-        plan's rows, reads and pieces (host tensors), one copy."""
-        tables = self._read_tables(bucket)
-        if tables is None:
-            return
-        host = self._read_views(
-            torch.zeros_like(tables.flat, device="cpu"), bucket.slots, bucket.pieces_per_segment
-        )
-        if plan is not None and plan.reads.numel():
-            n = plan.reads.numel()
-            rows = plan.rows.index_select(0, plan.reads)
-            host.rows[:n] = rows
-            host.decode[:n, THOUGHT_LEN] = rows[:, ROW_LOCAL]
-            host.decode[:n, LIVE] = rows[:, ROW_LIVE]
-            assert self._read_attn is not None
-            host.pieces[:n] = plan.pieces[self._read_attn].index_select(0, rows[:, ROW_SEG])
-        tables.flat.copy_(host.flat, non_blocking=True)
-
-    def _load_pass(self, bucket: _Bucket, plan: _Plan | None) -> None:
-        """Every table of the pass: the plan's (`_load`) and the read slots' (`_load_reads`)."""
-        self._load(bucket, plan)
-        self._load_reads(bucket, plan)
 
     def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:
         bucket, capturable = self._bucket(tokens, slots, plan.pieces.shape[2], plan.levels)
         logits, captured = self._graphs.run(
             bucket,
             self._forward,
-            lambda: self._load_pass(bucket, plan),
-            lambda: self._load_pass(bucket, None),
+            lambda: self._load(bucket, plan),
+            lambda: self._load(bucket, None),
             capturable=capturable,
         )
         if captured:
@@ -938,18 +910,16 @@ class ForestBody(Int8Layers):
         """The last attention layer at the read rows: every live row's key and value stored
         (`part="keys"`, the full prep's bits), the read rows' queries (`part="queries"` over the
         read slots' rows, RoPE at their positions), then each read row attended by the decode
-        kernel over its segment's pieces (`_ReadTables`): [S, heads * dim]."""
-        tables = bucket.read_tables
-        assert tables is not None, "the read tables are made with the bucket's first pass"
+        kernel over its segment's pieces (the read tables, `_read_tables`): [S, heads * dim]."""
         heads, hd = self.attention_heads, self.config.head_dim
         prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
         forest_attention_prep(prep, self.base, bucket.rows, bucket.segs, pieces, heads, part="keys")
         at_reads = prep._replace(rope=bucket.rope.index_select(0, bucket.reads))
         q = forest_attention_prep(
-            at_reads, self.base, tables.rows, bucket.segs, pieces, heads, part="queries"
+            at_reads, self.base, bucket.read_rows, bucket.segs, pieces, heads, part="queries"
         )
         return decode_attention(
-            q, x.qg, self.base, tables.decode, tables.pieces, num_kv_heads=self.config.num_kv_heads,
+            q, x.qg, self.base, bucket.read_decode, bucket.read_pieces, num_kv_heads=self.config.num_kv_heads,
             splits=self.read_splits, dots=self.attention_dots, num_warps=attention_warps(hd),
         )  # fmt: skip
 

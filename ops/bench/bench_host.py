@@ -83,7 +83,7 @@ def one_pass(body: ForestBody, segs: list[Segment], device: str) -> list[float]:
     plan = body._plan(forest, states, blocks)
     t3 = time.perf_counter()
     bucket, _ = body._bucket(forest.num_tokens, len(forest.segments), plan.pieces.shape[2], plan.levels)
-    body._load_pass(bucket, plan)  # the plan's tables and the read slots'
+    body._load(bucket, plan)
     sync(device)
     t4 = time.perf_counter()
     return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
