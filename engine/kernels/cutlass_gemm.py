@@ -14,6 +14,14 @@ is never served by a stale build. `int8_gemm` calls it through ctypes on an sm_9
 table names a config and the library is built; otherwise the Triton kernel runs (same bits).
 `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
 ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
+
+The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as two GEMMs where the table serves
+M (`SWIGLU`): the up projection (a plain GEMM over the up rows of the stacked weight, fp32), then
+the gate GEMM whose epilogue reads that as its C and writes v = silu(g) * up with the Triton
+kernels' own instructions (`swiglu_value` in the header), so v has the Triton fused kernel's bits.
+Why not one launch: CUTLASS's epilogue combines a tile's values elementwise, and a gate column
+and its up column lie a whole weight half apart; two launches over half-width weights keep the
+stock collectives (the up projection's 4 bytes a value are written once and read once more).
 """
 
 from __future__ import annotations
@@ -127,6 +135,11 @@ TABLE: tuple[tuple[int, str | None], ...] = (
 
 # What the engine's library holds: the configs the table names (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(c for c in CANDIDATES if c.name in {n for _, n in TABLE})
+
+
+# Whether `int8_gemm_swiglu` hands the M buckets the table serves to the two-GEMM SwiGLU form
+# (module docstring); False keeps Triton's fused tile kernel there (benches flip it).
+SWIGLU = True
 
 
 def config_for(m: int) -> str | None:
@@ -244,15 +257,18 @@ class Library:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
         self._run: dict[str, ctypes._CFuncPtr] = {}
+        self._swiglu: dict[str, ctypes._CFuncPtr] = {}
         self._workspace_bytes: dict[str, ctypes._CFuncPtr] = {}
         for c in configs:
-            run = getattr(self._lib, f"prism_int8_gemm_{c.name}")
-            run.restype = ctypes.c_int
-            run.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+            for table, symbol in ((self._run, "prism_int8_gemm_"), (self._swiglu, "prism_int8_gemm_swiglu_")):
+                entry = getattr(self._lib, symbol + c.name)
+                entry.restype = ctypes.c_int
+                entry.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                table[c.name] = entry
             ws = getattr(self._lib, f"prism_int8_gemm_{c.name}_workspace")
             ws.restype = ctypes.c_size_t
             ws.argtypes = [ctypes.c_int] * 3
-            self._run[c.name], self._workspace_bytes[c.name] = run, ws
+            self._workspace_bytes[c.name] = ws
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
 
     def _workspace(self, name: str, m: int, n: int, k: int, device: torch.device) -> int:
@@ -277,13 +293,40 @@ class Library:
         y: torch.Tensor,
     ) -> None:
         """y = the int8 GEMM with its epilogue by config `name` (`serves` says which calls fit)."""
+        self._call(self._run[name], name, a, w, a_scale, w_scale, residual, y)
+
+    def swiglu(
+        self,
+        name: str,
+        a: torch.Tensor,
+        w_gate: torch.Tensor,
+        a_scale: torch.Tensor,
+        w_scale: torch.Tensor,
+        up: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """v = silu(g) * up, g the gate GEMM (w_gate, its w_scale) with the engine's epilogue and
+        up fp32 [M, N] (the up projection's output, read as the epilogue's C), by config `name`."""
+        self._call(self._swiglu[name], name, a, w_gate, a_scale, w_scale, up, v)
+
+    def _call(
+        self,
+        entry: ctypes._CFuncPtr,
+        name: str,
+        a: torch.Tensor,
+        w: torch.Tensor,
+        a_scale: torch.Tensor,
+        w_scale: torch.Tensor,
+        c: torch.Tensor | None,
+        y: torch.Tensor,
+    ) -> None:
         m, k = a.shape
         n = w.shape[0]
         a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
         with torch.cuda.device(a.device):  # the library reads the current device (its SM count)
-            rc = self._run[name](
+            rc = entry(
                 a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
-                0 if residual is None else residual.data_ptr(), y.data_ptr(), m, n, k,
+                0 if c is None else c.data_ptr(), y.data_ptr(), m, n, k,
                 self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
             )  # fmt: skip
         if rc != 0:

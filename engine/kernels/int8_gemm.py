@@ -1019,8 +1019,9 @@ def int8_gemm_swiglu(
 
     `config` (a tile config: block_n output columns, 2 * block_n weight rows a tile) overrides
     `swiglu_config_for(M)`; where that is None (M keeps the unfused path) this still runs, with
-    SWIGLU_SMALL, so the function works at any M. CPU without backend="triton": torch ops
-    (to rounding: `int8_gemm_swiglu_reference`).
+    SWIGLU_SMALL, so the function works at any M. "auto" on Hopper with the CUTLASS library hands
+    the M buckets its table serves to its two-GEMM form (`cutlass_gemm.SWIGLU`: the same bits).
+    CPU without backend="triton": torch ops (to rounding: `int8_gemm_swiglu_reference`).
     """
     if w.dim() != 2 or w.shape[0] % 2:
         raise ValueError(f"int8_gemm_swiglu needs a stacked [gate; up] weight [2I, K], got {tuple(w.shape)}")
@@ -1031,6 +1032,16 @@ def int8_gemm_swiglu(
         return int8_gemm_swiglu_reference(a, w, a_scale, w_scale)
     if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
+    gate_w, up_w = w[:n], w[n:]
+    served = config is None and backend == "auto" and cutlass_gemm.SWIGLU
+    if served and (cutlass := cutlass_gemm.serves(a, up_w, None, torch.float32)):
+        # two GEMMs on Hopper (`cutlass_gemm`'s docstring): up, then the gate with SwiGLU epilogue
+        library = cutlass_gemm.library()
+        up = torch.empty(m, n, dtype=torch.float32, device=a.device)
+        library.gemm(cutlass, a, up_w, a_scale, w_scale[n:], None, up)
+        v = torch.empty_like(up)
+        library.swiglu(cutlass, a, gate_w, a_scale, w_scale[:n], up, v)
+        return v
     cfg = config or swiglu_config_for(m) or SWIGLU_SMALL
     if cfg.gemv or cfg.split_k > 1 or cfg.stream_k or cfg.persistent:
         raise ValueError(f"int8_gemm_swiglu runs tile configs only, got {cfg}")

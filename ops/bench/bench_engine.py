@@ -451,7 +451,7 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
         states, blocks = body._allocate(f)
         plan = body._plan(f, states, blocks)
         bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
-        body._load_pass(bucket, plan)
+        body._load(bucket, plan)
         sync()
         return time.perf_counter() - t0
 
@@ -774,6 +774,15 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "last_layer": "full",
     },
+    # the CUDA default with Triton's fused gate+up+SwiGLU kernel where CUTLASS serves the other
+    # GEMMs (the session-10 MLP), against the two CUTLASS GEMMs of `cutlass_gemm.SWIGLU`
+    "tc64inv-tritonswiglu": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "cutlass_swiglu": False,
+    },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": {
@@ -906,22 +915,27 @@ def run_variant(
     decode: bool,
 ) -> None:
     """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
-    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way), and
-    `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None)."""
+    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way),
+    `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None),
+    and `"cutlass_swiglu": False` with Triton's fused gate+up kernel where CUTLASS serves the rest
+    (`cutlass_gemm.SWIGLU`)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
     cutlass = True if settings is None else settings.pop("cutlass", True)
+    cutlass_swiglu = True if settings is None else settings.pop("cutlass_swiglu", True)
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
-    table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
+    table, cutlass_table, swiglu_form = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE, cutlass_gemm.SWIGLU
+    cutlass_gemm.SWIGLU = swiglu_form and cutlass_swiglu
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
     if not cutlass:
         cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
     record("cutlass", cutlass and cutlass_gemm.library() is not None)
+    record("cutlass_swiglu", cutlass_gemm.SWIGLU and cutlass and cutlass_gemm.library() is not None)
     try:
         _run_variant(args, weights, device, name, settings, record, decode=decode)
     finally:
-        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
+        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE, cutlass_gemm.SWIGLU = table, cutlass_table, swiglu_form
 
 
 def _run_variant(

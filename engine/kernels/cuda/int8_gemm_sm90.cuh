@@ -6,9 +6,13 @@
 // acc is the exact int32 sum of a[m, :] * w[n, :] (|acc| <= K * 127^2 < 2^31), so no tile shape,
 // schedule or split can change it; the epilogue is three IEEE operations in that order (the file is
 // compiled with -fmad=false, so the add is never contracted with the multiply): y equals the Triton
-// kernel's and the torch reference's bit for bit. engine/kernels/cutlass_gemm.py writes one
-// translation unit per config (PRISM_INT8_GEMM below), builds them into one shared library and
-// calls it through ctypes.
+// kernel's and the torch reference's bit for bit. A third epilogue makes the MLP's SwiGLU from the
+// gate GEMM and the up projection read as C (`swiglu_value`, the Triton kernels' instructions):
+//
+//     v[m, n] = silu(g) * up[m, n],   g = (float(acc[m, n]) * a_scale[m]) * w_scale[n]
+//
+// engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
+// builds them into one shared library and calls it through ctypes.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +33,46 @@ namespace fusion = cutlass::epilogue::fusion;
 
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
-// The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual). Multiplication
-// commutes exactly in IEEE arithmetic, so these are the reference's (acc * a_scale) * w_scale bits.
-template <class Tile, bool Residual>
+// silu(g) * u exactly as the engine's Triton kernels compute (g / (1 + exp(-g))) * u on sm_90
+// (`decode_quant._swiglu_value`; the PTX triton 3.6 emits for it, read off its sm_90 build): 0 - g,
+// times log2(e) rounded to fp32, ex2.approx (no flush to zero), + 1, div.full (the approximate
+// full-range division that `/` on fp32 lowers to there), times u. Inline PTX, so nvcc can neither
+// contract nor substitute any step: a row's v has the same bits whichever backend served its M.
+CUTLASS_DEVICE float swiglu_value(float g, float u) {
+  float t, e, d, q, v;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(t) : "f"(0.0f), "f"(g));
+  asm("mul.rn.f32 %0, %1, 0f3FB8AA3B;" : "=f"(t) : "f"(t));
+  asm("ex2.approx.f32 %0, %1;" : "=f"(e) : "f"(t));
+  asm("add.rn.f32 %0, %1, 0f3F800000;" : "=f"(d) : "f"(e));
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(g), "f"(d));
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(v) : "f"(q), "f"(u));
+  return v;
+}
+
+// The visitor tree's compute function for (g, u) fragments (Sm90Compute instantiates it at float
+// for its argument type and at Array<float, N> for the fragments it visits).
+template <class T>
+struct Swiglu {
+  CUTLASS_DEVICE T operator()(T const& g, T const& u) const { return swiglu_value(g, u); }
+};
+template <int N>
+struct Swiglu<cutlass::Array<float, N>> {
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& g,
+                                                     cutlass::Array<float, N> const& u) const {
+    cutlass::Array<float, N> v;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) v[i] = swiglu_value(g[i], u[i]);
+    return v;
+  }
+};
+
+// What the epilogue adds after the scaling: nothing, the residual (C), or the SwiGLU with C = up.
+enum class Epi { kPlain, kResidual, kSwiglu };
+
+// The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual, or SwiGLU with C).
+// Multiplication commutes exactly in IEEE arithmetic, so these are the reference's
+// (acc * a_scale) * w_scale bits.
+template <class Tile, Epi E>
 struct ScaleTree {
   using RowScaled = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
                                     fusion::Sm90ColBroadcast<0, Tile, float, float, Stride<_1, _0, int64_t>>,
@@ -39,23 +80,24 @@ struct ScaleTree {
   using Scaled = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
                                  fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>,
                                  RowScaled>;
-  using Op = cute::conditional_t<
-      Residual,
-      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Scaled, fusion::Sm90SrcFetch<float>>,
-      Scaled>;
+  template <template <class> class Fn>
+  using WithC = fusion::Sm90EVT<fusion::Sm90Compute<Fn, float, float, kRound>, Scaled, fusion::Sm90SrcFetch<float>>;
+  using Op = cute::conditional_t<E == Epi::kPlain, Scaled,
+                                 cute::conditional_t<E == Epi::kResidual, WithC<cutlass::plus>, WithC<Swiglu>>>;
 };
 
 // A [M, K] row-major (K contiguous), the weight [N, K] (K contiguous: column-major as K x N), y [M, N]
 // row-major; 16-byte alignment: K % 16 == 0 and N % 4 == 0 (the caller checks).
-template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule, class Scheduler, bool Residual>
+// C (`c`: the residual, or the up projection for the SwiGLU) is read unless E is kPlain.
+template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule, class Scheduler, Epi E>
 struct Int8Gemm {
   using Row = cutlass::layout::RowMajor;
   using Col = cutlass::layout::ColumnMajor;
-  using ElementC = cute::conditional_t<Residual, float, void>;
+  using ElementC = cute::conditional_t<E == Epi::kPlain, void, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, ElementC, Row, 4, float, Row, 4,
-      EpilogueSchedule, typename ScaleTree<Tile, Residual>::Op>::CollectiveOp;
+      EpilogueSchedule, typename ScaleTree<Tile, E>::Op>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, Row, 16, int8_t, Col, 16, int32_t, Tile,
       Cluster,
@@ -65,7 +107,7 @@ struct Int8Gemm {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
-                                            const float* w_scale, const float* residual, float* y, int m, int n,
+                                            const float* w_scale, const float* c, float* y, int m, int n,
                                             int k) {
     auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, k, 1));
     auto stride_w = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, k, 1));
@@ -79,14 +121,14 @@ struct Int8Gemm {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
                                   {a, stride_a, w, stride_w},
-                                  {{}, reinterpret_cast<const ElementC*>(residual), stride_c, y, stride_y},
+                                  {{}, reinterpret_cast<const ElementC*>(c), stride_c, y, stride_y},
                                   hw};
-    typename ScaleTree<Tile, Residual>::RowScaled::Arguments row_scaled{{a_scale}, {}, {}};
-    typename ScaleTree<Tile, Residual>::Scaled::Arguments scaled{{w_scale}, row_scaled, {}};
-    if constexpr (Residual) {
-      args.epilogue.thread = {scaled, {}, {}};
-    } else {
+    typename ScaleTree<Tile, E>::RowScaled::Arguments row_scaled{{a_scale}, {}, {}};
+    typename ScaleTree<Tile, E>::Scaled::Arguments scaled{{w_scale}, row_scaled, {}};
+    if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
+    } else {
+      args.epilogue.thread = {scaled, {}, {}};
     }
     return args;
   }
@@ -97,9 +139,9 @@ struct Int8Gemm {
 
   // 0 launched; 1 shape not implementable; 2 initialize failed; 3 launch failed.
   static int run(const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale,
-                 const float* residual, float* y, int m, int n, int k, void* workspace, cudaStream_t stream) {
+                 const float* c, float* y, int m, int n, int k, void* workspace, cudaStream_t stream) {
     Gemm gemm;
-    auto args = arguments(a, w, a_scale, w_scale, residual, y, m, n, k);
+    auto args = arguments(a, w, a_scale, w_scale, c, y, m, n, k);
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return 2;
     if (gemm.run(stream) != cutlass::Status::kSuccess) return 3;
@@ -118,17 +160,25 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 // Keeps a template's commas inside one macro argument.
 #define PRISM_ARG(...) __VA_ARGS__
 
-// One config's two C entry points: prism_int8_gemm_NAME (residual may be null) and its workspace size.
+// One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
+// (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]) and the workspace size either needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER)                                      \
-  using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, false>;                    \
-  using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, true>;                  \
+  using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain>;       \
+  using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual>; \
+  using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu>;     \
   extern "C" size_t prism_int8_gemm_##NAME##_workspace(int m, int n, int k) {                                   \
     size_t a = NAME##_plain::workspace_bytes(m, n, k), b = NAME##_residual::workspace_bytes(m, n, k);           \
-    return a > b ? a : b;                                                                                        \
+    size_t c = NAME##_swiglu::workspace_bytes(m, n, k);                                                          \
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);                                                            \
   }                                                                                                              \
   extern "C" int prism_int8_gemm_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,                 \
                                         const float* w_scale, const float* residual, float* y, int m, int n,     \
                                         int k, void* workspace, cudaStream_t stream) {                          \
     return residual ? NAME##_residual::run(a, w, a_scale, w_scale, residual, y, m, n, k, workspace, stream)     \
                     : NAME##_plain::run(a, w, a_scale, w_scale, residual, y, m, n, k, workspace, stream);       \
+  }                                                                                                              \
+  extern "C" int prism_int8_gemm_swiglu_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,          \
+                                               const float* w_scale, const float* up, float* v, int m, int n,    \
+                                               int k, void* workspace, cudaStream_t stream) {                   \
+    return NAME##_swiglu::run(a, w, a_scale, w_scale, up, v, m, n, k, workspace, stream);                       \
   }

@@ -4,7 +4,9 @@ On an sm_90 GPU with the library built (`make cutlass`): every
 config's y, with and without a residual, equals the torch reference bit for bit (the exact int32
 sum, then (acc * a_scale) * w_scale (+ residual) with no FMA); a row's bits do not depend on how
 many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table's M buckets to
-it and gives the Triton kernel's bits. Everywhere: the table, the sources the build writes, the
+it and gives the Triton kernel's bits; the SwiGLU form (`int8_gemm_swiglu`: the up GEMM, then the
+gate GEMM with the SwiGLU epilogue) gives the Triton fused kernel's bits, so a row's v is the same
+whichever backend its batch's M picks. Everywhere: the table, the sources the build writes, the
 digest that names a build, the dispatch's refusals (CPU tensors, bf16 out, misaligned shapes, no
 library); and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
 library exports the entry points the loader binds.
@@ -23,7 +25,7 @@ import torch
 
 from engine.kernels import cutlass_gemm
 from engine.kernels.cutlass_gemm import CONFIGS, TABLE, CutlassConfig, config_for
-from engine.kernels.int8_gemm import int8_gemm, int8_gemm_reference
+from engine.kernels.int8_gemm import int8_gemm, int8_gemm_reference, int8_gemm_swiglu
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 LIBRARY = cutlass_gemm.library() if ON_HOPPER else None
@@ -68,6 +70,7 @@ def test_each_config_source_declares_its_entry_points() -> None:
     header = cutlass_gemm.HEADER.read_text()
     # the entry points the loader binds are the ones the macro defines
     assert "prism_int8_gemm_##NAME##_workspace" in header and "prism_int8_gemm_##NAME(" in header
+    assert "prism_int8_gemm_swiglu_##NAME(" in header
     assert "-fmad=false" in Path(cutlass_gemm.__file__).read_text()  # the epilogue's bits depend on it
 
 
@@ -116,6 +119,7 @@ def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pyte
     lib = ctypes.CDLL(str(lib_path))  # static cudart: loads without a GPU
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
+    assert hasattr(lib, "prism_int8_gemm_swiglu_p64x128x128")
     assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
 
 
@@ -230,3 +234,61 @@ def test_a_captured_graph_replays_it() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, int8_gemm_reference(a, w, a_scale, w_scale, res))
+
+
+def _stacked(m: int, i: int, k: int, seed: int, gate_scale: float = 1.0):
+    """Operands of the MLP's gate+up: w [2I, K] = [gate rows; up rows]. gate_scale widens the
+    gate values (x 40 reaches |g| of ~100: exp(-g) overflows to inf, or g / (1 + exp(-g)) -> 0)."""
+    a, w, a_scale, w_scale, _ = _operands(m, 2 * i, k, seed, False)
+    w_scale[:i] *= gate_scale
+    return _cuda(a, w, a_scale, w_scale)
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
+def test_the_swiglu_form_gives_the_triton_fused_kernels_bits(config: str, gate_scale: float) -> None:
+    """v = silu(g) * up from the gate GEMM's epilogue (C = the up GEMM's output) equals the Triton
+    fused kernel's v bit for bit: the same g and up, the same instructions after them."""
+    assert LIBRARY is not None
+    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
+        a, w, a_scale, w_scale = _stacked(m, i, k, 40 + j, gate_scale)
+        up = torch.empty(m, i, device="cuda")
+        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
+        v = torch.empty(m, i, device="cuda")
+        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
+        want = int8_gemm_swiglu(a, w, a_scale, w_scale, backend="triton")
+        assert torch.equal(v, want), (config, m, i, k)
+        assert bool(torch.isfinite(v).all())
+
+
+@needs_library
+def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`int8_gemm_swiglu` runs the two CUTLASS GEMMs where the table names a config (up, then the gate with
+    the SwiGLU epilogue) and Triton's kernel elsewhere; a row's v is the same alone (M = 1, Triton)
+    and inside any batch."""
+    calls: list[tuple[str, str, int]] = []
+    for method in ("gemm", "swiglu"):
+        real = getattr(cutlass_gemm.Library, method)
+
+        def spy(self, name, a, w, *args, _real=real, _method=method):  # noqa: ANN001, ANN202
+            calls.append((_method, name, w.shape[0]))
+            return _real(self, name, a, w, *args)
+
+        monkeypatch.setattr(cutlass_gemm.Library, method, spy)
+    i, k = 1024, 512
+    a, w, a_scale, w_scale = _stacked(3000, i, k, 5)
+    for m in (16, 64, 65, 384, 3000):
+        calls.clear()
+        got = int8_gemm_swiglu(a[:m], w, a_scale[:m], w_scale)
+        name = config_for(m)
+        assert calls == ([("gemm", name, i), ("swiglu", name, i)] if name else [])
+        for row in (0, m // 2, m - 1):
+            alone = int8_gemm_swiglu(a[row : row + 1], w, a_scale[row : row + 1], w_scale)
+            assert torch.equal(alone[0], got[row]), (m, row)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU", False)
+    calls.clear()
+    int8_gemm_swiglu(a[:384], w, a_scale[:384], w_scale)
+    assert calls == []
