@@ -16,6 +16,7 @@ from engine.kernels.int8_gemm import (
     int8_matmul_exact,
     scale_int32,
     swiglu_config_for,
+    swiglu_fused,
 )
 from engine.kernels.quant import (
     quantize_rows,
@@ -35,6 +36,7 @@ __all__ = [
     "int8_matmul_exact",
     "scale_int32",
     "swiglu_config_for",
+    "swiglu_fused",
     "quantize_rows",
     "quantize_rows_reference",
     "rms_norm_fp32",

@@ -15,13 +15,15 @@ table names a config and the library is built; otherwise the Triton kernel runs 
 `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
 ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
 
-The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as two GEMMs where the table serves
-M (`SWIGLU`): the up projection (a plain GEMM over the up rows of the stacked weight, fp32), then
-the gate GEMM whose epilogue reads that as its C and writes v = silu(g) * up with the Triton
-kernels' own instructions (`swiglu_value` in the header), so v has the Triton fused kernel's bits.
-Why not one launch: CUTLASS's epilogue combines a tile's values elementwise, and a gate column
-and its up column lie a whole weight half apart; two launches over half-width weights keep the
-stock collectives (the up projection's 4 bytes a value are written once and read once more).
+The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) can run here as two GEMMs (`SWIGLU`): the up
+projection (a plain GEMM over the up rows of the stacked weight, fp32), then the gate GEMM whose
+epilogue reads that as its C and writes v = silu(g) * up with the Triton kernels' own instructions
+(`swiglu_value` in the header), so v has the Triton fused kernel's bits. It is off: on an H200
+(27B, 2026-12-04, `bench_swiglu.py`) it beat Triton's fused kernel (M 256: 118 vs 123 us with the
+quantizer, 8,192: 2,494 vs 2,710) but not the plain stacked GEMM here followed by
+`swiglu_quantize` (99 and 2,412 us), which the engine's MLP runs where this library serves M
+(`int8_gemm.swiglu_fused`). One launch over the stacked weight reaches more of the GPU than two
+over its halves, and the separate SwiGLU pass costs less than the difference.
 """
 
 from __future__ import annotations
@@ -137,9 +139,9 @@ TABLE: tuple[tuple[int, str | None], ...] = (
 CONFIGS: tuple[CutlassConfig, ...] = tuple(c for c in CANDIDATES if c.name in {n for _, n in TABLE})
 
 
-# Whether `int8_gemm_swiglu` hands the M buckets the table serves to the two-GEMM SwiGLU form
-# (module docstring); False keeps Triton's fused tile kernel there (benches flip it).
-SWIGLU = True
+# Whether the MLP takes the two-GEMM SwiGLU form where the table serves M (module docstring): off,
+# measured slower than the stacked GEMM and `swiglu_quantize`; a bench variant turns it on.
+SWIGLU = False
 
 
 def config_for(m: int) -> str | None:
@@ -353,15 +355,23 @@ def serves(
 ) -> str | None:
     """The config that takes this call, or None: CUDA, fp32 out, a table entry for M, TMA's
     16-byte rules (contiguous rows, K % 16 == 0, N % 4 == 0) and the library present."""
-    if not a.is_cuda or out_dtype != torch.float32 or a.shape[0] == 0:
+    if not a.is_cuda or out_dtype != torch.float32 or not a.is_contiguous():
         return None
-    name = config_for(a.shape[0])
+    if residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()):
+        return None
+    return serves_rows(a.shape[0], w)
+
+
+def serves_rows(m: int, w: torch.Tensor) -> str | None:
+    """The config that would take M contiguous activation rows times w (CUDA, fp32 out, no
+    residual), or None: what `serves` says before the activations exist."""
+    if not w.is_cuda or m == 0:
+        return None
+    name = config_for(m)
     if name is None:
         return None
     n, k = w.shape
-    if k % 16 or n % 4 or not a.is_contiguous() or not w.is_contiguous():
-        return None
-    if residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()):
+    if k % 16 or n % 4 or not w.is_contiguous():
         return None
     if library() is None:
         return None

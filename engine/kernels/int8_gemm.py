@@ -304,6 +304,19 @@ def swiglu_config_for(m: int) -> GemmConfig | None:
     return SWIGLU_TABLE[-1][1]
 
 
+def swiglu_fused(m: int, w: torch.Tensor) -> bool:
+    """Whether the MLP's gate+up over M rows and the stacked weight w [2I, K] runs fused
+    (`int8_gemm_swiglu`, then `quantize_rows`) or as the stacked GEMM then `swiglu_quantize`: the
+    same bits either way, so this is speed alone. Where the CUTLASS library serves the stacked
+    GEMM, unfused (27B on an H200, 2026-12-04, `bench_swiglu.py`, the pair with its quantizer:
+    M 256 99 us unfused against 123 for Triton's fused kernel and 118 for CUTLASS's two-GEMM form
+    (`cutlass_gemm.SWIGLU`, which turns that form on); 384: 135 / 159 / 150; 8,192: 2,412 /
+    2,710 / 2,494); elsewhere SWIGLU_TABLE (Triton's tiles, session 9)."""
+    if swiglu_config_for(m) is None:
+        return False
+    return cutlass_gemm.serves_rows(m, w) is None or cutlass_gemm.SWIGLU
+
+
 def config_for(m: int, n: int | None = None, k: int | None = None) -> GemmConfig:
     """The fixed config for M rows (of a weight [n, k] when given): a table lookup, never timed."""
     table = SHAPE_TABLE.get((n, k), CONFIG_TABLE) if n is not None and k is not None else CONFIG_TABLE

@@ -225,7 +225,7 @@ def split_projections(
 def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     """h + ffn_down(silu(ffn_gate(x)) * ffn_up(x)), x = post-attention rms_norm(h): the layer's MLP.
 
-    CUDA, gate and up stacked, and a fused config for this M (`kernels.swiglu_config_for`): the
+    CUDA, gate and up stacked, and the fused form faster at this M (`kernels.swiglu_fused`): the
     gate+up GEMM computes v = silu(gate) * up in its epilogue (`kernels.int8_gemm_swiglu`, half
     the bytes out) and v is quantized by `quantize_rows`: the same bits as the unfused path's
     GEMM then `swiglu_quantize`. Under tensor parallelism each rank's v covers its own gate/up
@@ -234,7 +234,7 @@ def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     down = layer["ffn_down"]
     group = input_group(layer, ("ffn_gate", "ffn_up"))
     fused = h.is_cuda and group is not None and group.splits[0] == group.splits[1]
-    if fused and kernels.swiglu_config_for(h.shape[0]) is not None:
+    if fused and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
         ((lin, (q, s)),) = norm_quantize(h, layer["post_attention_norm"], eps, [group.linear])
         (v,) = whole_rows(down, kernels.int8_gemm_swiglu(q, lin.qweight, s, lin.w_scale))
         q, s = kernels.quantize_rows(v, down.smooth, backend="triton")

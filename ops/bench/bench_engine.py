@@ -774,14 +774,14 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "last_layer": "full",
     },
-    # the CUDA default with Triton's fused gate+up+SwiGLU kernel where CUTLASS serves the other
-    # GEMMs (the session-10 MLP), against the two CUTLASS GEMMs of `cutlass_gemm.SWIGLU`
-    "tc64inv-tritonswiglu": {
+    # the CUDA default with the MLP's gate+up as CUTLASS's two-GEMM SwiGLU form where CUTLASS
+    # serves M (`cutlass_gemm.SWIGLU`), against the default's stacked GEMM and `swiglu_quantize`
+    "tc64inv-cutlassswiglu": {
         "gdn_chunk": 64,
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "cutlass_swiglu": False,
+        "cutlass_swiglu": True,
     },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
@@ -917,15 +917,15 @@ def run_variant(
     """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
     (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way),
     `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None),
-    and `"cutlass_swiglu": False` with Triton's fused gate+up kernel where CUTLASS serves the rest
+    and `"cutlass_swiglu": True` with CUTLASS's two-GEMM SwiGLU form where it serves M
     (`cutlass_gemm.SWIGLU`)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
     cutlass = True if settings is None else settings.pop("cutlass", True)
-    cutlass_swiglu = True if settings is None else settings.pop("cutlass_swiglu", True)
+    cutlass_swiglu = False if settings is None else settings.pop("cutlass_swiglu", False)
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
     table, cutlass_table, swiglu_form = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE, cutlass_gemm.SWIGLU
-    cutlass_gemm.SWIGLU = swiglu_form and cutlass_swiglu
+    cutlass_gemm.SWIGLU = swiglu_form or cutlass_swiglu
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
     if not cutlass:

@@ -4,8 +4,6 @@ or unstackable linear is noticed. The oracle is the separate linears' own projec
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -110,10 +108,12 @@ def test_split_projections_give_the_grouped_bits_at_their_rows(
 def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
     monkeypatch: pytest.MonkeyPatch, rows: int, smooth: bool
 ) -> None:
-    """`mlp_residual` with the gate+up GEMM's SwiGLU epilogue gives the unfused path's bits
-    (every SWIGLU_TABLE entry None), at each M bucket (M = 1 and 5-16 cross the table's lines)."""
-    # the module: `import engine.kernels.int8_gemm as ...` would bind the package's int8_gemm function
-    gemm_module = importlib.import_module("engine.kernels.int8_gemm")
+    """`mlp_residual` with the gate+up GEMM's SwiGLU epilogue - Triton's fused kernel, or on Hopper
+    with the CUTLASS library its two-GEMM form (`cutlass_gemm.SWIGLU`) where it serves M - gives
+    the unfused path's bits, at each M bucket (M = 1 and 5-16 cross the table's lines), whichever
+    form the engine picks there (`swiglu_fused`)."""
+    from engine import kernels
+    from engine.kernels import cutlass_gemm
     from engine.run.int8_rows import mlp_residual
 
     g = torch.Generator().manual_seed(3)
@@ -131,6 +131,12 @@ def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
         }
 
     h = (torch.randn(rows, hidden, generator=g) * 2).to(DEVICE)
-    fused = mlp_residual(h, layer(), 1e-6)
-    monkeypatch.setattr(gemm_module, "SWIGLU_TABLE", ((1 << 62, None),))
-    assert torch.equal(fused, mlp_residual(h, layer(), 1e-6))
+    default = mlp_residual(h, layer(), 1e-6)
+    monkeypatch.setattr(kernels, "swiglu_fused", lambda m, w: False)
+    unfused = mlp_residual(h, layer(), 1e-6)
+    monkeypatch.setattr(kernels, "swiglu_fused", lambda m, w: True)
+    triton_fused = mlp_residual(h, layer(), 1e-6)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
+    two_gemm = mlp_residual(h, layer(), 1e-6)
+    for got in (default, triton_fused, two_gemm):
+        assert torch.equal(got, unfused)

@@ -266,9 +266,10 @@ def test_the_swiglu_form_gives_the_triton_fused_kernels_bits(config: str, gate_s
 def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`int8_gemm_swiglu` runs the two CUTLASS GEMMs where the table names a config (up, then the gate with
-    the SwiGLU epilogue) and Triton's kernel elsewhere; a row's v is the same alone (M = 1, Triton)
-    and inside any batch."""
+    """With `cutlass_gemm.SWIGLU`, `int8_gemm_swiglu` runs the two CUTLASS GEMMs where the table names a
+    config (up, then the gate with the SwiGLU epilogue) and Triton's kernel elsewhere; a row's v is
+    the same alone (M = 1, Triton) and inside any batch. Off (the default), Triton's kernel."""
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
     calls: list[tuple[str, str, int]] = []
     for method in ("gemm", "swiglu"):
         real = getattr(cutlass_gemm.Library, method)
@@ -292,3 +293,21 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
     calls.clear()
     int8_gemm_swiglu(a[:384], w, a_scale[:384], w_scale)
     assert calls == []
+
+
+def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`swiglu_fused` (speed alone: both forms give the same bits): SWIGLU_TABLE's choice where
+    Triton runs the GEMMs; the stacked GEMM and `swiglu_quantize` where CUTLASS serves M, unless
+    its two-GEMM SwiGLU form is turned on."""
+    from engine.kernels.int8_gemm import swiglu_config_for, swiglu_fused
+
+    w = torch.zeros(2 * 1024, 512, dtype=torch.int8)
+    for m in (1, 16, 64, 65, 384, 3000):
+        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None)  # CPU: no CUTLASS
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: object())  # as if built: the rules alone
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for m in (1, 16, 64, 65, 384, 3000):
+        served = config_for(m) is not None
+        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None and not served), m
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
+    assert swiglu_fused(384, w) == (swiglu_config_for(384) is not None)
