@@ -15,15 +15,18 @@ table names a config and the library is built; otherwise the Triton kernel runs 
 `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
 ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
 
-The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) can run here as two GEMMs (`SWIGLU`): the up
-projection (a plain GEMM over the up rows of the stacked weight, fp32), then the gate GEMM whose
-epilogue reads that as its C and writes v = silu(g) * up with the Triton kernels' own instructions
-(`swiglu_value` in the header), so v has the Triton fused kernel's bits. It is off: on an H200
-(27B, 2026-12-04, `bench_swiglu.py`) it beat Triton's fused kernel (M 256: 118 vs 123 us with the
-quantizer, 8,192: 2,494 vs 2,710) but not the plain stacked GEMM here followed by
-`swiglu_quantize` (99 and 2,412 us), which the engine's MLP runs where this library serves M
-(`int8_gemm.swiglu_fused`). One launch over the stacked weight reaches more of the GPU than two
-over its halves, and the separate SwiGLU pass costs less than the difference.
+The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as two GEMMs from SWIGLU_MIN_ROWS
+rows: the up projection (a plain GEMM over the up rows of the stacked weight, fp32), then the gate
+GEMM whose epilogue reads that as its C and writes v = silu(g) * up with the Triton kernels' own
+instructions (`swiglu_value` in the header), so v has the Triton fused kernel's bits. Below that,
+the engine's MLP runs the plain stacked GEMM here and then `swiglu_quantize`
+(`int8_gemm.swiglu_fused`). Why the split, measured on an H200 (27B, 2026-12-04): alone
+(`bench_swiglu.py`, cold weights) the stacked pair was fastest at every M (256: 99 us with the
+quantizer against 118 for two GEMMs and 123 for Triton's fused kernel; 8,192: 2,412 / 2,494 /
+2,710), but inside the engine (`bench_engine.py`, one process) the two-GEMM form took (b) from
+26.66 to 26.20 ms and (c) from 473.8 to 460.9 ms and lost (a), 20.39 against 20.79 ms. Why not
+one launch: CUTLASS's epilogue combines a tile's values elementwise, and a gate column and its up
+column lie a whole weight half apart.
 """
 
 from __future__ import annotations
@@ -139,9 +142,14 @@ TABLE: tuple[tuple[int, str | None], ...] = (
 CONFIGS: tuple[CutlassConfig, ...] = tuple(c for c in CANDIDATES if c.name in {n for _, n in TABLE})
 
 
-# Whether the MLP takes the two-GEMM SwiGLU form where the table serves M (module docstring): off,
-# measured slower than the stacked GEMM and `swiglu_quantize`; a bench variant turns it on.
-SWIGLU = False
+# From how many rows the MLP takes the two-GEMM SwiGLU form where the table serves M (module
+# docstring): above workload (a)'s 256-row bucket. Benches set 0 (always) or 1 << 62 (never).
+SWIGLU_MIN_ROWS = 257
+
+
+def swiglu_serves(m: int) -> bool:
+    """Whether M rows take the two-GEMM SwiGLU form (where the table also serves M)."""
+    return m >= SWIGLU_MIN_ROWS
 
 
 def config_for(m: int) -> str | None:

@@ -308,13 +308,12 @@ def swiglu_fused(m: int, w: torch.Tensor) -> bool:
     """Whether the MLP's gate+up over M rows and the stacked weight w [2I, K] runs fused
     (`int8_gemm_swiglu`, then `quantize_rows`) or as the stacked GEMM then `swiglu_quantize`: the
     same bits either way, so this is speed alone. Where the CUTLASS library serves the stacked
-    GEMM, unfused (27B on an H200, 2026-12-04, `bench_swiglu.py`, the pair with its quantizer:
-    M 256 99 us unfused against 123 for Triton's fused kernel and 118 for CUTLASS's two-GEMM form
-    (`cutlass_gemm.SWIGLU`, which turns that form on); 384: 135 / 159 / 150; 8,192: 2,412 /
-    2,710 / 2,494); elsewhere SWIGLU_TABLE (Triton's tiles, session 9)."""
+    GEMM, fused from `cutlass_gemm.SWIGLU_MIN_ROWS` rows on (its two-GEMM form) and unfused below
+    (`cutlass_gemm`'s docstring has the measurements); elsewhere SWIGLU_TABLE (Triton's tiles,
+    session 9)."""
     if swiglu_config_for(m) is None:
         return False
-    return cutlass_gemm.serves_rows(m, w) is None or cutlass_gemm.SWIGLU
+    return cutlass_gemm.serves_rows(m, w) is None or cutlass_gemm.swiglu_serves(m)
 
 
 def config_for(m: int, n: int | None = None, k: int | None = None) -> GemmConfig:
@@ -1033,7 +1032,8 @@ def int8_gemm_swiglu(
     `config` (a tile config: block_n output columns, 2 * block_n weight rows a tile) overrides
     `swiglu_config_for(M)`; where that is None (M keeps the unfused path) this still runs, with
     SWIGLU_SMALL, so the function works at any M. "auto" on Hopper with the CUTLASS library hands
-    the M buckets its table serves to its two-GEMM form (`cutlass_gemm.SWIGLU`: the same bits).
+    the M buckets its table serves from `cutlass_gemm.SWIGLU_MIN_ROWS` to its two-GEMM form (the
+    same bits).
     CPU without backend="triton": torch ops (to rounding: `int8_gemm_swiglu_reference`).
     """
     if w.dim() != 2 or w.shape[0] % 2:
@@ -1046,7 +1046,7 @@ def int8_gemm_swiglu(
     if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
     gate_w, up_w = w[:n], w[n:]
-    served = config is None and backend == "auto" and cutlass_gemm.SWIGLU
+    served = config is None and backend == "auto" and cutlass_gemm.swiglu_serves(m)
     if served and (cutlass := cutlass_gemm.serves(a, up_w, None, torch.float32)):
         # two GEMMs on Hopper (`cutlass_gemm`'s docstring): up, then the gate with SwiGLU epilogue
         library = cutlass_gemm.library()

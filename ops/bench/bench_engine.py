@@ -774,14 +774,21 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "last_layer": "full",
     },
-    # the CUDA default with the MLP's gate+up as CUTLASS's two-GEMM SwiGLU form where CUTLASS
-    # serves M (`cutlass_gemm.SWIGLU`), against the default's stacked GEMM and `swiglu_quantize`
+    # the CUDA default with the MLP's gate+up as CUTLASS's two-GEMM SwiGLU form at every M CUTLASS
+    # serves, or as the stacked GEMM and `swiglu_quantize` there (`cutlass_gemm.SWIGLU_MIN_ROWS`)
     "tc64inv-cutlassswiglu": {
         "gdn_chunk": 64,
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "cutlass_swiglu": True,
+        "swiglu_min_rows": 0,
+    },
+    "tc64inv-unfusedmlp": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "swiglu_min_rows": 1 << 62,
     },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
@@ -917,25 +924,27 @@ def run_variant(
     """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
     (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way),
     `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None),
-    and `"cutlass_swiglu": True` with CUTLASS's two-GEMM SwiGLU form where it serves M
-    (`cutlass_gemm.SWIGLU`)."""
+    and `"swiglu_min_rows": R` with CUTLASS's two-GEMM SwiGLU form from R rows where it serves M
+    (`cutlass_gemm.SWIGLU_MIN_ROWS`)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
     cutlass = True if settings is None else settings.pop("cutlass", True)
-    cutlass_swiglu = False if settings is None else settings.pop("cutlass_swiglu", False)
+    swiglu_min = cutlass_gemm.SWIGLU_MIN_ROWS
+    min_rows = swiglu_min if settings is None else settings.pop("swiglu_min_rows", swiglu_min)
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
-    table, cutlass_table, swiglu_form = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE, cutlass_gemm.SWIGLU
-    cutlass_gemm.SWIGLU = swiglu_form or cutlass_swiglu
+    table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
+    cutlass_gemm.SWIGLU_MIN_ROWS = min_rows
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
     if not cutlass:
         cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
     record("cutlass", cutlass and cutlass_gemm.library() is not None)
-    record("cutlass_swiglu", cutlass_gemm.SWIGLU and cutlass and cutlass_gemm.library() is not None)
+    record("cutlass_swiglu_min_rows", min_rows)
     try:
         _run_variant(args, weights, device, name, settings, record, decode=decode)
     finally:
-        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE, cutlass_gemm.SWIGLU = table, cutlass_table, swiglu_form
+        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
+        cutlass_gemm.SWIGLU_MIN_ROWS = swiglu_min
 
 
 def _run_variant(

@@ -101,11 +101,11 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
                 v = int8_gemm_swiglu(a, w, a_s, w_s)
                 row["table_gemm_us"] = bench_stream(lambda w: int8_gemm_swiglu(a, w, a_s, w_s), copies) * 1e3
                 row["table_quant_us"] = bench_stream(lambda w: quantize_rows(v, div), [w]) * 1e3
-                # where the CUTLASS library serves M: its two-GEMM SwiGLU form (`cutlass_gemm.SWIGLU`)
-                # beside the table's Triton kernel and the old pair (the engine's choice there)
+                # where the CUTLASS library serves M: its two-GEMM SwiGLU form at any M
+                # (`cutlass_gemm.SWIGLU_MIN_ROWS` 0) beside the table's row and the old pair
                 row["cutlass_swiglu_us"] = None
                 if cutlass_gemm.serves(a, w[inter:], None, torch.float32):
-                    with _setting(cutlass_gemm, "SWIGLU", True):
+                    with _setting(cutlass_gemm, "SWIGLU_MIN_ROWS", 0):
                         row["cutlass_swiglu_bit_equal"] = _same(_new(a, w, a_s, w_s, div, None), want)
                         t_two = bench_stream(lambda w: _new(a, w, a_s, w_s, div, None), copies)
                         row["cutlass_swiglu_us"] = t_two * 1e3

@@ -109,7 +109,7 @@ def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
     monkeypatch: pytest.MonkeyPatch, rows: int, smooth: bool
 ) -> None:
     """`mlp_residual` with the gate+up GEMM's SwiGLU epilogue - Triton's fused kernel, or on Hopper
-    with the CUTLASS library its two-GEMM form (`cutlass_gemm.SWIGLU`) where it serves M - gives
+    with the CUTLASS library its two-GEMM form (`cutlass_gemm.SWIGLU_MIN_ROWS`) where it serves M - gives
     the unfused path's bits, at each M bucket (M = 1 and 5-16 cross the table's lines), whichever
     form the engine picks there (`swiglu_fused`)."""
     from engine import kernels
@@ -136,7 +136,7 @@ def test_mlp_residual_fused_swiglu_equals_the_unfused_path(
     unfused = mlp_residual(h, layer(), 1e-6)
     monkeypatch.setattr(kernels, "swiglu_fused", lambda m, w: True)
     triton_fused = mlp_residual(h, layer(), 1e-6)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
     two_gemm = mlp_residual(h, layer(), 1e-6)
     for got in (default, triton_fused, two_gemm):
         assert torch.equal(got, unfused)

@@ -266,10 +266,10 @@ def test_the_swiglu_form_gives_the_triton_fused_kernels_bits(config: str, gate_s
 def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With `cutlass_gemm.SWIGLU`, `int8_gemm_swiglu` runs the two CUTLASS GEMMs where the table names a
-    config (up, then the gate with the SwiGLU epilogue) and Triton's kernel elsewhere; a row's v is
-    the same alone (M = 1, Triton) and inside any batch. Off (the default), Triton's kernel."""
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
+    """From `cutlass_gemm.SWIGLU_MIN_ROWS` (0 here), `int8_gemm_swiglu` runs the two CUTLASS GEMMs
+    where the table names a config (up, then the gate with the SwiGLU epilogue) and Triton's kernel
+    elsewhere; a row's v is the same alone (M = 1, Triton) and inside any batch. Below it, Triton's."""
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
     calls: list[tuple[str, str, int]] = []
     for method in ("gemm", "swiglu"):
         real = getattr(cutlass_gemm.Library, method)
@@ -289,7 +289,7 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
         for row in (0, m // 2, m - 1):
             alone = int8_gemm_swiglu(a[row : row + 1], w, a_scale[row : row + 1], w_scale)
             assert torch.equal(alone[0], got[row]), (m, row)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU", False)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 385)
     calls.clear()
     int8_gemm_swiglu(a[:384], w, a_scale[:384], w_scale)
     assert calls == []
@@ -297,8 +297,8 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
 
 def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """`swiglu_fused` (speed alone: both forms give the same bits): SWIGLU_TABLE's choice where
-    Triton runs the GEMMs; the stacked GEMM and `swiglu_quantize` where CUTLASS serves M, unless
-    its two-GEMM SwiGLU form is turned on."""
+    Triton runs the GEMMs; where CUTLASS serves M, its two-GEMM SwiGLU form from SWIGLU_MIN_ROWS
+    rows and the stacked GEMM and `swiglu_quantize` below."""
     from engine.kernels.int8_gemm import swiglu_config_for, swiglu_fused
 
     w = torch.zeros(2 * 1024, 512, dtype=torch.int8)
@@ -308,6 +308,9 @@ def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch:
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for m in (1, 16, 64, 65, 384, 3000):
         served = config_for(m) is not None
-        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None and not served), m
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU", True)
-    assert swiglu_fused(384, w) == (swiglu_config_for(384) is not None)
+        two_gemm = m >= cutlass_gemm.SWIGLU_MIN_ROWS
+        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None and (not served or two_gemm)), m
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 1 << 62)
+    assert not swiglu_fused(384, w) and not swiglu_fused(3000, w)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
+    assert swiglu_fused(65, w) == (swiglu_config_for(65) is not None)
