@@ -301,7 +301,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             forest_attention(
                 f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots
             )
-        # the ancestor split (bf16 dots; opt-in until measured: forest_attention.SPLIT_BY_DEFAULT)
+        # the ancestor split (bf16 dots; on by default since 2026-12-04: forest_attention.SPLIT_BY_DEFAULT)
         forest_attention(
             f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
         )
