@@ -10,14 +10,25 @@
 # Logs: $OUT/gpu_suite.log (whole output, slowest tests), $OUT/gpu_suite.xml (JUnit).
 set -uo pipefail
 source ops/device/setup.sh
-#   PART=1 bash ops/device/gpu_suite.sh     # the kernels alone (~5 min)   } the whole set in two
-#   PART=2 bash ops/device/gpu_suite.sh     # everything else (~4 min)      } calls of one tree
-ALL="tests/engine/kernels tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"
+# The whole set outgrew two calls (2026-12-04: the kernels alone reached ~38% in 350 s), so three
+# parts of one tree, each meant to fit one 10-minute device call:
+#   PART=1 bash ops/device/gpu_suite.sh     # kernels: compile check, CUTLASS, decode, attention
+#   PART=2 bash ops/device/gpu_suite.sh     # kernels: GDN, int8 GEMM, SwiGLU, norm, quant, vocab
+#   PART=3 bash ops/device/gpu_suite.sh     # body, decoder, sampling, quant, invariance, TP
+K=tests/engine/kernels
+KERNELS_1="$K/test_kernel_compile.py $K/test_kernel_cutlass_gemm.py $K/test_kernel_decode.py $K/test_kernel_forest_attention.py"
+KERNELS_2="$K/test_kernel_forest_gdn.py $K/test_kernel_int8_gemm.py $K/test_kernel_int8_gemm_swiglu.py $K/test_kernel_norm.py $K/test_kernel_quant.py $K/test_kernel_vocab_mass.py"
+REST="tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"
 case "${PART:-all}" in
-    1) DEFAULT_SUITE="tests/engine/kernels" ;;
-    2) DEFAULT_SUITE="${ALL#tests/engine/kernels }" ;;
-    *) DEFAULT_SUITE="$ALL" ;;
+    1) DEFAULT_SUITE="$KERNELS_1" ;;
+    2) DEFAULT_SUITE="$KERNELS_2" ;;
+    3) DEFAULT_SUITE="$REST" ;;
+    *) DEFAULT_SUITE="$K $REST" ;;
 esac
+# every kernel file a part names exists (a renamed test must not drop out of the GPU run)
+for f in $KERNELS_1 $KERNELS_2; do [ -e "$f" ] || { echo "gpu_suite: no $f"; exit 2; }; done
+missing=$(comm -23 <(ls $K/test_*.py | sort) <(printf '%s\n' $KERNELS_1 $KERNELS_2 | sort))
+[ -z "$missing" ] || { echo "gpu_suite: kernel tests in no part: $missing"; exit 2; }
 SUITE=${SUITE:-$DEFAULT_SUITE}
 # The CPU-only tensor-parallel cases (gloo ranks on CPU: 204 s of a device call on 2026-12-01, and
 # CI runs them) are left out unless CPU_TP=1, so the CUDA set fits one call.
