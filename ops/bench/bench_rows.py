@@ -46,7 +46,12 @@ HIDDEN, ATTN_OUT, INTER, CONV_C, CONV_W = 5120, 6144, 17408, 10240, 4
 # variant name -> module settings; the first of each kernel is the default (empty: the module as
 # it is), the bits every other one is checked against. Every other variant sets each knob it
 # is named by, so its name stays true whatever the defaults become.
-ROW_VARIANTS: dict[str, dict[str, Any]] = {"resident (default)": {}, "long-row": {"RESIDENT_VALUES": 0}}
+ROW_VARIANTS: dict[str, dict[str, Any]] = {
+    "resident (default)": {},
+    "long-row": {"RESIDENT_VALUES": 0},
+    "w ahead": {"NORM_WEIGHT_AHEAD": True},
+    "w behind": {"NORM_WEIGHT_AHEAD": False},
+}
 _SWIGLU_DEFAULT = f"res {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD} (default)"
 _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_UNROLL}"
 _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_GENERAL_ROWS} (default)"
@@ -169,7 +174,7 @@ def main() -> None:
         sdiv = torch.rand(INTER, device="cuda", generator=gen) + 0.5
         compare("norm+quant", m, kq, quant, lambda: kq.rms_norm_quantize(x, wn, 1e-6), m * HIDDEN * 5)
         compare("quant/div", m, kq, quant, lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5)
-        compare("norm", m, kn, quant, lambda: kn.norm_rows(x, wn, 1e-6), m * HIDDEN * 8)
+        compare("norm", m, kn, quant[:2], lambda: kn.norm_rows(x, wn, 1e-6), m * HIDDEN * 8)
         compare("swiglu+quant", m, dq, swiglu_variants, lambda: dq.swiglu_quantize(g, u, sdiv), m * INTER * 9)
         case = conv_case(m, gen)
 
