@@ -1,6 +1,7 @@
 """Build the optional CUTLASS int8 GEMM library (`engine/kernels/cutlass_gemm.py`) for Hopper.
 
-    python ops/build_cutlass.py --toolchain [--out PATH] [--jobs N] [--candidates]   # make cutlass
+    python ops/build_cutlass.py --toolchain [--out PATH] [--jobs N]    # make cutlass
+    python ops/build_cutlass.py --candidates [--configs A,B]           # bench_cutlass.py's library
 
 Needs nvcc (CUDA_HOME, PATH, or NVIDIA's wheels) and CUTLASS's headers (CUTLASS_HOME or the
 nvidia-cutlass wheel); no GPU. `--toolchain` first unpacks those wheels into
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument(
         "--candidates", action="store_true", help="every candidate config (ops/bench/bench_cutlass.py)"
     )
+    ap.add_argument("--configs", default=None, help="with --candidates: only these (comma list of names)")
     ap.add_argument(
         "--toolchain",
         action="store_true",
@@ -35,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.toolchain:
         cutlass_gemm.install_toolchain()
-    configs = cutlass_gemm.CANDIDATES if args.candidates else cutlass_gemm.CONFIGS
+    configs = cutlass_gemm.candidates(args.configs) if args.candidates else cutlass_gemm.CONFIGS
     sys.stdout.write(f"{cutlass_gemm.build(args.out, args.jobs, configs)}\n")
 
 

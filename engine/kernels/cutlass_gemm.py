@@ -123,7 +123,27 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 128, 128, "pingpong", cluster_n=2),
     CutlassConfig(128, 128, 128, "pingpong", cluster_m=2),
     CutlassConfig(128, 128, 64, "pingpong"),
+    # Narrower tiles for the 5,120-wide linears at M 129-256, where 128x128 tiles make 80 CTAs
+    # for 132 SMs: 128x80 and 64x160 make 128 (session 14's candidates).
+    CutlassConfig(128, 80, 128, "pingpong"),
+    CutlassConfig(64, 160, 128, "pingpong"),
+    CutlassConfig(128, 96, 128, "pingpong"),
+    CutlassConfig(128, 64, 128, "pingpong"),
+    CutlassConfig(128, 160, 128, "pingpong"),
 )
+
+
+def candidates(names: str | None = None) -> tuple[CutlassConfig, ...]:
+    """The candidate configs named in a comma list (all of them for None), in CANDIDATES' order."""
+    if names is None:
+        return CANDIDATES
+    wanted = {n.strip() for n in names.split(",") if n.strip()}
+    unknown = wanted - {c.name for c in CANDIDATES}
+    if unknown:
+        known = [c.name for c in CANDIDATES]
+        raise ValueError(f"unknown CUTLASS configs {sorted(unknown)}; candidates: {known}")
+    return tuple(c for c in CANDIDATES if c.name in wanted)
+
 
 # (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 64,
 # where the Triton GEMV and split tiles stream the weight as fast: 8.19 vs 8.31 ms a 27B step at
@@ -138,8 +158,26 @@ TABLE: tuple[tuple[int, str | None], ...] = (
     (1 << 62, "p128x128x128_cl1x2"),
 )
 
-# What the engine's library holds: the configs the table names (each costs ~1 min of nvcc).
-CONFIGS: tuple[CutlassConfig, ...] = tuple(c for c in CANDIDATES if c.name in {n for _, n in TABLE})
+# Narrower tiles where the table's 128x128 tile fills the SMs badly, up to NARROW_MAX_ROWS rows:
+# a persistent kernel's time is about its rounds of output tiles (ceil(tiles / SMs)) times a
+# tile's work, and a narrower tile does a little less per column (its B tile is read for fewer
+# outputs). Each choice is (config, cost per output column relative to 128x128), the factors fit
+# to an H200's step (bench_cutlass.py at M 128 / 256 / 384, 27B linears, 2026-12-04 session 14):
+# at M 256 a 5,120-wide output makes 80 tiles of 128x128 for 132 SMs but 108 of 128x96 (GDN and
+# attention out 21.7 -> 19.1 us, MLP down 47.3 -> 43.2; gate+up 79.7 -> 77.7: 6 rounds of 96
+# against 5 of 128); at M 128 128x64 tiles (MLP down 47.2 -> 33.6). At M 384 the rule keeps
+# 128x128 everywhere, as measured. Which tile serves a call never changes its bits.
+NARROW_MAX_ROWS = 384
+NARROW_TILES: tuple[tuple[str, float], ...] = (
+    ("p128x128x128", 1.0),
+    ("p128x96x128", 1.05),
+    ("p128x64x128", 1.17),
+)
+
+# What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
+CONFIGS: tuple[CutlassConfig, ...] = tuple(
+    c for c in CANDIDATES if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES}
+)
 
 
 # From how many rows the MLP takes the two-GEMM SwiGLU form where the table serves M (module
@@ -152,12 +190,21 @@ def swiglu_serves(m: int) -> bool:
     return m >= SWIGLU_MIN_ROWS
 
 
-def config_for(m: int) -> str | None:
-    """The config name that serves M rows, or None (the Triton kernel)."""
-    for max_m, name in TABLE:
-        if m <= max_m:
-            return name
-    return TABLE[-1][1]
+def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str | None:
+    """The config name that serves M rows (of N outputs, on sm_count SMs), or None (the Triton
+    kernel): TABLE's entry for M, or at most NARROW_MAX_ROWS rows (N and the SMs known, the table
+    naming the 128x128 tile) the NARROW_TILES choice with the least rounds of tiles."""
+    name = next((name for max_m, name in TABLE if m <= max_m), TABLE[-1][1])
+    if name != NARROW_TILES[0][0] or m > NARROW_MAX_ROWS or n is None or not sm_count:
+        return name
+    by_name = {c.name: c for c in CANDIDATES}
+
+    def cost(choice: tuple[str, float]) -> float:
+        c = by_name[choice[0]]
+        tiles = -(-m // c.tile_m) * -(-n // c.tile_n)
+        return -(-tiles // sm_count) * c.tile_m * c.tile_n * choice[1]
+
+    return min(NARROW_TILES, key=cost)[0]  # ties: the first, the widest
 
 
 def digest(configs: tuple[CutlassConfig, ...] = CONFIGS) -> str:
@@ -370,17 +417,17 @@ def serves(
     return serves_rows(a.shape[0], w)
 
 
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def serves_rows(m: int, w: torch.Tensor) -> str | None:
     """The config that would take M contiguous activation rows times w (CUDA, fp32 out, no
     residual), or None: what `serves` says before the activations exist."""
     if not w.is_cuda or m == 0:
         return None
-    name = config_for(m)
-    if name is None:
-        return None
     n, k = w.shape
-    if k % 16 or n % 4 or not w.is_contiguous():
+    if k % 16 or n % 4 or not w.is_contiguous() or config_for(m) is None or library() is None:
         return None
-    if library() is None:
-        return None
-    return name
+    return config_for(m, n, _sm_count(w.device))

@@ -78,11 +78,13 @@ def main() -> None:
     ap.add_argument(
         "--candidates", action="store_true", help="every candidate (ops/build_cutlass.py --candidates)"
     )
+    ap.add_argument("--configs", default=None, help="with --candidates: only these (comma list of names)")
     args = ap.parse_args()
-    configs = cutlass_gemm.CANDIDATES if args.candidates else cutlass_gemm.CONFIGS
+    configs = cutlass_gemm.candidates(args.configs) if args.candidates else cutlass_gemm.CONFIGS
     path = cutlass_gemm.default_library(configs)
     if not path.exists() or torch.cuda.get_device_capability() != (9, 0):
-        raise SystemExit(f"needs an sm_90 GPU and {path}: python ops/build_cutlass.py [--candidates]")
+        build = "python ops/build_cutlass.py [--candidates [--configs ...]]"
+        raise SystemExit(f"needs an sm_90 GPU and {path}: {build}")
     lib = cutlass_gemm.Library(path, configs)
     names = [c.name for c in configs]
     rows, sums = [], {}

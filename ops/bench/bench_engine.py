@@ -790,6 +790,15 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "swiglu_min_rows": 1 << 62,
     },
+    # the CUDA default with the 128x128 CUTLASS tile at every M it serves, never the narrower
+    # tiles by waves (`cutlass_gemm.NARROW_MAX_ROWS` 0 for the variant): the same bits
+    "tc64inv-squaretiles": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "narrow_max_rows": 0,
+    },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": {
@@ -890,7 +899,10 @@ def main() -> None:
             show(key, value)
             save()
 
-        run_variant(args, weights, device, name, settings, record, decode=first and not args.skip_decode)
+        run_variant(
+            args, weights, device, name, settings, record,
+            decode=first and not args.skip_decode, profile=first,
+        )  # fmt: skip
         if device == "cuda":
             torch.cuda.empty_cache()  # the next variant's buckets and graphs start from free memory
     if args.peer:
@@ -920,31 +932,36 @@ def run_variant(
     record: Callable[[str, object], None],
     *,
     decode: bool,
+    profile: bool,
 ) -> None:
-    """One variant's workloads; a `"swiglu": False` setting runs it with the unfused MLP path
-    (every SWIGLU_TABLE entry None while it runs: its graphs are captured that way),
-    `"cutlass": False` with the Triton GEMM tiles only (every `cutlass_gemm.TABLE` entry None),
-    and `"swiglu_min_rows": R` with CUTLASS's two-GEMM SwiGLU form from R rows where it serves M
-    (`cutlass_gemm.SWIGLU_MIN_ROWS`)."""
+    """One variant's workloads (with `profile`, the first variant's, also the kernel profiles);
+    a `"swiglu": False` setting runs it with the unfused MLP path (every SWIGLU_TABLE entry None
+    while it runs: its graphs are captured that way), `"cutlass": False` with the Triton GEMM
+    tiles only (every `cutlass_gemm.TABLE` entry None), `"narrow_max_rows": R` with the narrow
+    tiles to R rows (`cutlass_gemm.NARROW_MAX_ROWS`) and `"swiglu_min_rows": R` with
+    CUTLASS's two-GEMM SwiGLU form from R rows where it serves M (`cutlass_gemm.SWIGLU_MIN_ROWS`)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
     cutlass = True if settings is None else settings.pop("cutlass", True)
     swiglu_min = cutlass_gemm.SWIGLU_MIN_ROWS
     min_rows = swiglu_min if settings is None else settings.pop("swiglu_min_rows", swiglu_min)
+    narrow_max = cutlass_gemm.NARROW_MAX_ROWS
+    narrow = narrow_max if settings is None else settings.pop("narrow_max_rows", narrow_max)
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
     table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
-    cutlass_gemm.SWIGLU_MIN_ROWS = min_rows
+    cutlass_gemm.SWIGLU_MIN_ROWS, cutlass_gemm.NARROW_MAX_ROWS = min_rows, narrow
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
     if not cutlass:
         cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
     record("cutlass", cutlass and cutlass_gemm.library() is not None)
     record("cutlass_swiglu_min_rows", min_rows)
+    record("cutlass_narrow_max_rows", narrow)
     try:
-        _run_variant(args, weights, device, name, settings, record, decode=decode)
+        _run_variant(args, weights, device, name, settings, record, decode=decode, profile=profile)
     finally:
         int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
-        cutlass_gemm.SWIGLU_MIN_ROWS = swiglu_min
+        cutlass_gemm.SWIGLU_MIN_ROWS, cutlass_gemm.NARROW_MAX_ROWS = swiglu_min, narrow_max
 
 
 def _run_variant(
@@ -956,6 +973,7 @@ def _run_variant(
     record: Callable[[str, object], None],
     *,
     decode: bool,
+    profile: bool,
 ) -> None:
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
@@ -984,7 +1002,7 @@ def _run_variant(
             record("lastlayer_c_vs_full", last_layer_agreement(bench, 8156, 1))
     if not args.decode_only:
         run_workloads(bench, record, skip_long=args.skip_long)
-        if args.profile and decode:
+        if args.profile and profile:
             profile_prefill(bench, args.profile, skip_long=args.skip_long)
         if args.wall_split and body is not None and body.graphs:
             # the host forms on the same body and graphs: the default ("packed" tables, batched

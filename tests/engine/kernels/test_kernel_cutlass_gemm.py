@@ -59,6 +59,27 @@ def test_the_table_covers_every_m_and_names_built_configs() -> None:
     for m in (1, 16, 64, 65, 256, 1024, 2048, 2049, 8192, 1 << 40):
         want = next(name for max_m, name in TABLE if m <= max_m)
         assert config_for(m) == want
+        if m > cutlass_gemm.NARROW_MAX_ROWS:  # past the narrow tiles' rows, N changes nothing
+            assert all(config_for(m, n, 132) == want for n in (64, 5120, 34816))
+    assert {name for name, _ in cutlass_gemm.NARROW_TILES} <= names
+
+
+def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
+    """Hand-counted on 132 SMs: at M 256 a 5,120-wide output is 80 tiles of 128x128 or 108 of
+    128x96 (one round each: the narrower does less) or 160 of 128x64 (two rounds); 16,480 wide,
+    2 x 129 = 258 tiles of 128 (two rounds) against 3 rounds of 96 or 4 of 64; 34,816 wide, 544
+    tiles (5 rounds of 128 columns = 640) against 726 (6 rounds of 96 = 576 x 1.05)."""
+    assert cutlass_gemm.NARROW_TILES[0][0] == "p128x128x128"
+    assert config_for(256, 5120, 132) == "p128x96x128"
+    assert config_for(256, 16480, 132) == "p128x128x128"
+    assert config_for(256, 34816, 132) == "p128x96x128"
+    assert config_for(128, 5120, 132) == "p128x64x128"  # 40 / 54 / 80 tiles: one round each
+    assert config_for(384, 5120, 132) == "p128x128x128"  # 120 tiles, against 162 (2 rounds)
+    # on 1,000 SMs every tile is one round (80 / 108 / 160 tiles): the narrowest does least
+    assert config_for(256, 5120, 1000) == "p128x64x128"
+    # without N or the SM count, or where the table names another config, the table's entry
+    assert config_for(256) == config_for(256, 5120) == config_for(256, None, 132) == "p128x128x128"
+    assert config_for(64, 5120, 132) is None
 
 
 def test_each_config_source_declares_its_entry_points() -> None:
@@ -90,7 +111,8 @@ def test_calls_it_cannot_take_stay_with_triton(monkeypatch: pytest.MonkeyPatch) 
     assert cutlass_gemm.serves(a, w, res, torch.float32) is None  # CPU tensors
     monkeypatch.setattr(cutlass_gemm, "library", lambda: object())  # as if built: the rules alone
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    assert cutlass_gemm.serves(a, w, res, torch.float32) == config_for(256)
+    monkeypatch.setattr(cutlass_gemm, "_sm_count", lambda device: 132)
+    assert cutlass_gemm.serves(a, w, res, torch.float32) == config_for(256, 64, 132)
     assert cutlass_gemm.serves(a, w, res, torch.bfloat16) is None
     assert cutlass_gemm.serves(a[:16], w, None, torch.float32) == config_for(16)  # None: decode
     k40 = (a[:, :40].contiguous(), w[:, :40].contiguous())
@@ -306,6 +328,7 @@ def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch:
         assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None)  # CPU: no CUTLASS
     monkeypatch.setattr(cutlass_gemm, "library", lambda: object())  # as if built: the rules alone
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(cutlass_gemm, "_sm_count", lambda device: 132)
     for m in (1, 16, 64, 65, 384, 3000):
         served = config_for(m) is not None
         two_gemm = m >= cutlass_gemm.SWIGLU_MIN_ROWS
