@@ -277,6 +277,11 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         decode_attention(f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv)
         gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
         swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+        split_rows, decode_quant.SPLIT_MAX_ROWS = decode_quant.SPLIT_MAX_ROWS, t  # its split form too
+        try:
+            swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+        finally:
+            decode_quant.SPLIT_MAX_ROWS = split_rows
         # SwiGLU's long-row kernel runs for intermediate sizes past 18,432 (no shape here has
         # one): compiled at such a row so that the kernel kept for them stays valid
         long_inter = max(inter, decode_quant.RESIDENT_VALUES * 32 * decode_quant.RESIDENT_WARPS) + 1024

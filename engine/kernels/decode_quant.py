@@ -10,8 +10,10 @@ row length, so its bits never depend on how many rows the call has.
 
 SwiGLU keeps a row's values in registers between the absmax and the quantizing pass
 (`_swiglu_resident_kernel`, rows of up to RESIDENT_VALUES a thread: K <= 18,432); a longer row
-is read and computed twice (`_swiglu_long_row_kernel`). No sums, only elementwise steps and an
-exact absmax, so every block, warp count and path gives the same bits. On the H200 the
+is read and computed twice (`_swiglu_long_row_kernel`); calls of at most SPLIT_MAX_ROWS rows
+are cut into chunks, a program each (`_swiglu_chunk_kernel`, `_quant_chunk_kernel`). No sums,
+only elementwise steps and an exact absmax, so every block, warp count and path gives the same
+bits. On the H200 the
 resident kernel was 1.3-1.7x faster at the 27B row (bench_rows.py, 2026-12-02).
 """
 
@@ -43,6 +45,16 @@ RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own c
 LONG_ROW_UNROLL = 4
 LONG_ROW_BLOCK = 4096
 LONG_ROW_WARPS = 16
+# Calls of at most SPLIT_MAX_ROWS rows (the decoder's) run the split form: a row cut into chunks
+# of SPLIT_CHUNK, one program each, in two launches (v and each chunk's absmax, then the row's
+# scale and the chunk's codes), so a decode row is read by 17 programs instead of walked through
+# its 17 blocks by one. The same elementwise ops and an exact absmax: the resident kernel's bits.
+# H200, 27B row (bench_rows.py, 2026-12-04 session 14), us per call at 1 / 64 / 256 rows:
+# resident 11.1 / 11.3 / 14.9, split 1,024 on 4 warps 3.9 / 7.1 / 22.1, split 2,048 6.9 / 9.7 /
+# 25.8; the decoder's step at one sequence 96.8 -> 102.8 tokens/s with the 2,048 split.
+SPLIT_MAX_ROWS = 64
+SPLIT_CHUNK = 1024
+SPLIT_WARPS = 4
 
 
 def _gated_norm_quant_kernel(
@@ -132,6 +144,44 @@ def _swiglu_long_row_kernel(
     tl.store(s_ptr + row, scale)
 
 
+def _swiglu_chunk_kernel(
+    g_ptr, u_ptr, div_ptr, v_ptr, amax_ptr, K, stride_g, stride_u, CHUNKS,
+    HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (row, chunk): v = silu(g) * u (/ div) of CHUNK values of the row, stored, and
+    their absmax (the split form's first launch)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    m = offs < K
+    g = tl.load(g_ptr + row * stride_g + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + offs, mask=m, other=0.0).to(tl.float32)
+    v = _swiglu_value(g, u, div_ptr, 0, offs, m, HAS_DIV)
+    tl.store(v_ptr + row * K + offs, v, mask=m)
+    tl.store(amax_ptr + row * CHUNKS + c, tl.max(tl.where(m, tl.abs(v), 0.0), axis=0))
+
+
+def _quant_chunk_kernel(
+    v_ptr, amax_ptr, q_ptr, s_ptr, K, CHUNKS,
+    CHUNK: tl.constexpr, CP: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (row, chunk): the row's scale from its chunks' absmax (exact in any order), then
+    the chunk's codes - the resident kernel's `div_rn` and rounding (the split form's second)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cs = tl.arange(0, CP)
+    amax = tl.max(tl.load(amax_ptr + row * CHUNKS + cs, mask=cs < CHUNKS, other=0.0), axis=0)
+    scale = tl.math.div_rn(amax, 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    m = offs < K
+    v = tl.load(v_ptr + row * K + offs, mask=m, other=0.0)
+    r = tl.math.div_rn(v, tl.zeros((CHUNK,), dtype=tl.float32) + safe)
+    tl.store(q_ptr + row * K + offs, _round_int8(r, ON_GPU), mask=m)
+    if c == 0:
+        tl.store(s_ptr + row, scale)
+
+
 def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
     """SiLU(gate) * up of the block at k0 from its gate and up (fp32), over the SmoothQuant
     divisor if HAS_DIV: the values both kernels quantize."""
@@ -155,6 +205,8 @@ _swiglu_value = helper(_swiglu_value)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
 _swiglu_resident = kernel(_swiglu_resident_kernel)
 _swiglu_long_row = kernel(_swiglu_long_row_kernel)
+_swiglu_chunk = kernel(_swiglu_chunk_kernel)
+_quant_chunk = kernel(_quant_chunk_kernel)
 
 
 def gated_norm_quantize(
@@ -209,6 +261,19 @@ def swiglu_quantize(
     q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
     scale = torch.empty(b, dtype=torch.float32, device=gate.device)
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholder
+    if b <= SPLIT_MAX_ROWS and b and k:
+        chunks = cdiv(k, SPLIT_CHUNK)
+        v = torch.empty(b, k, dtype=torch.float32, device=gate.device)
+        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate.device)
+        _swiglu_chunk[(b, chunks)](
+            gate, up, div, v, amax, k, gate.stride(0), up.stride(0), chunks,
+            HAS_DIV=divisor is not None, CHUNK=SPLIT_CHUNK, num_warps=SPLIT_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        _quant_chunk[(b, chunks)](
+            v, amax, q, scale, k, chunks,
+            CHUNK=SPLIT_CHUNK, CP=next_pow2(chunks), num_warps=SPLIT_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        return q, scale
     block = min(next_pow2(k), RESIDENT_BLOCK)
     warps = RESIDENT_WARPS if block == RESIDENT_BLOCK else 4
     if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:

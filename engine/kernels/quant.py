@@ -47,7 +47,8 @@ WIDE_RESIDENT_VALUES = 48
 # The resident kernel loads the norm's weight with the row (before the sum of squares) instead
 # of after the sum: one dependent memory round trip less per row. Same bits either way. H200,
 # 27B's 5,120 row (bench_rows.py "w ahead" / "w behind", 2026-12-04 session 14): 1 row 6.2 ->
-# 5.7 us, 256 rows 8.0 -> 7.5, 8,192 rows 140.6 -> 139.5.
+# 5.7 us, 256 rows 8.0 -> 7.5, 8,192 rows 140.6 -> 139.5. (Making the normed values again for
+# the quantize pass instead of keeping them, to free registers, measured no faster.)
 NORM_WEIGHT_AHEAD = True
 # The long-row kernel's passes unrolled this many blocks (same ops, same order, same bits).
 # Measured on the H200 (bench_rows.py, 2026-12-01, then the only kernel): unrolling 4 made no

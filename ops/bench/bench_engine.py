@@ -247,6 +247,20 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
+def set_constant(assignment: str) -> None:
+    """`--set MODULE.NAME=VALUE`: a module constant (a kernel setting) set before anything runs,
+    VALUE read as a Python literal; the name must exist, so a typo cannot time the default."""
+    import ast
+
+    target, _, text = assignment.partition("=")
+    module_name, _, name = target.strip().rpartition(".")
+    module = importlib.import_module(module_name)
+    if not name or not hasattr(module, name):
+        raise SystemExit(f"--set {assignment}: {module_name} has no {name!r}")
+    setattr(module, name, ast.literal_eval(text.strip()))
+    show(f"set {module_name}.{name}", getattr(module, name))
+
+
 def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: str | None) -> None:
     """Per-kernel breakdown of one workload: where the GPU time goes, by kernel and by family.
 
@@ -862,7 +876,13 @@ def main() -> None:
     ap.add_argument("--accuracy-long", type=int, default=2, help="long one-question forests")
     ap.add_argument("--accuracy-long-tokens", type=int, default=2048)
     ap.add_argument("--thinking", action="store_true", help="also run workload (f): thinking requests")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+        help="set a module constant for the whole run, e.g. engine.kernels.decode_quant.SPLIT_MAX_ROWS=0",
+    )  # fmt: skip
     args = ap.parse_args()
+    for assignment in args.set:
+        set_constant(assignment)
     variants = variant_settings(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = shape_config(args.shape)

@@ -59,7 +59,8 @@ _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_
 
 def _resident(block: int, warps: int, ahead: int, maxnreg: int | None = None) -> dict[str, Any]:
     return dict(
-        RESIDENT_BLOCK=block, RESIDENT_WARPS=warps, RESIDENT_AHEAD=ahead, RESIDENT_MAXNREG=maxnreg
+        RESIDENT_BLOCK=block, RESIDENT_WARPS=warps, RESIDENT_AHEAD=ahead, RESIDENT_MAXNREG=maxnreg,
+        SPLIT_MAX_ROWS=0,
     )  # fmt: skip
 
 
@@ -69,11 +70,14 @@ def _conv(bt: int, bc: int, warps: int, bg: int) -> dict[str, Any]:
 
 SWIGLU_VARIANTS: dict[str, dict[str, Any]] = {
     _SWIGLU_DEFAULT: {},
-    _SWIGLU_LONG: {"RESIDENT_VALUES": 0},
+    _SWIGLU_LONG: {"RESIDENT_VALUES": 0, "SPLIT_MAX_ROWS": 0},
     "res 1024x8 a6 r128": _resident(1024, 8, 6, 128),
     "res 2048x16 a2": _resident(2048, 16, 2),
     "res 4096x32 a2": _resident(4096, 32, 2),
     "res 2048x16 a9": _resident(2048, 16, 9),
+    "split 2048 w4": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 2048, "SPLIT_WARPS": 4},
+    "split 1024 w4": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 1024, "SPLIT_WARPS": 4},
+    "split 4096 w8": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 4096, "SPLIT_WARPS": 8},
 }
 CONV_VARIANTS: dict[str, dict[str, Any]] = {
     _CONV_DEFAULT: {},

@@ -232,15 +232,22 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
         (17408, dict(RESIDENT_BLOCK=4096, RESIDENT_WARPS=32, RESIDENT_AHEAD=1)),
         (17408, dict(RESIDENT_VALUES=0)),  # the 27B row through the long-row kernel
         (18500, dict(RESIDENT_VALUES=80)),  # past 72 a thread (long-row by default) held in registers
+        # the split form (a row in chunks, two launches) and, whatever the default, the one-program
+        # kernels: 17,408 in 9 chunks of 2,048 (the last ragged), 300 in 3 of 128, 5,000 in 5
+        (17408, dict(SPLIT_MAX_ROWS=64, SPLIT_CHUNK=2048)),
+        (300, dict(SPLIT_MAX_ROWS=64, SPLIT_CHUNK=128, SPLIT_WARPS=1)),
+        (5000, dict(SPLIT_MAX_ROWS=64, SPLIT_CHUNK=1024, SPLIT_WARPS=8)),
+        (17408, dict(SPLIT_MAX_ROWS=0)),
     ],
 )
 def test_swiglu_bits_do_not_depend_on_the_kernel_or_its_config(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, k: int, setting: dict
 ) -> None:
     """SwiGLU + quantization under another block, warp count, loads ahead or kernel (row held
-    in registers or read twice) gives the default's bits, which agree with the torch reference
-    to rounding (silu's exp is not torch's); gate and up are column slices of one stacked
-    GEMM output, as in the engine, and a zero row and a row alone are in the checks."""
+    in registers, read twice, or cut into chunks over two launches) gives the default's bits,
+    which agree with the torch reference to rounding (silu's exp is not torch's); gate and up
+    are column slices of one stacked GEMM output, as in the engine, and a zero row and a row
+    alone are in the checks."""
     import engine.kernels.decode_quant as dq
 
     b = 64 if dev.type == "cuda" else 3
@@ -265,15 +272,25 @@ def test_swiglu_bits_do_not_depend_on_the_kernel_or_its_config(
 
 
 def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
-    """At the default config (the launches recorded, not run): rows up to 18,432 (72 values a
-    thread at 1,024 x 8 warps) are held in registers, longer ones read twice."""
+    """At the default config (the launches recorded, not run): calls of more than SPLIT_MAX_ROWS
+    rows hold rows up to 18,432 (72 values a thread at 1,024 x 8 warps) in registers and read
+    longer ones twice; calls of at most SPLIT_MAX_ROWS rows cut every row into chunks (two
+    launches, one program per row and chunk)."""
+    import engine.kernels.decode_quant as dq
     from engine.kernels.aot import record
 
-    def kernel_of(k: int) -> str:
+    def kernels_of(rows: int, k: int) -> list[tuple[str, tuple[int, ...]]]:
         with record() as launches:
-            swiglu_quantize(torch.zeros(2, k), torch.zeros(2, k), None)
-        (launch,) = launches
-        return launch.name
+            swiglu_quantize(torch.zeros(rows, k), torch.zeros(rows, k), None)
+        return [(launch.name, launch.grid) for launch in launches]
 
-    assert kernel_of(17408) == kernel_of(18432) == "_swiglu_resident_kernel"
-    assert kernel_of(18433) == "_swiglu_long_row_kernel"
+    rows = dq.SPLIT_MAX_ROWS + 1
+    assert kernels_of(rows, 17408) == kernels_of(rows, 18432) == [("_swiglu_resident_kernel", (rows,))]
+    assert kernels_of(rows, 18433) == [("_swiglu_long_row_kernel", (rows,))]
+    assert dq.SPLIT_MAX_ROWS >= 1
+    chunks = -(-17408 // dq.SPLIT_CHUNK)
+    for r in (1, dq.SPLIT_MAX_ROWS):
+        assert kernels_of(r, 17408) == [
+            ("_swiglu_chunk_kernel", (r, chunks)),
+            ("_quant_chunk_kernel", (r, chunks)),
+        ]

@@ -151,11 +151,11 @@ def test_resident_and_long_row_kernels_give_the_same_bits(
     q_res, s_res = run(x, 64)  # 64 values a thread: every k here held in registers
     q_long, s_long = run(x, 0)  # none: every row through the long-row kernel
     assert torch.equal(s_res, s_long) and torch.equal(q_res, q_long)
-    # the resident kernel with the norm's weight loaded ahead of the sum, and behind it
-    monkeypatch.setattr(kq, "NORM_WEIGHT_AHEAD", not kq.NORM_WEIGHT_AHEAD)
-    q_other, s_other = run(x, 64)
-    monkeypatch.setattr(kq, "NORM_WEIGHT_AHEAD", not kq.NORM_WEIGHT_AHEAD)
-    assert torch.equal(s_res, s_other) and torch.equal(q_res, q_other)
+    # the resident kernel with the norm's weight loaded ahead of the sum and behind it
+    for ahead in (False, True):
+        monkeypatch.setattr(kq, "NORM_WEIGHT_AHEAD", ahead)
+        q_other, s_other = run(x, 64)
+        assert torch.equal(s_res, s_other) and torch.equal(q_res, q_other), ahead
     assert s_res[1] == 0 and not q_res[1].any()
     if mode != "norm":  # and the torch reference's, which the plain quantization equals
         q_ref, s_ref = quantize_rows_reference(x, vec if mode == "divisor" else None)
