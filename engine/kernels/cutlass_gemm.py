@@ -130,6 +130,10 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 96, 128, "pingpong"),
     CutlassConfig(128, 64, 128, "pingpong"),
     CutlassConfig(128, 160, 128, "pingpong"),
+    # 64-row tiles over narrow outputs for the decoder's M <= 64 (weight streaming: more CTAs)
+    CutlassConfig(64, 64, 128, "pingpong"),
+    CutlassConfig(64, 96, 128, "pingpong"),
+    CutlassConfig(64, 64, 256, "pingpong"),
 )
 
 
@@ -145,15 +149,20 @@ def candidates(names: str | None = None) -> tuple[CutlassConfig, ...]:
     return tuple(c for c in CANDIDATES if c.name in wanted)
 
 
-# (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 64,
-# where the Triton GEMV and split tiles stream the weight as fast: 8.19 vs 8.31 ms a 27B step at
-# M = 64 for the best config here). Any entry gives the same bits. 27B step sums over the linears
+# (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 32,
+# where the Triton GEMV and split tiles stream the weight faster: 7.02 ms a 27B step at M = 16
+# against 8.58 for the best 64-row tile). At M 33-64 (the decoder's 64-sequence bucket) 64x64
+# tiles with 256-deep K steps stream the weight better than Triton's tiles and stream K: 7.42
+# against 8.24 ms a step at M = 64 (bench_cutlass.py --candidates, H200, 2026-12-04 session 14;
+# MLP down 34.0 -> 27.4 us, GDN/attention out 14.6 -> 12.3; 64x128 tiles 8.22, 128x64 12.81).
+# Any entry gives the same bits. 27B step sums over the linears
 # (ms; Triton's tiles for comparison): the pingpong 128x128x128 tile had the least at M = 256
 # (11.7 vs 14.7), 384 (14.4 vs 18.6) and 1,024 (34.1 vs 44.9); at 8,192 the same tile in a
 # cluster of two along N (the activation tile multicast to both CTAs) did (292 vs 312 unclustered
 # and 321 Triton). The bound between 1,024 and 8,192 is not measured.
 TABLE: tuple[tuple[int, str | None], ...] = (
-    (64, None),
+    (32, None),
+    (64, "p64x64x256"),
     (2048, "p128x128x128"),
     (1 << 62, "p128x128x128_cl1x2"),
 )
