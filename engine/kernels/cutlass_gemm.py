@@ -123,14 +123,16 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 128, 128, "pingpong", cluster_n=2),
     CutlassConfig(128, 128, 128, "pingpong", cluster_m=2),
     CutlassConfig(128, 128, 64, "pingpong"),
-    # Narrower tiles for the 5,120-wide linears at M 129-256, where 128x128 tiles make 80 CTAs
-    # for 132 SMs: 128x80 and 64x160 make 128 (session 14's candidates).
+    # Narrower tiles (session 14, RESULTS.md): for the 5,120-wide linears at M 129-256, where
+    # 128x128 tiles make 80 CTAs for 132 SMs (128x96 and 128x64 kept: NARROW_TILES; 128x80's n80
+    # wgmma and the 64x160 / 128x160 shapes lost everywhere)
     CutlassConfig(128, 80, 128, "pingpong"),
     CutlassConfig(64, 160, 128, "pingpong"),
     CutlassConfig(128, 96, 128, "pingpong"),
     CutlassConfig(128, 64, 128, "pingpong"),
     CutlassConfig(128, 160, 128, "pingpong"),
-    # 64-row tiles over narrow outputs for the decoder's M <= 64 (weight streaming: more CTAs)
+    # 64-row tiles for the decoder's 64-sequence bucket (weight streaming: more CTAs; 64x64x256
+    # kept in TABLE)
     CutlassConfig(64, 64, 128, "pingpong"),
     CutlassConfig(64, 96, 128, "pingpong"),
     CutlassConfig(64, 64, 256, "pingpong"),
