@@ -201,6 +201,9 @@ def swiglu_serves(m: int) -> bool:
     return m >= SWIGLU_MIN_ROWS
 
 
+_CANDIDATE_BY_NAME = {c.name: c for c in CANDIDATES}
+
+
 def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str | None:
     """The config name that serves M rows (of N outputs, on sm_count SMs), or None (the Triton
     kernel): TABLE's entry for M, or at most NARROW_MAX_ROWS rows (N and the SMs known, the table
@@ -208,10 +211,9 @@ def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str
     name = next((name for max_m, name in TABLE if m <= max_m), TABLE[-1][1])
     if name != NARROW_TILES[0][0] or m > NARROW_MAX_ROWS or n is None or not sm_count:
         return name
-    by_name = {c.name: c for c in CANDIDATES}
 
     def cost(choice: tuple[str, float]) -> float:
-        c = by_name[choice[0]]
+        c = _CANDIDATE_BY_NAME[choice[0]]
         tiles = -(-m // c.tile_m) * -(-n // c.tile_n)
         return -(-tiles // sm_count) * c.tile_m * c.tile_n * choice[1]
 
@@ -439,6 +441,6 @@ def serves_rows(m: int, w: torch.Tensor) -> str | None:
     if not w.is_cuda or m == 0:
         return None
     n, k = w.shape
-    if k % 16 or n % 4 or not w.is_contiguous() or config_for(m) is None or library() is None:
+    if k % 16 or n % 4 or not w.is_contiguous() or library() is None:
         return None
     return config_for(m, n, _sm_count(w.device))

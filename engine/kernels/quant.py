@@ -97,7 +97,10 @@ def _row_block(x_row, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_
     """The long-row kernel's block at k0: loaded, its `_row_value`, and its mask."""
     m = k0 + offs < K
     x = tl.load(x_row + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    return _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM, HAS_DIV), m
+    w = 1.0  # unread without a norm
+    if NORM:
+        w = _norm_weight(w_ptr, k0, offs, K)
+    return _row_value(x, w, div_ptr, k0, offs, K, inv, NORM, HAS_DIV), m
 
 
 def _round_int8(r, ON_GPU: tl.constexpr):
@@ -131,7 +134,7 @@ def _quant_resident_kernel(
         m = b * BLOCK + offs < K
         xs = xs + (tl.load(x_row + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32),)
         if NORM and WEIGHT_AHEAD:
-            ws = ws + (tl.load(w_ptr + b * BLOCK + offs, mask=m, other=0.0).to(tl.float32),)
+            ws = ws + (_norm_weight(w_ptr, b * BLOCK, offs, K),)
 
     inv = 1.0
     if NORM:
@@ -144,13 +147,13 @@ def _quant_resident_kernel(
     vs = ()
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for b in tl.static_range(NB):
-        if NORM and WEIGHT_AHEAD:
-            v = (xs[b] * inv) * ws[b]  # `_row_value`'s norm, its weight already loaded
-            if HAS_DIV:
-                m = b * BLOCK + offs < K
-                v = tl.math.div_rn(v, tl.load(div_ptr + b * BLOCK + offs, mask=m, other=1.0).to(tl.float32))
-        else:
-            v = _row_value(xs[b], w_ptr, div_ptr, b * BLOCK, offs, K, inv, NORM, HAS_DIV)
+        w = 1.0  # unread without a norm
+        if NORM:
+            if WEIGHT_AHEAD:  # noqa: SIM108 - a constexpr branch (ws is empty without it)
+                w = ws[b]
+            else:
+                w = _norm_weight(w_ptr, b * BLOCK, offs, K)
+        v = _row_value(xs[b], w, div_ptr, b * BLOCK, offs, K, inv, NORM, HAS_DIV)
         amax = tl.maximum(amax, tl.abs(v))
         vs = vs + (v,)
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
@@ -162,18 +165,25 @@ def _quant_resident_kernel(
     tl.store(s_ptr + row, scale)
 
 
-def _row_value(x, w_ptr, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
+def _norm_weight(w_ptr, k0, offs, K):
+    """The norm's weight over the block at k0, fp32."""
+    return tl.load(w_ptr + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+
+
+def _row_value(x, w, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.constexpr):
     """The values v of the block at k0 of a row from its inputs x (fp32): rms-normed (x * inv)
-    and weighted if NORM, over the SmoothQuant divisor if HAS_DIV. Both kernels quantize these."""
+    and weighted by w (`_norm_weight`'s block) if NORM, over the SmoothQuant divisor if HAS_DIV.
+    Both kernels quantize these."""
     m = k0 + offs < K
     v = x
     if NORM:
-        v = (v * inv) * tl.load(w_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+        v = (v * inv) * w
     if HAS_DIV:
         v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
     return v
 
 
+_norm_weight = helper(_norm_weight)  # type: ignore[assignment]
 _row_value = helper(_row_value)  # type: ignore[assignment]
 _row_block = helper(_row_block)  # type: ignore[assignment]
 _round_int8 = helper(_round_int8)  # type: ignore[assignment]
