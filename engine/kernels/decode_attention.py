@@ -95,6 +95,18 @@ class AttentionHeads(NamedTuple):
     eps: float
 
 
+# Piece offsets (k_off, v_off) are multiples of this many elements: every K/V view the engine
+# makes is whole [.., head_dim] rows of a torch allocation (>= 64-byte aligned, as the body's
+# `base`), and the kernels' fp32 K/V tiles are read at those offsets. Unannounced, the compiler
+# knows nothing of a loaded offset's alignment and copies those tiles 4 bytes at a time (sm_90
+# build: every K/V `cp.async` of the 16-row, split and ancestor paths was 4-byte, against 16
+# for the bf16 shadow's); at 4 they go 16 bytes at a time. The same values are loaded either
+# way. 1 is the former build (no hint), for the bench's old-vs-new rows. Checked on the host
+# for CPU tables (the interpreter, where a wrong hint would go unnoticed); on CUDA a violated
+# one faults (misaligned address) rather than reading wrong data.
+PIECE_ALIGN = 4
+
+
 def _block_l(head_dim: int) -> int:
     """Keys per block: a [BLOCK_L, head_dim] fp32 tile of K and of V per step."""
     return BLOCK_L_WIDE if head_dim >= 256 else 64
@@ -119,11 +131,21 @@ def _norm_rope(src, w_ptr, rope_ptr, eps, HD: tl.constexpr, RD: tl.constexpr):
     return tl.where(in_rope, y * cos + (sign * yp) * sin, y)
 
 
+def _piece_offsets(rec, ALIGN: tl.constexpr):
+    """A piece record's K and V offsets, declared multiples of ALIGN elements (`PIECE_ALIGN`)."""
+    k_off = tl.load(rec)
+    v_off = tl.load(rec + 1)
+    if ALIGN > 1:
+        k_off = tl.multiple_of(k_off, ALIGN)
+        v_off = tl.multiple_of(v_off, ALIGN)
+    return k_off, v_off
+
+
 def _prep_kernel(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
     stride_qg, stride_k, stride_v, eps,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
-    PACKED: tl.constexpr, ON_GPU: tl.constexpr,
+    PACKED: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (row, head j) over `_prep_head`; the two row layouts differ only in where a row's
     piece table and own position are. A decode row (PACKED 0) has a table of its own and writes at
@@ -141,14 +163,14 @@ def _prep_kernel(
         table = row
     _prep_head(
         qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + table * P * 4, q_out_ptr,
-        stride_qg, stride_k, stride_v, eps, row, j, index, live, NH, HD, RD, P,
+        stride_qg, stride_k, stride_v, eps, row, j, index, live, NH, HD, RD, P, ALIGN,
     )  # fmt: skip
 
 
 def _prep_head(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, row_pieces, q_out_ptr,
     stride_qg, stride_k, stride_v, eps, row, j, index, live,
-    NH: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
+    NH: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """Head j of a row (j < NH: a query head, else KV head j - NH): RMSNorm and RoPE; a query
     head goes to q_out, a KV head's k and v to position `index` of the row's own piece (the
@@ -168,8 +190,7 @@ def _prep_head(
     else:
         kv = j - NH
         own = row_pieces + (P - 1) * 4  # piece record: k_off, v_off, length, rows_per_head
-        k_off = tl.load(own)
-        v_off = tl.load(own + 1)
+        k_off, v_off = _piece_offsets(own, ALIGN)
         head_rows = tl.load(own + 3)
         at = (kv * head_rows + index) * HD + offs
         m = (offs * 0 + live) != 0  # block-shaped: the interpreter rejects scalar masks
@@ -272,7 +293,7 @@ def _decode_row(
 def _attention_kernel(
     q_ptr, qg_ptr, base_ptr, rows_ptr, pieces_ptr, out_ptr, stride_qg, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    P: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ON_GPU: tl.constexpr,
+    P: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -282,8 +303,9 @@ def _attention_kernel(
     acc = tl.zeros((GP, HD), dtype=tl.float32)
     for p in tl.static_range(P):
         rec = pieces_ptr + (row * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
-        k_base = base_ptr + tl.load(rec)
-        v_base = base_ptr + tl.load(rec + 1)
+        k_off, v_off = _piece_offsets(rec, ALIGN)
+        k_base = base_ptr + k_off
+        v_base = base_ptr + v_off
         n = tl.load(rec + 2)
         head_rows = tl.load(rec + 3)
         if p == P - 1:
@@ -310,7 +332,7 @@ def _attention_split_kernel(
     q_ptr, base_ptr, rows_ptr, pieces_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr, scale,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     P: tl.constexpr, BL: tl.constexpr, S: tl.constexpr, MC: tl.constexpr, DOTS: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (row, KV head, s): the chunks numbered s mod U of the row's pieces, U = the
     row's programs (see the module docstring), folded in order into one partial (max, sum,
@@ -334,8 +356,9 @@ def _attention_split_kernel(
     for p in tl.static_range(P):
         rec = pieces_ptr + (row * P + p) * 4  # piece record: k_off, v_off, length, rows_per_head
         head_rows = tl.load(rec + 3)
-        k_base = base_ptr + tl.load(rec) + kvh * head_rows * HD
-        v_base = base_ptr + tl.load(rec + 1) + kvh * head_rows * HD
+        k_off, v_off = _piece_offsets(rec, ALIGN)
+        k_base = base_ptr + k_off + kvh * head_rows * HD
+        v_base = base_ptr + v_off + kvh * head_rows * HD
         n = tl.load(rec + 2)
         if p == P - 1:
             n = tlen + 1  # the own thought, this step's token included
@@ -393,6 +416,7 @@ def _attention_combine_kernel(
 
 
 _norm_rope = helper(_norm_rope)  # type: ignore[assignment]
+_piece_offsets = helper(_piece_offsets)  # type: ignore[assignment]
 _bf16_operand = helper(_bf16_operand)  # type: ignore[assignment]
 _reduce_piece = helper(_reduce_piece)  # type: ignore[assignment]
 _fold = helper(_fold)  # type: ignore[assignment]
@@ -404,6 +428,13 @@ _prep = kernel(_prep_kernel)
 _attn = kernel(_attention_kernel)
 _attn_split = kernel(_attention_split_kernel)
 _attn_combine = kernel(_attention_combine_kernel)
+
+
+def _check_alignment(pieces: torch.Tensor) -> None:
+    """CPU tables (interpreter runs): every piece offset a multiple of PIECE_ALIGN. CUDA tables
+    are not read back (a sync per layer); the compiled kernels fault on a misaligned one."""
+    if PIECE_ALIGN > 1 and not pieces.is_cuda and bool((pieces[..., :2] % PIECE_ALIGN).any()):
+        raise ValueError(f"piece offsets must be multiples of {PIECE_ALIGN} elements (PIECE_ALIGN)")
 
 
 def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
@@ -422,6 +453,7 @@ def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
         )
     if not pieces.is_contiguous():
         raise ValueError("pieces must be contiguous")
+    _check_alignment(pieces)
 
 
 def attention_prep(
@@ -476,6 +508,7 @@ def launch_prep(
     and values (the segments' states) but the queries of its read rows only."""
     if part not in PREP_PARTS:
         raise ValueError(f"part must be one of {PREP_PARTS}, got {part!r}")
+    _check_alignment(pieces)
     n = x.qg.shape[0] if part != "keys" else x.k.shape[0]
     nh, nkv, hd, eps = heads
     rd = x.rope.shape[-1]
@@ -491,7 +524,7 @@ def launch_prep(
     _prep[(n, grid_heads)](
         qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
         q_out, qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
-        NH=kernel_nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed,
+        NH=kernel_nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed, ALIGN=PIECE_ALIGN,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q_out
@@ -540,8 +573,8 @@ def decode_attention(
         _attn_split[(b, num_kv_heads, splits)](
             q.contiguous(), base, rows, pieces, ws_m, ws_l, ws_acc, hd**-0.5,
             NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=gp, P=pieces.shape[1], BL=_block_l(hd), S=splits,
-            MC=SPLIT_MIN_CHUNKS, DOTS=dots, num_warps=SPLIT_WARPS[dots], num_stages=SPLIT_STAGES,
-            enable_fp_fusion=False,
+            MC=SPLIT_MIN_CHUNKS, DOTS=dots, ALIGN=PIECE_ALIGN, num_warps=SPLIT_WARPS[dots],
+            num_stages=SPLIT_STAGES, enable_fp_fusion=False,
         )  # fmt: skip
         _attn_combine[(b, num_kv_heads)](
             qg, rows, ws_m, ws_l, ws_acc, out, qg.stride(0),
@@ -552,7 +585,8 @@ def decode_attention(
     _attn[(b, num_kv_heads)](
         q.contiguous(), qg, base, rows, pieces, out, qg.stride(0), hd**-0.5,
         NH=nh, NKV=num_kv_heads, HD=hd, G=group, GP=max(16, next_pow2(group)), P=pieces.shape[1],
-        BL=_block_l(hd), DOTS=dots, num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False,
+        BL=_block_l(hd), DOTS=dots, ALIGN=PIECE_ALIGN, num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

@@ -34,7 +34,14 @@ BLOCK_C = 128
 BLOCK_V = 32
 NUM_WARPS = 4
 CONV_WIDTH = 4  # qwen35's ssm.conv_kernel; the step kernel is written for it
-SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus default: x above it returns x
+SOFTPLUS_THRESHOLD = 20.0
+# State offsets (`rows[:, STATE_OFF]`) are multiples of this many elements: each row's state is a
+# torch allocation of its own (`engine.run.decoder`), and the base's and the block's starts are
+# both >= 512-byte aligned. Declared, the compiler reads and writes the state 16 bytes at a time;
+# unannounced, a loaded offset could be anything, and every state element went through its own
+# 4-byte load and store (sm_90 build). Checked on the host for CPU tables (the interpreter, where
+# a wrong hint would go unnoticed); on CUDA a violated one faults rather than reading wrong data.
+STATE_ALIGN = 4  # torch's F.softplus default: x above it returns x
 
 
 def _conv_step_kernel(
@@ -90,14 +97,14 @@ def _gdn_step_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, rows_ptr, o_ptr,
     layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, ON_GPU: tl.constexpr,
+    BV: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, DK)
     live = tl.load(rows_ptr + row * 5 + 4)
-    state_off = tl.load(rows_ptr + row * 5 + 2)
+    state_off = tl.multiple_of(tl.load(rows_ptr + row * 5 + 2), ALIGN)
     hk = h // (HV // HQK)  # grouped value heads: value head h reads key head h // (HV / HQK)
     src = conv_ptr + row * stride_conv
     q = tl.load(src + hk * DK + offs_k)
@@ -178,6 +185,8 @@ def gdn_step(
     """
     b = conv.shape[0]
     _check_rows(rows, b)
+    if STATE_ALIGN > 1 and not rows.is_cuda and bool((rows[:, STATE_OFF] % STATE_ALIGN).any()):
+        raise ValueError(f"state offsets must be multiples of {STATE_ALIGN} elements (STATE_ALIGN)")
     if conv.shape[1] != 2 * num_k_heads * k_dim + num_v_heads * v_dim:
         raise ValueError(f"conv rows have {conv.shape[1]} channels, not q|k|v of the given heads")
     if not use_triton(backend, conv):
@@ -195,7 +204,7 @@ def gdn_step(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, rows, o,
         layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
         k_dim**-0.5, L2NORM_EPS,
-        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv,
+        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv, ALIGN=STATE_ALIGN,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return o

@@ -67,13 +67,16 @@ import torch
 
 from engine.kernels._triton import Backend, helper, interpreting, kernel, next_pow2, use_triton
 from engine.kernels.decode_attention import (
+    PIECE_ALIGN,
     PREP_PARTS,
     AttentionHeads,
     PrepInputs,
     _bf16_operand,
+    _check_alignment,
     _fold,
     _fold_where,
     _gated,
+    _piece_offsets,
     _reduce_piece,
     attend_row_reference,
     check_rope,
@@ -113,16 +116,6 @@ LONG_DOTS = ("tf32", "bf16")
 # evidence 483 -> 114 us a layer, workload (c) 3,631 -> 3,273; (a) / (b), whose ~250 ancestor keys
 # stay under min_keys, pay the plan and split launches only (+2 / +5 us a layer).
 SPLIT_BY_DEFAULT = True
-# Piece offsets (k_off, v_off) are multiples of this many elements: every K/V view the engine
-# makes is whole [.., head_dim] rows of a torch allocation (>= 64-byte aligned, as the body's
-# `base`), and the kernels' fp32 K/V tiles are read at those offsets. Unannounced, the compiler
-# knows nothing of a loaded offset's alignment and copies those tiles 4 bytes at a time (sm_90
-# build: every K/V `cp.async` of the 16-row, split and ancestor paths was 4-byte, against 16
-# for the bf16 shadow's); at 4 they go 16 bytes at a time. The same values are loaded either
-# way. 1 is the former build (no hint), for the bench's old-vs-new rows. Checked on the host
-# for CPU tables (the interpreter, where a wrong hint would go unnoticed); on CUDA a violated
-# one faults (misaligned address) rather than reading wrong data.
-PIECE_ALIGN = 4
 
 
 @dataclass(frozen=True)
@@ -398,16 +391,6 @@ def _attention_kernel(
     )
     o = _gated(acc, total, gate)
     tl.store(out_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], o, mask=valid[:, None])
-
-
-def _piece_offsets(rec, ALIGN: tl.constexpr):
-    """A piece record's K and V offsets, declared multiples of ALIGN elements (`PIECE_ALIGN`)."""
-    k_off = tl.load(rec)
-    v_off = tl.load(rec + 1)
-    if ALIGN > 1:
-        k_off = tl.multiple_of(k_off, ALIGN)
-        v_off = tl.multiple_of(v_off, ALIGN)
-    return k_off, v_off
 
 
 def _operand(x, DOTS: tl.constexpr, ON_GPU: tl.constexpr):
@@ -743,7 +726,6 @@ def _split_kernel(
                     tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
 
 
-_piece_offsets = helper(_piece_offsets)  # type: ignore[assignment]
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
 _attn = kernel(_attention_kernel)
@@ -790,13 +772,6 @@ def _check_qg(qg: torch.Tensor, t: int, nh: int, hd: int) -> None:
         raise ValueError(
             f"qg must be [{t}, {nh * 2 * hd}] with unit column stride, got {tuple(qg.shape)} {qg.stride()}"
         )
-
-
-def _check_alignment(pieces: torch.Tensor) -> None:
-    """CPU tables (interpreter runs): every piece offset a multiple of PIECE_ALIGN. CUDA tables
-    are not read back (a sync per layer); the compiled kernels fault on a misaligned one."""
-    if PIECE_ALIGN > 1 and not pieces.is_cuda and bool((pieces[..., :2] % PIECE_ALIGN).any()):
-        raise ValueError(f"piece offsets must be multiples of {PIECE_ALIGN} elements (PIECE_ALIGN)")
 
 
 def _check_head_dim(head_dim: int) -> None:

@@ -80,24 +80,27 @@ def main() -> None:
     ap.add_argument("--stages", default="1,2")
     ap.add_argument("--dots", default="ieee,bf16")
     ap.add_argument("--min-chunks", default="1,2,3", help="SPLIT_MIN_CHUNKS values")
+    ap.add_argument("--align", default=str(da.PIECE_ALIGN), help="PIECE_ALIGN values (1: no alignment hint)")
     ap.add_argument("--out")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     cases = {f"{r}x{PROMPT}": case(args.shape, r, PROMPT, gen) for r in ROWS}
     cases[f"1x{LONG}"] = case(args.shape, 1, LONG, gen)
-    shipped = (da.SPLITS, da.BLOCK_L_WIDE, dict(da.SPLIT_WARPS), da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS)
+    shipped = (
+        da.SPLITS, da.BLOCK_L_WIDE, dict(da.SPLIT_WARPS), da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS, da.PIECE_ALIGN
+    )  # fmt: skip
     results = []
     grid = itertools.product(
         args.dots.split(","),
         *(
             map(int, a.split(","))
-            for a in (args.splits, args.blocks, args.warps, args.stages, args.min_chunks)
+            for a in (args.splits, args.blocks, args.warps, args.stages, args.min_chunks, args.align)
         ),
     )
-    for dots, splits, block, warps, stages, min_chunks in grid:
+    for dots, splits, block, warps, stages, min_chunks, align in grid:
         da.BLOCK_L_WIDE, da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS = block, stages, min_chunks
-        da.SPLIT_WARPS[dots] = warps
-        name = f"{dots}/S{splits}/BL{block}/w{warps}/s{stages}/mc{min_chunks}"
+        da.SPLIT_WARPS[dots], da.PIECE_ALIGN = warps, align
+        name = f"{dots}/S{splits}/BL{block}/w{warps}/s{stages}/mc{min_chunks}/a{align}"
         try:
             big = cases[f"{ROWS[-1]}x{PROMPT}"]
             together = run(big, splits, dots)[0]
@@ -113,7 +116,7 @@ def main() -> None:
             line = {"variant": name, "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
         results.append(line)
         print(json.dumps(line), flush=True)
-    da.SPLITS, da.BLOCK_L_WIDE, da.SPLIT_WARPS, da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS = shipped
+    da.SPLITS, da.BLOCK_L_WIDE, da.SPLIT_WARPS, da.SPLIT_STAGES, da.SPLIT_MIN_CHUNKS, da.PIECE_ALIGN = shipped
     ok = [r for r in results if r.get("row_bits_batch_independent")]
     for label in cases:
         best = min(ok, key=lambda r: r[f"{label}_us"], default=None)

@@ -294,3 +294,38 @@ def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
             ("_swiglu_chunk_kernel", (r, chunks)),
             ("_quant_chunk_kernel", (r, chunks)),
         ]
+
+
+def test_misaligned_state_and_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Generator) -> None:
+    """The decode kernels declare state offsets multiples of STATE_ALIGN and piece offsets
+    multiples of PIECE_ALIGN (16-byte loads and stores when compiled): CPU tables are checked,
+    since the interpreter would read a misaligned block right anyway."""
+    if dev.type == "cuda":
+        pytest.skip("CUDA tables are not read back")
+    from engine.kernels.decode_attention import PIECE_ALIGN
+    from engine.kernels.decode_gdn import STATE_ALIGN
+
+    cfg = dims_config("tiny")
+    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    block = hv * dk * dv
+    pool = Pool(2 * block + 64, dev, gen)
+    rows = _rows(1, dev, state=[pool.take(block) + 1])
+    assert STATE_ALIGN > 1
+    with pytest.raises(ValueError, match="multiples of"):
+        gdn_step(
+            torch.randn(1, 2 * hqk * dk + hv * dv, generator=gen).to(dev), torch.zeros(1, hv, device=dev),
+            torch.zeros(1, hv, device=dev), torch.zeros(hv, device=dev), torch.zeros(hv, device=dev),
+            pool.base, rows, 0, num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
+        )  # fmt: skip
+
+    pool, x, rows, pieces, heads = _attention_case("tiny", dev, gen)
+    assert PIECE_ALIGN > 1 and not bool((pieces[..., :2] % PIECE_ALIGN).any())  # the pool's
+    q = attention_prep(x, pool.base, rows, pieces, heads, backend="triton")
+    for field in (0, 1):  # k_off, v_off
+        bad = pieces.clone()
+        bad[1, 0, field] += 2
+        with pytest.raises(ValueError, match="multiples of"):
+            decode_attention(q, x.qg, pool.base, rows, bad, num_kv_heads=heads.num_kv_heads)
+        with pytest.raises(ValueError, match="multiples of"):
+            attention_prep(x, pool.base, rows, bad, heads, backend="triton")
