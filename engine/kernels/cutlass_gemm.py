@@ -82,6 +82,14 @@ class CutlassConfig:
     scheduler: str = "persistent"
     cluster_m: int = 1
     cluster_n: int = 1
+    # The order the persistent CTAs take output tiles in (CUTLASS's tile scheduler): `swizzle`
+    # consecutive tiles along the raster's other dimension, rastered along M or N ("heuristic":
+    # along the dimension with fewer tiles). At M = 8,192 a 128x128 wave of 132 CTAs rastered
+    # along M touches all 64 activation row-blocks (42 MB at K 5,120) and two weight column
+    # blocks, so the activations cycle through L2 once per wave; a swizzle of 8 makes a wave
+    # 8 row-blocks by ~16 column blocks. Only the order changes, never a tile's sum: same bits.
+    swizzle: int = 1
+    raster: str = "heuristic"
 
     @property
     def name(self) -> str:
@@ -91,6 +99,10 @@ class CutlassConfig:
             s += "_sk"
         if self.cluster_m > 1 or self.cluster_n > 1:
             s += f"_cl{self.cluster_m}x{self.cluster_n}"
+        if self.swizzle > 1:
+            s += f"_sw{self.swizzle}"
+        if self.raster != "heuristic":
+            s += {"m": "_rm", "n": "_rn"}[self.raster]
         return s
 
     def source(self) -> str:
@@ -102,10 +114,11 @@ class CutlassConfig:
         scheduler = {"persistent": "prism::Persistent", "streamk": "prism::StreamK"}[self.scheduler]
         tile = f"cute::Shape<cute::_{self.tile_m}, cute::_{self.tile_n}, cute::_{self.tile_k}>"
         cluster = f"cute::Shape<cute::_{self.cluster_m}, cute::_{self.cluster_n}, cute::_1>"
+        raster = {"heuristic": 0, "m": 1, "n": 2}[self.raster]
         return (
             f'#include "{HEADER.name}"\n'
             f"PRISM_INT8_GEMM({self.name}, PRISM_ARG({tile}), PRISM_ARG({cluster}), {mainloop}, {epilogue}, "
-            f"{scheduler})\n"
+            f"{scheduler}, PRISM_ARG({self.swizzle}, {raster}))\n"
         )
 
 
@@ -136,6 +149,14 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(64, 64, 128, "pingpong"),
     CutlassConfig(64, 96, 128, "pingpong"),
     CutlassConfig(64, 64, 256, "pingpong"),
+    # The tile order at large M (session 15): swizzles and rasters for the 8,192-row GEMMs
+    CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=2),
+    CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=4),
+    CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=8),
+    CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=8, raster="n"),
+    CutlassConfig(128, 128, 128, "pingpong", swizzle=8),
+    CutlassConfig(128, 256, 128, "cooperative", swizzle=8),
+    CutlassConfig(128, 256, 128, "cooperative", cluster_m=2, swizzle=4),
 )
 
 
@@ -185,9 +206,22 @@ NARROW_TILES: tuple[tuple[str, float], ...] = (
     ("p128x64x128", 1.17),
 )
 
+# Where the table names the clustered tile (above 2,048 rows), outputs at most
+# SWIZZLED_MAX_COLUMNS wide take SWIZZLED_TILE instead: 128x128 tiles, unclustered, in swizzles of
+# 8 row-blocks. A 5,120-wide output is 40 tiles across against 64 down at M 8,192, so CUTLASS's
+# own order walks along N and each wave of 132 CTAs reads the whole weight (89 MB for MLP down,
+# more than L2); swizzled, a wave is 8 row-blocks by ~16 column blocks. H200, 27B linears at
+# M 8,192 (bench_cutlass.py --candidates, 2026-12-04 session 15, us): MLP down 1,150 -> 1,063,
+# GDN out 388 -> 356, attention out 386 -> 365; the wide outputs (GDN in 16,480, attention in
+# 14,336, MLP gate+up 34,816) keep the cluster (981 against 998 for GDN in). Same bits.
+SWIZZLED_MAX_COLUMNS = 8192
+SWIZZLED_TILE = "p128x128x128_sw8"
+
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(
-    c for c in CANDIDATES if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES}
+    c
+    for c in CANDIDATES
+    if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES} | {SWIZZLED_TILE}
 )
 
 
@@ -206,9 +240,12 @@ _CANDIDATE_BY_NAME = {c.name: c for c in CANDIDATES}
 
 def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str | None:
     """The config name that serves M rows (of N outputs, on sm_count SMs), or None (the Triton
-    kernel): TABLE's entry for M, or at most NARROW_MAX_ROWS rows (N and the SMs known, the table
-    naming the 128x128 tile) the NARROW_TILES choice with the least rounds of tiles."""
+    kernel): TABLE's entry for M; for its last entry and N known, at most SWIZZLED_MAX_COLUMNS
+    outputs, SWIZZLED_TILE; at most NARROW_MAX_ROWS rows (N and the SMs known, the table naming
+    the 128x128 tile), the NARROW_TILES choice with the least rounds of tiles."""
     name = next((name for max_m, name in TABLE if m <= max_m), TABLE[-1][1])
+    if name == TABLE[-1][1] and n is not None and n <= SWIZZLED_MAX_COLUMNS:
+        return SWIZZLED_TILE
     if name != NARROW_TILES[0][0] or m > NARROW_MAX_ROWS or n is None or not sm_count:
         return name
 

@@ -247,9 +247,10 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
-def set_constant(assignment: str) -> None:
+def set_constant(assignment: str) -> object:
     """`--set MODULE.NAME=VALUE`: a module constant (a kernel setting) set before anything runs,
-    VALUE read as a Python literal; the name must exist, so a typo cannot time the default."""
+    VALUE read as a Python literal; the name must exist, so a typo cannot time the default.
+    Returns the value it replaced (a variant's `"set"` puts it back after the variant)."""
     import ast
 
     target, _, text = assignment.partition("=")
@@ -257,8 +258,10 @@ def set_constant(assignment: str) -> None:
     module = importlib.import_module(module_name)
     if not name or not hasattr(module, name):
         raise SystemExit(f"--set {assignment}: {module_name} has no {name!r}")
+    before = getattr(module, name)
     setattr(module, name, ast.literal_eval(text.strip()))
     show(f"set {module_name}.{name}", getattr(module, name))
+    return before
 
 
 def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: str | None) -> None:
@@ -795,14 +798,14 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "swiglu_min_rows": 0,
+        "set": {"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 0},
     },
     "tc64inv-unfusedmlp": {
         "gdn_chunk": 64,
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "swiglu_min_rows": 1 << 62,
+        "set": {"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 1 << 62},
     },
     # the CUDA default with the 128x128 CUTLASS tile at every M it serves, never the narrower
     # tiles by waves (`cutlass_gemm.NARROW_MAX_ROWS` 0 for the variant): the same bits
@@ -811,7 +814,17 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "narrow_max_rows": 0,
+        "set": {"engine.kernels.cutlass_gemm.NARROW_MAX_ROWS": 0},
+    },
+    # the CUDA default with the 1x2-clustered CUTLASS tile for every linear above 2,048 rows,
+    # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
+    # 0 for the variant): the same bits
+    "tc64inv-noswizzle": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "set": {"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0},
     },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
@@ -957,31 +970,29 @@ def run_variant(
     """One variant's workloads (with `profile`, the first variant's, also the kernel profiles);
     a `"swiglu": False` setting runs it with the unfused MLP path (every SWIGLU_TABLE entry None
     while it runs: its graphs are captured that way), `"cutlass": False` with the Triton GEMM
-    tiles only (every `cutlass_gemm.TABLE` entry None), `"narrow_max_rows": R` with the narrow
-    tiles to R rows (`cutlass_gemm.NARROW_MAX_ROWS`) and `"swiglu_min_rows": R` with
-    CUTLASS's two-GEMM SwiGLU form from R rows where it serves M (`cutlass_gemm.SWIGLU_MIN_ROWS`)."""
+    tiles only (every `cutlass_gemm.TABLE` entry None), and `"set": {"MODULE.NAME": value}` with
+    those module constants (as `--set`, for this variant only: its graphs are captured with them)."""
     settings = None if settings is None else dict(settings)
     fused = True if settings is None else settings.pop("swiglu", True)
     cutlass = True if settings is None else settings.pop("cutlass", True)
-    swiglu_min = cutlass_gemm.SWIGLU_MIN_ROWS
-    min_rows = swiglu_min if settings is None else settings.pop("swiglu_min_rows", swiglu_min)
-    narrow_max = cutlass_gemm.NARROW_MAX_ROWS
-    narrow = narrow_max if settings is None else settings.pop("narrow_max_rows", narrow_max)
+    constants = {} if settings is None else settings.pop("set", {})
     int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
     table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
-    cutlass_gemm.SWIGLU_MIN_ROWS, cutlass_gemm.NARROW_MAX_ROWS = min_rows, narrow
+    saved = {target: set_constant(f"{target}={value!r}") for target, value in constants.items()}
     if not fused:
         int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
     if not cutlass:
         cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
     record("cutlass", cutlass and cutlass_gemm.library() is not None)
-    record("cutlass_swiglu_min_rows", min_rows)
-    record("cutlass_narrow_max_rows", narrow)
+    record("cutlass_swiglu_min_rows", cutlass_gemm.SWIGLU_MIN_ROWS)
+    record("cutlass_narrow_max_rows", cutlass_gemm.NARROW_MAX_ROWS)
+    record("cutlass_swizzled_max_columns", cutlass_gemm.SWIZZLED_MAX_COLUMNS)
     try:
         _run_variant(args, weights, device, name, settings, record, decode=decode, profile=profile)
     finally:
         int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
-        cutlass_gemm.SWIGLU_MIN_ROWS, cutlass_gemm.NARROW_MAX_ROWS = swiglu_min, narrow_max
+        for target, value in saved.items():
+            set_constant(f"{target}={value!r}")
 
 
 def _run_variant(

@@ -89,7 +89,8 @@ struct ScaleTree {
 // A [M, K] row-major (K contiguous), the weight [N, K] (K contiguous: column-major as K x N), y [M, N]
 // row-major; 16-byte alignment: K % 16 == 0 and N % 4 == 0 (the caller checks).
 // C (`c`: the residual, or the up projection for the SwiGLU) is read unless E is kPlain.
-template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule, class Scheduler, Epi E>
+template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule, class Scheduler, Epi E,
+          int Swizzle = 1, int Raster = 0>
 struct Int8Gemm {
   using Row = cutlass::layout::RowMajor;
   using Col = cutlass::layout::ColumnMajor;
@@ -125,6 +126,10 @@ struct Int8Gemm {
                                   hw};
     typename ScaleTree<Tile, E>::RowScaled::Arguments row_scaled{{a_scale}, {}, {}};
     typename ScaleTree<Tile, E>::Scaled::Arguments scaled{{w_scale}, row_scaled, {}};
+    // the order the persistent CTAs take output tiles in (which tiles share operands in L2 at a
+    // time); each tile's sum is the same whatever the order, so neither changes a bit
+    args.scheduler.max_swizzle_size = Swizzle;
+    args.scheduler.raster_order = static_cast<cutlass::gemm::kernel::detail::RasterOrderOptions>(Raster);
     if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
     } else {
@@ -157,15 +162,16 @@ using Persistent = cutlass::gemm::PersistentScheduler;
 using StreamK = cutlass::gemm::StreamKScheduler;
 }  // namespace prism
 
-// Keeps a template's commas inside one macro argument.
+// Keeps a template's commas inside one macro argument. ORDER: the tile order, "SWIZZLE, RASTER"
+// (RasterOrderOptions: 0 heuristic, 1 along M, 2 along N).
 #define PRISM_ARG(...) __VA_ARGS__
 
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
 // (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]) and the workspace size either needs.
-#define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER)                                      \
-  using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain>;       \
-  using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual>; \
-  using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu>;     \
+#define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
+  using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
+  using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \
+  using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu, ORDER>;     \
   extern "C" size_t prism_int8_gemm_##NAME##_workspace(int m, int n, int k) {                                   \
     size_t a = NAME##_plain::workspace_bytes(m, n, k), b = NAME##_residual::workspace_bytes(m, n, k);           \
     size_t c = NAME##_swiglu::workspace_bytes(m, n, k);                                                          \

@@ -59,9 +59,32 @@ def test_the_table_covers_every_m_and_names_built_configs() -> None:
     for m in (1, 16, 64, 65, 256, 1024, 2048, 2049, 8192, 1 << 40):
         want = next(name for max_m, name in TABLE if m <= max_m)
         assert config_for(m) == want
-        if m > cutlass_gemm.NARROW_MAX_ROWS:  # past the narrow tiles' rows, N changes nothing
+        if m > cutlass_gemm.NARROW_MAX_ROWS and want != TABLE[-1][1]:  # N changes nothing here
             assert all(config_for(m, n, 132) == want for n in (64, 5120, 34816))
     assert {name for name, _ in cutlass_gemm.NARROW_TILES} <= names
+    assert cutlass_gemm.SWIZZLED_TILE in names
+
+
+def test_narrow_outputs_take_the_swizzled_tile_where_the_table_clusters() -> None:
+    """Above 2,048 rows the table names the 1x2-clustered tile; outputs at most 8,192 wide (the
+    27B's 5,120-wide out and down projections) take 128x128 tiles in swizzles of 8 instead."""
+    assert TABLE[-2][0] == 2048 and TABLE[-1][1] == "p128x128x128_cl1x2"
+    assert cutlass_gemm.SWIZZLED_MAX_COLUMNS == 8192
+    for m in (2049, 8192, 1 << 40):
+        assert config_for(m, 5120, 132) == config_for(m, 8192) == "p128x128x128_sw8"
+        assert config_for(m, 8196, 132) == config_for(m, 16480) == "p128x128x128_cl1x2"
+        assert config_for(m) == "p128x128x128_cl1x2"  # N unknown: the table's entry
+    assert config_for(2048, 5120, 132) == "p128x128x128"
+
+
+def test_a_configs_name_and_source_carry_its_tile_order() -> None:
+    """The swizzle and raster are template arguments of the config's kernel (the digest then
+    changes with them) and suffixes of its name; the defaults keep the plain names."""
+    plain = CutlassConfig(128, 128, 128)
+    assert plain.name == "p128x128x128" and "PRISM_ARG(1, 0))" in plain.source()
+    sw = CutlassConfig(128, 128, 128, cluster_n=2, swizzle=8, raster="n")
+    assert sw.name == "p128x128x128_cl1x2_sw8_rn" and "PRISM_ARG(8, 2))" in sw.source()
+    assert CutlassConfig(128, 128, 128, raster="m").name == "p128x128x128_rm"
 
 
 def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
