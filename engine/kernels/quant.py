@@ -44,12 +44,33 @@ RESIDENT_VALUES = 32
 # H200, 27B, bits equal: 24.3 -> 15.3 us at 256 rows, 549 -> 434 at 8,192 (bench_swiglu.py,
 # 2026-12-02 session 9). Shorter rows keep the fewest warps that hold 32 values a thread.
 WIDE_RESIDENT_VALUES = 48
+# Those 16-warp rows take blocks of at least this many values: 4 a thread, so each block is one
+# 16-byte load a thread (1,024 gave 2, 8-byte loads). H200, 27B's 17,408-wide v over the divisor
+# (bench_rows.py "v quant/div", 2026-12-04 session 15; the same bits): 8,192 rows 358 -> 294 us,
+# 256 rows 14.2 -> 12.0 us (2,048 x 8 warps: 353 / 14.2, the row past 48 values a thread: 290 /
+# 13.4; 4,096 x 16: 487 / 17.2).
+WIDE_MIN_BLOCK = 2048
 # The resident kernel loads the norm's weight with the row (before the sum of squares) instead
 # of after the sum: one dependent memory round trip less per row. Same bits either way. H200,
 # 27B's 5,120 row (bench_rows.py "w ahead" / "w behind", 2026-12-04 session 14): 1 row 6.2 ->
 # 5.7 us, 256 rows 8.0 -> 7.5, 8,192 rows 140.6 -> 139.5. (Making the normed values again for
 # the quantize pass instead of keeping them, to free registers, measured no faster.)
 NORM_WEIGHT_AHEAD = True
+# (BLOCK, warps) for every plain row instead of `resident_blocking`'s rule (None: the rule). Plain
+# rows sum nothing (absmax is exact in any order, the codes elementwise), so any blocking gives
+# the same bits: a knob for bench_rows.py's variants.
+PLAIN_BLOCKING: tuple[int, int] | None = None
+# A normed row's blocks hold at most this many values a thread (`pass_blocking`): one 16-byte load
+# each, and a sum of squares that is mostly each lane's own adds across blocks before the block's
+# tree. H200, 27B's 5,120 row (bench_rows.py, 2026-12-04 session 15): blocks of 1,024 on 8 warps
+# against the former 4,096 (2 blocks, 16 values a thread, a quarter of the lanes masked in the
+# second): 8,192 rows 139.8 -> 62.8 us (1.5 -> 3.3 TB/s), 256 rows 7.49 -> 4.26 us; 2,048 x 8
+# 81.5 / 5.4, 1,024 x 4 64.5 / 4.8, 512 x 4 70.9 / 4.6. The block fixes the sum's order, so
+# this moved the norm's bits (once; still one rule for every batch and both kernels).
+NORM_BLOCK_VALUES = 4
+# (BLOCK, warps) instead of `pass_blocking`'s rule (None: the rule). Unlike PLAIN_BLOCKING this
+# one moves bits: it fixes the order of the norm's sum of squares. For bench_rows.py's variants.
+NORM_BLOCKING: tuple[int, int] | None = None
 # The long-row kernel's passes unrolled this many blocks (same ops, same order, same bits).
 # Measured on the H200 (bench_rows.py, 2026-12-01, then the only kernel): unrolling 4 made no
 # difference at one row and cost 33-60% at 8,192 rows, so the passes stay rolled.
@@ -274,8 +295,11 @@ def _launch(
 def pass_blocking(k: int) -> tuple[int, int]:
     """(BLOCK, warps) of the long-row kernel for rows of k, and of the resident kernel with a
     norm: one rule, because they fix the order of the norm's sum of squares."""
+    if NORM_BLOCKING is not None:
+        return NORM_BLOCKING
     block = min(next_pow2(k), MAX_BLOCK)
-    return block, 8 if block >= 2048 else 4
+    warps = 8 if block >= 2048 else 4
+    return min(block, NORM_BLOCK_VALUES * 32 * warps), warps
 
 
 def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
@@ -291,6 +315,8 @@ def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
     if norm:
         block, warps = pass_blocking(k)
         return (block, warps) if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps else None
+    if PLAIN_BLOCKING is not None and RESIDENT_VALUES:
+        return PLAIN_BLOCKING
     block = min(next_pow2(k), MAX_BLOCK)
     for b in (MAX_BLOCK, 2048, 1024, 512, 256):
         if b < block and cdiv(k, b) * b < cdiv(k, block) * block:
@@ -298,6 +324,8 @@ def resident_blocking(k: int, norm: bool) -> tuple[int, int] | None:
     for warps in (4, 8, 16):
         if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
             return block, warps
+    # at 16 warps, blocks of at least WIDE_MIN_BLOCK: 4 values a thread, one 16-byte load each
+    block = max(block, WIDE_MIN_BLOCK)
     if RESIDENT_VALUES and cdiv(k, block) * block <= WIDE_RESIDENT_VALUES * 32 * 16:
         return block, 16
     return None

@@ -816,6 +816,19 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "set": {"engine.kernels.cutlass_gemm.NARROW_MAX_ROWS": 0},
     },
+    # the CUDA default with session 14's row kernels: the norm's blocks of up to 4,096 values and
+    # the gated norm on 8 warps (`quant.NORM_BLOCKING`, `decode_quant.GATED_WARPS`; the norm's
+    # sum in its former order, so other bits)
+    "tc64inv-rows14": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "set": {
+            "engine.kernels.quant.NORM_BLOCKING": (4096, 8),
+            "engine.kernels.decode_quant.GATED_WARPS": 8,
+        },
+    },
     # the CUDA default with the 1x2-clustered CUTLASS tile for every linear above 2,048 rows,
     # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
     # 0 for the variant): the same bits

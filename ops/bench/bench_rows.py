@@ -42,6 +42,7 @@ from engine.kernels.forest_tables import ROW_FIELDS, SEG_FIELDS
 
 ROWS = (8192, 1, 64, 256)  # the bandwidth-bound size first: a run cut short has it
 HIDDEN, ATTN_OUT, INTER, CONV_C, CONV_W = 5120, 6144, 17408, 10240, 4
+GDN_HEADS, GDN_DV = 48, 128
 
 # variant name -> module settings; the first of each kernel is the default (empty: the module as
 # it is), the bits every other one is checked against. Every other variant sets each knob it
@@ -51,6 +52,13 @@ ROW_VARIANTS: dict[str, dict[str, Any]] = {
     "long-row": {"RESIDENT_VALUES": 0},
     "w ahead": {"NORM_WEIGHT_AHEAD": True},
     "w behind": {"NORM_WEIGHT_AHEAD": False},
+    # other blockings of the norm's sum: other bits (the sum's order), reported, never chosen here
+    "n1024x8": {"NORM_BLOCKING": (1024, 8)},
+    "n2048x8": {"NORM_BLOCKING": (2048, 8)},
+    "n1024x4 r40": {"NORM_BLOCKING": (1024, 4), "RESIDENT_VALUES": 40},
+    "n2048x4 r48": {"NORM_BLOCKING": (2048, 4), "RESIDENT_VALUES": 48},
+    "n512x4 r40": {"NORM_BLOCKING": (512, 4), "RESIDENT_VALUES": 40},
+    "n512x2 r80": {"NORM_BLOCKING": (512, 2), "RESIDENT_VALUES": 80},
 }
 _SWIGLU_DEFAULT = f"res {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD} (default)"
 _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_UNROLL}"
@@ -85,6 +93,22 @@ CONV_VARIANTS: dict[str, dict[str, Any]] = {
     "32x128x8 g4": _conv(32, 128, 8, 4),
     "64x128x8 g8": _conv(64, 128, 8, 8),
     "32x256x8 g4": _conv(32, 256, 8, 4),
+}
+# the two-GEMM MLP's v [M, 17,408] over the divisor: plain rows, any blocking the same bits
+V_QUANT_VARIANTS: dict[str, dict[str, Any]] = {
+    "rule (default)": {},
+    "1024x8": {"PLAIN_BLOCKING": (1024, 8)},
+    "2048x8": {"PLAIN_BLOCKING": (2048, 8)},
+    "2048x16": {"PLAIN_BLOCKING": (2048, 16)},
+    "4096x16": {"PLAIN_BLOCKING": (4096, 16)},
+    "4096x32": {"PLAIN_BLOCKING": (4096, 32)},
+    "long-row": {"RESIDENT_VALUES": 0},
+}
+# the GDN output gate (48 heads x 128 at 27B): per-head sums, so another warp count may move bits
+GATED_VARIANTS: dict[str, dict[str, Any]] = {
+    "8 warps (default)": {},
+    "4 warps": {"GATED_WARPS": 4},
+    "16 warps": {"GATED_WARPS": 16},
 }
 QUICK = {"swiglu": 3, "conv": 3}  # --quick: the default and the next two variants
 
@@ -177,9 +201,20 @@ def main() -> None:
         g, u = gu[:, :INTER], gu[:, INTER:]
         sdiv = torch.rand(INTER, device="cuda", generator=gen) + 0.5
         compare("norm+quant", m, kq, quant, lambda: kq.rms_norm_quantize(x, wn, 1e-6), m * HIDDEN * 5)
-        compare("quant/div", m, kq, quant, lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5)
+        compare("quant/div", m, kq, quant[:4], lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5)
         compare("norm", m, kn, quant[:2], lambda: kn.norm_rows(x, wn, 1e-6), m * HIDDEN * 8)
         compare("swiglu+quant", m, dq, swiglu_variants, lambda: dq.swiglu_quantize(g, u, sdiv), m * INTER * 9)
+        vq = list(V_QUANT_VARIANTS.items())
+        o = torch.randn(m, GDN_HEADS, GDN_DV, device="cuda", generator=gen)
+        z = torch.randn(m, GDN_HEADS * GDN_DV, device="cuda", generator=gen)
+        wg = torch.rand(GDN_DV, device="cuda", generator=gen) + 0.5
+        gdiv = torch.rand(GDN_HEADS * GDN_DV, device="cuda", generator=gen) + 0.5
+        compare(
+            "gated+quant", m, dq, list(GATED_VARIANTS.items()),
+            lambda: dq.gated_norm_quantize(o, z, wg, gdiv, 1e-6), m * GDN_HEADS * GDN_DV * 9,
+        )  # fmt: skip
+        v = g.contiguous()  # as the two-GEMM form's epilogue writes it
+        compare("v quant/div", m, kq, vq, lambda: kq.quantize_rows(v, sdiv), m * INTER * 5)
         case = conv_case(m, gen)
 
         def conv() -> tuple[torch.Tensor, torch.Tensor]:

@@ -199,13 +199,18 @@ def test_resident_blocking_keeps_the_norms_block_and_fits_rows() -> None:
             block, warps = got
             if norm:  # the long-row kernel's block and warps: the sum's order depends on them
                 assert (block, warps) == pass_blocking(k)
-                assert block == min(1 << (k - 1).bit_length(), 4096)
-                assert warps == (8 if block >= 2048 else 4)
+                whole = min(1 << (k - 1).bit_length(), 4096)  # the row's power of two, capped
+                assert warps == (8 if whole >= 2048 else 4)
+                assert block == min(whole, 4 * 32 * warps)  # 4 values a thread a block
             values = RESIDENT_VALUES if norm or warps < 16 else WIDE_RESIDENT_VALUES
             assert -(-k // block) * block <= values * 32 * warps
+            if warps == 16:  # 16-byte loads: at least 4 values a thread in every block
+                assert block >= 4 * 32 * 16 or block >= k, (k, block)
     assert resident_blocking(6144, False) == (2048, 8)  # 3 full blocks, not 2 x 4,096
-    assert resident_blocking(5120, True) == (4096, 8)
-    assert resident_blocking(17408, False) == (1024, 16)  # 17 full blocks, 34 values a thread
+    assert resident_blocking(5120, True) == (1024, 8)  # 5 blocks of 4 values a thread
+    # 16 warps, blocks of 2,048 (4 values a thread): 9 blocks, 36 values a thread
+    assert resident_blocking(17408, False) == (2048, 16)
+    assert resident_blocking(10240, False) == (2048, 16)  # 5 full blocks: the rule's own block
 
 
 _LAYOUTS = r"""
@@ -218,7 +223,7 @@ from engine.kernels.aot import compile_launch, record
 
 kq.RESIDENT_VALUES = kn.RESIDENT_VALUES = int(sys.argv[1])  # 0: the long-row kernels
 with record() as launches:
-    for k in (1000, 2560, 5120):  # blocks of 1,024 (4 warps) and 4,096 (8 warps), one or two of them
+    for k in (1000, 2560, 5120):  # quant: blocks of 512 (4 warps), 1,024 (8); norm: 1,024, 4,096
         kq.rms_norm_quantize(torch.zeros(4, k), torch.zeros(k), 1e-6, backend="triton")
         kn.norm_rows(torch.zeros(4, k), torch.zeros(k), 1e-6, backend="triton")
         kn.norm_rows(torch.zeros(4, k), None, 1e-6, mean=False, backend="triton")
@@ -264,5 +269,10 @@ def test_resident_norms_reduce_over_the_long_row_layouts(tmp_path) -> None:  # n
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
         got[kernel] = run.stdout.strip().splitlines()[-1]
-    assert all(f"{f} {n}xf32" in got["long_row"] for f in ("quant", "norm") for n in (1024, 4096)), got
+    import engine.kernels.quant as kq
+
+    quant_blocks = {kq.pass_blocking(k)[0] for k in (1000, 2560, 5120)}
+    assert quant_blocks == {512, 1024}  # one block (1,000), several (2,560 and 5,120)
+    assert all(f"quant {n}xf32" in got["long_row"] for n in quant_blocks), got
+    assert all(f"norm {n}xf32" in got["long_row"] for n in (1024, 4096)), got
     assert got["resident"] == got["long_row"], got
