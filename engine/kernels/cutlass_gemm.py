@@ -67,6 +67,10 @@ TOOLCHAIN_WHEELS = (
 )
 
 
+# The tile schedulers' raster orders by name: CUTLASS's RasterOrderOptions values.
+RASTERS = {"heuristic": 0, "m": 1, "n": 2}
+
+
 @dataclass(frozen=True)
 class CutlassConfig:
     """One kernel: the CTA tile, the mainloop schedule ("pingpong": two consumer warp groups on
@@ -91,6 +95,12 @@ class CutlassConfig:
     swizzle: int = 1
     raster: str = "heuristic"
 
+    def __post_init__(self) -> None:
+        if self.swizzle not in (1, 2, 4, 8):  # CUTLASS's tile schedulers take these
+            raise ValueError(f"swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
+        if self.raster not in RASTERS:
+            raise ValueError(f"raster must be one of {tuple(RASTERS)}, got {self.raster!r}")
+
     @property
     def name(self) -> str:
         sched = {"pingpong": "p", "cooperative": "c"}[self.schedule]
@@ -114,7 +124,7 @@ class CutlassConfig:
         scheduler = {"persistent": "prism::Persistent", "streamk": "prism::StreamK"}[self.scheduler]
         tile = f"cute::Shape<cute::_{self.tile_m}, cute::_{self.tile_n}, cute::_{self.tile_k}>"
         cluster = f"cute::Shape<cute::_{self.cluster_m}, cute::_{self.cluster_n}, cute::_1>"
-        raster = {"heuristic": 0, "m": 1, "n": 2}[self.raster]
+        raster = RASTERS[self.raster]
         return (
             f'#include "{HEADER.name}"\n'
             f"PRISM_INT8_GEMM({self.name}, PRISM_ARG({tile}), PRISM_ARG({cluster}), {mainloop}, {epilogue}, "

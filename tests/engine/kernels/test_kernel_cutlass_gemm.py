@@ -85,6 +85,10 @@ def test_a_configs_name_and_source_carry_its_tile_order() -> None:
     sw = CutlassConfig(128, 128, 128, cluster_n=2, swizzle=8, raster="n")
     assert sw.name == "p128x128x128_cl1x2_sw8_rn" and "PRISM_ARG(8, 2))" in sw.source()
     assert CutlassConfig(128, 128, 128, raster="m").name == "p128x128x128_rm"
+    with pytest.raises(ValueError, match="swizzle"):
+        CutlassConfig(128, 128, 128, swizzle=3)
+    with pytest.raises(ValueError, match="raster"):
+        CutlassConfig(128, 128, 128, raster="k")
 
 
 def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
