@@ -112,7 +112,7 @@ class CutlassConfig:
         if self.swizzle > 1:
             s += f"_sw{self.swizzle}"
         if self.raster != "heuristic":
-            s += {"m": "_rm", "n": "_rn"}[self.raster]
+            s += f"_r{self.raster}"
         return s
 
     def source(self) -> str:
@@ -160,6 +160,8 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(64, 96, 128, "pingpong"),
     CutlassConfig(64, 64, 256, "pingpong"),
     # The tile order at large M (session 15): swizzles and rasters for the 8,192-row GEMMs
+    # (128x128 unclustered in swizzles of 8 kept: SWIZZLED_TILE; the swizzled clusters and the
+    # 128x256 tiles lost)
     CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=2),
     CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=4),
     CutlassConfig(128, 128, 128, "pingpong", cluster_n=2, swizzle=8),

@@ -453,7 +453,6 @@ def _check_tables(rows: torch.Tensor, pieces: torch.Tensor, b: int) -> None:
         )
     if not pieces.is_contiguous():
         raise ValueError("pieces must be contiguous")
-    _check_alignment(pieces)
 
 
 def attention_prep(
@@ -560,6 +559,7 @@ def decode_attention(
     _check_tables(rows, pieces, b)
     if not use_triton(backend, q):
         return decode_attention_reference(q, qg, base, rows, pieces, num_kv_heads)
+    _check_alignment(pieces)  # what the kernels declare (the prep checks in `launch_prep`)
     group = nh // num_kv_heads
     splits = SPLITS if splits is None else splits
     if splits < 1:

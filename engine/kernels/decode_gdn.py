@@ -185,14 +185,15 @@ def gdn_step(
     """
     b = conv.shape[0]
     _check_rows(rows, b)
-    if STATE_ALIGN > 1 and not rows.is_cuda and bool((rows[:, STATE_OFF] % STATE_ALIGN).any()):
-        raise ValueError(f"state offsets must be multiples of {STATE_ALIGN} elements (STATE_ALIGN)")
     if conv.shape[1] != 2 * num_k_heads * k_dim + num_v_heads * v_dim:
         raise ValueError(f"conv rows have {conv.shape[1]} channels, not q|k|v of the given heads")
     if not use_triton(backend, conv):
         return gdn_step_reference(
             conv, b_raw, a_raw, ssm_a, dt, base, rows, layer_off, num_k_heads, num_v_heads, k_dim, v_dim
         )
+    # what the kernel declares (CUDA tables are not read back: a misaligned one faults there)
+    if STATE_ALIGN > 1 and not rows.is_cuda and bool((rows[:, STATE_OFF] % STATE_ALIGN).any()):
+        raise ValueError(f"state offsets must be multiples of {STATE_ALIGN} elements (STATE_ALIGN)")
     bv = BLOCK_V if v_dim % BLOCK_V == 0 else 16
     if k_dim & (k_dim - 1) or k_dim < 16 or v_dim % bv:
         raise ValueError(

@@ -45,6 +45,11 @@ RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own c
 LONG_ROW_UNROLL = 4
 LONG_ROW_BLOCK = 4096
 LONG_ROW_WARPS = 16
+# The gated norm's warps. H200, 27B's 48 x 128 row (bench_rows.py "gated+quant", 2026-12-04
+# session 15): 4 warps against the former 8 (from 4,096 padded values a row) 320 -> 178 us at
+# 8,192 rows, 11.9 -> 9.0 at 256; 16 warps 247 / 11.0. The same bits at all three there (each
+# head's 128 values are summed inside one warp); the tests hold every count to the reference.
+GATED_WARPS = 4
 # Calls of at most SPLIT_MAX_ROWS rows (the decoder's) run the split form: a row cut into chunks
 # of SPLIT_CHUNK, one program each, in two launches (v and each chunk's absmax, then the row's
 # scale and the chunk's codes), so a decode row is read by 17 programs instead of walked through
@@ -52,11 +57,6 @@ LONG_ROW_WARPS = 16
 # H200, 27B row (bench_rows.py, 2026-12-04 session 14), us per call at 1 / 64 / 256 rows:
 # resident 11.1 / 11.3 / 14.9, split 1,024 on 4 warps 3.9 / 7.1 / 22.1, split 2,048 6.9 / 9.7 /
 # 25.8; the decoder's step at one sequence 96.8 -> 102.8 tokens/s with the 2,048 split.
-# The gated norm's warps. H200, 27B's 48 x 128 row (bench_rows.py "gated+quant", 2026-12-04
-# session 15): 4 warps against the former 8 (from 4,096 padded values a row) 320 -> 178 us at
-# 8,192 rows, 11.9 -> 9.0 at 256; 16 warps 247 / 11.0. The same bits at all three there (each
-# head's 128 values are summed inside one warp); the tests hold every count to the reference.
-GATED_WARPS = 4
 SPLIT_MAX_ROWS = 64
 SPLIT_CHUNK = 1024
 SPLIT_WARPS = 4
