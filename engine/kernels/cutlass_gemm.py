@@ -69,6 +69,10 @@ TOOLCHAIN_WHEELS = (
 
 # The tile schedulers' raster orders by name: CUTLASS's RasterOrderOptions values.
 RASTERS = {"heuristic": 0, "m": 1, "n": 2}
+# The stream-K scheduler's decompositions (CUTLASS's DecompositionMode values) and how the partials
+# of one output tile meet (ReductionMode: a turnstile in K order, or atomically in any order).
+DECOMPOSITIONS = {"heuristic": 0, "dataparallel": 1, "splitk": 2, "streamk": 3}
+REDUCTIONS = {"deterministic": 0, "nondeterministic": 1}
 
 
 @dataclass(frozen=True)
@@ -94,19 +98,47 @@ class CutlassConfig:
     # 8 row-blocks by ~16 column blocks. Only the order changes, never a tile's sum: same bits.
     swizzle: int = 1
     raster: str = "heuristic"
+    # How the stream-K scheduler cuts the work ("heuristic": CUTLASS's choice among the others;
+    # "splitk": every output tile's K into `splits` units; "streamk": the whole K extent of all
+    # tiles dealt evenly to the SMs, so no SM waits out a last, partial round of tiles) and how a
+    # tile's partials meet ("deterministic": in K order; "nondeterministic": as they come). Why
+    # the order is free here: a partial is the tile's int32 accumulator over part of K, and int32
+    # sums are exact, so the epilogue sees the same acc whatever the cut or the order.
+    decomposition: str = "heuristic"
+    splits: int = 1
+    reduction: str = "deterministic"
 
     def __post_init__(self) -> None:
         if self.swizzle not in (1, 2, 4, 8):  # CUTLASS's tile schedulers take these
             raise ValueError(f"swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
         if self.raster not in RASTERS:
             raise ValueError(f"raster must be one of {tuple(RASTERS)}, got {self.raster!r}")
+        if self.decomposition not in DECOMPOSITIONS:
+            known = tuple(DECOMPOSITIONS)
+            raise ValueError(f"decomposition must be one of {known}, got {self.decomposition!r}")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {tuple(REDUCTIONS)}, got {self.reduction!r}")
+        if self.scheduler != "streamk" and (
+            self.decomposition != "heuristic" or self.splits != 1 or self.reduction != "deterministic"
+        ):
+            raise ValueError("decomposition, splits and reduction are the stream-K scheduler's")
+        if (self.decomposition == "splitk") != (self.splits > 1) or self.splits < 1:
+            raise ValueError(f"splits > 1 goes with the split-K decomposition, got {self.splits}")
+        if self.scheduler == "streamk" and self.schedule != "cooperative":
+            raise ValueError("CUTLASS's stream-K scheduler runs only in the cooperative schedule")
 
     @property
     def name(self) -> str:
         sched = {"pingpong": "p", "cooperative": "c"}[self.schedule]
         s = f"{sched}{self.tile_m}x{self.tile_n}x{self.tile_k}"
         if self.scheduler == "streamk":
-            s += "_sk"
+            s += (
+                "_sk"
+                + {"heuristic": "", "dataparallel": "d", "splitk": str(self.splits), "streamk": "s"}[
+                    self.decomposition
+                ]
+            )
+            s += "n" if self.reduction == "nondeterministic" else ""
         if self.cluster_m > 1 or self.cluster_n > 1:
             s += f"_cl{self.cluster_m}x{self.cluster_n}"
         if self.swizzle > 1:
@@ -128,7 +160,8 @@ class CutlassConfig:
         return (
             f'#include "{HEADER.name}"\n'
             f"PRISM_INT8_GEMM({self.name}, PRISM_ARG({tile}), PRISM_ARG({cluster}), {mainloop}, {epilogue}, "
-            f"{scheduler}, PRISM_ARG({self.swizzle}, {raster}))\n"
+            f"{scheduler}, PRISM_ARG({self.swizzle}, {raster}, {self.splits}, "
+            f"{DECOMPOSITIONS[self.decomposition]}, {REDUCTIONS[self.reduction]}))\n"
         )
 
 
@@ -169,6 +202,20 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 128, 128, "pingpong", swizzle=8),
     CutlassConfig(128, 256, 128, "cooperative", swizzle=8),
     CutlassConfig(128, 256, 128, "cooperative", cluster_m=2, swizzle=4),
+    # Stream-K decompositions at M 129-384 (session 16): there a linear is 1-7 rounds of output
+    # tiles, and the last round often runs on a few SMs (MLP down at M 256: 80 tiles of 128x128
+    # for 132 SMs; gate+up 4.1 rounds at M 256, 6.2 at 384). None kept: the cooperative schedule
+    # they need costs more than the idle SMs (H200, 27B step sums at M 128 / 256 / 384: the table's
+    # tiles 8.65 / 11.38 / 15.80 ms; stream-K 10.13 / 12.44 / 17.81, its atomic partials 10.04 /
+    # 12.43 / 17.77, heuristic atomic 9.74 / 12.27 / 16.76, split-K by 2 11.21 / 16.24 / 22.50;
+    # only MLP down at M 256 gained over 128x128, 47.9 -> 47.0 us, against 43.4 for 128x96)
+    CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="streamk"),
+    CutlassConfig(
+        128, 128, 128, "cooperative", "streamk", decomposition="streamk", reduction="nondeterministic"
+    ),
+    CutlassConfig(128, 128, 128, "cooperative", "streamk", reduction="nondeterministic"),
+    CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="splitk", splits=2),
+    CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="dataparallel"),
 )
 
 
@@ -231,9 +278,7 @@ SWIZZLED_TILE = "p128x128x128_sw8"
 
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(
-    c
-    for c in CANDIDATES
-    if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES} | {SWIZZLED_TILE}
+    c for c in CANDIDATES if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES} | {SWIZZLED_TILE}
 )
 
 

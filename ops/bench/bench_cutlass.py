@@ -49,7 +49,7 @@ def time_linear(
     a = randint8((m, k), dev, gen)
     a_scale = torch.rand(m, device=dev, generator=gen) + 0.5
     w_scale = torch.rand(n, device=dev, generator=gen) + 0.5
-    res = torch.randn(m, n, device=dev, generator=gen) if name.endswith("+res") else None
+    res = torch.randn(m, n, device=dev, generator=gen) if name.endswith(("+res", "+c")) else None
     want = int8_gemm(a, ws[0], a_scale, w_scale, res, backend="triton")
     row: dict = {"m": m, "linear": name, "n": n, "k": k}
     if name == "mlp_gate_up" and swiglu_config_for(m) is not None:
@@ -67,6 +67,22 @@ def time_linear(
         t = bench_stream(lambda w, c=c: lib.gemm(c.name, a, w, a_scale, w_scale, res, y), ws)
         row[c.name] = {"ms": t, "same_bits": same}
     return row
+
+
+def linears_at(model: str, m: int) -> list[tuple[str, int, int, int]]:
+    """`model_linears` as the engine launches them at M rows: without the LM head (read-out rows
+    only), and where the MLP takes the two-GEMM SwiGLU form (`cutlass_gemm.swiglu_serves`) its
+    gate+up as two GEMMs of half the width each (the up projection, then the gate's whose
+    epilogue reads it as C: timed here as a GEMM with a residual, the same bytes)."""
+    out = []
+    for name, n, k, uses in model_linears(model):
+        if name == "lm_head":
+            continue
+        if name == "mlp_gate_up" and cutlass_gemm.swiglu_serves(m):
+            out.append(("mlp_half+c", n // 2, k, 2 * uses))
+        else:
+            out.append((name, n, k, uses))
+    return out
 
 
 def main() -> None:
@@ -90,9 +106,7 @@ def main() -> None:
     rows, sums = [], {}
     for m in [int(x) for x in args.m.split(",")]:
         total = dict.fromkeys(["triton", *names], 0.0)
-        for name, n, k, uses in model_linears(args.model):
-            if name == "lm_head":
-                continue
+        for name, n, k, uses in linears_at(args.model, m):
             row = time_linear(lib, configs, m, name, n, k, args.copies_bytes)
             row["uses"] = uses
             rows.append(row)

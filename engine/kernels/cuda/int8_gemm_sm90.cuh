@@ -89,8 +89,12 @@ struct ScaleTree {
 // A [M, K] row-major (K contiguous), the weight [N, K] (K contiguous: column-major as K x N), y [M, N]
 // row-major; 16-byte alignment: K % 16 == 0 and N % 4 == 0 (the caller checks).
 // C (`c`: the residual, or the up projection for the SwiGLU) is read unless E is kPlain.
+// Scheduler StreamK also takes its decomposition (DecompositionMode: 0 heuristic, 1 data-parallel,
+// 2 split-K into Splits, 3 stream-K) and how partials meet (ReductionMode: 0 a turnstile in K order,
+// 1 atomically in any order). The partials are the int32 accumulators, whose sum is exact in any
+// grouping and order, so neither changes a bit.
 template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule, class Scheduler, Epi E,
-          int Swizzle = 1, int Raster = 0>
+          int Swizzle = 1, int Raster = 0, int Splits = 1, int Decomposition = 0, int Reduction = 0>
 struct Int8Gemm {
   using Row = cutlass::layout::RowMajor;
   using Col = cutlass::layout::ColumnMajor;
@@ -130,6 +134,11 @@ struct Int8Gemm {
     // time); each tile's sum is the same whatever the order, so neither changes a bit
     args.scheduler.max_swizzle_size = Swizzle;
     args.scheduler.raster_order = static_cast<cutlass::gemm::kernel::detail::RasterOrderOptions>(Raster);
+    if constexpr (cute::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>) {
+      args.scheduler.splits = Splits;
+      args.scheduler.decomposition_mode = static_cast<cutlass::gemm::kernel::detail::DecompositionMode>(Decomposition);
+      args.scheduler.reduction_mode = static_cast<cutlass::gemm::kernel::detail::ReductionMode>(Reduction);
+    }
     if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
     } else {
@@ -162,8 +171,9 @@ using Persistent = cutlass::gemm::PersistentScheduler;
 using StreamK = cutlass::gemm::StreamKScheduler;
 }  // namespace prism
 
-// Keeps a template's commas inside one macro argument. ORDER: the tile order, "SWIZZLE, RASTER"
-// (RasterOrderOptions: 0 heuristic, 1 along M, 2 along N).
+// Keeps a template's commas inside one macro argument. ORDER: the tile order and the work's
+// decomposition, "SWIZZLE, RASTER, SPLITS, DECOMPOSITION, REDUCTION" (RasterOrderOptions: 0
+// heuristic, 1 along M, 2 along N; the last three as Int8Gemm's, read only by StreamK).
 #define PRISM_ARG(...) __VA_ARGS__
 
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME

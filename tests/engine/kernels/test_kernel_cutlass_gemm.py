@@ -81,14 +81,39 @@ def test_a_configs_name_and_source_carry_its_tile_order() -> None:
     """The swizzle and raster are template arguments of the config's kernel (the digest then
     changes with them) and suffixes of its name; the defaults keep the plain names."""
     plain = CutlassConfig(128, 128, 128)
-    assert plain.name == "p128x128x128" and "PRISM_ARG(1, 0))" in plain.source()
+    assert plain.name == "p128x128x128" and "PRISM_ARG(1, 0, 1, 0, 0))" in plain.source()
     sw = CutlassConfig(128, 128, 128, cluster_n=2, swizzle=8, raster="n")
-    assert sw.name == "p128x128x128_cl1x2_sw8_rn" and "PRISM_ARG(8, 2))" in sw.source()
+    assert sw.name == "p128x128x128_cl1x2_sw8_rn" and "PRISM_ARG(8, 2, 1, 0, 0))" in sw.source()
     assert CutlassConfig(128, 128, 128, raster="m").name == "p128x128x128_rm"
     with pytest.raises(ValueError, match="swizzle"):
         CutlassConfig(128, 128, 128, swizzle=3)
     with pytest.raises(ValueError, match="raster"):
         CutlassConfig(128, 128, 128, raster="k")
+
+
+def test_a_stream_k_configs_decomposition_is_in_its_name_and_source() -> None:
+    """The stream-K scheduler's decomposition, split count and reduction are template arguments
+    (DecompositionMode 2 = split-K, 3 = stream-K; ReductionMode 1 = atomic) and name suffixes
+    (none for the heuristic, so the former `_sk` name stays); they belong to that scheduler, which
+    CUTLASS runs only in the cooperative schedule, and split counts go with split-K alone."""
+    sk = CutlassConfig(128, 128, 128, "cooperative", "streamk")
+    assert sk.name == "c128x128x128_sk" and "PRISM_ARG(1, 0, 1, 0, 0))" in sk.source()
+    split = CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="splitk", splits=2)
+    assert split.name == "c128x128x128_sk2" and "PRISM_ARG(1, 0, 2, 2, 0))" in split.source()
+    atomic = CutlassConfig(
+        128, 128, 128, "cooperative", "streamk", decomposition="streamk", reduction="nondeterministic"
+    )
+    assert atomic.name == "c128x128x128_sksn" and "PRISM_ARG(1, 0, 1, 3, 1))" in atomic.source()
+    for bad, match in (
+        (dict(decomposition="streamk"), "stream-K scheduler's"),  # persistent scheduler
+        (dict(scheduler="streamk"), "cooperative"),  # pingpong schedule
+        (dict(schedule="cooperative", scheduler="streamk", splits=2), "split-K"),
+        (dict(schedule="cooperative", scheduler="streamk", decomposition="splitk"), "split-K"),
+        (dict(schedule="cooperative", scheduler="streamk", decomposition="rows"), "decomposition"),
+        (dict(schedule="cooperative", scheduler="streamk", reduction="racy"), "reduction"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            CutlassConfig(128, 128, 128, **bad)  # type: ignore[arg-type]
 
 
 def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
