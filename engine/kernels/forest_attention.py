@@ -59,7 +59,9 @@ compile-time constant like in the decode kernels.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +118,17 @@ LONG_DOTS = ("tf32", "bf16")
 # evidence 483 -> 114 us a layer, workload (c) 3,631 -> 3,273; (a) / (b), whose ~250 ancestor keys
 # stay under min_keys, pay the plan and split launches only (+2 / +5 us a layer).
 SPLIT_BY_DEFAULT = True
+# Whether the large-block tiers (with their bf16 shadow) run on a side stream, beside the split and
+# the 16-row kernel, on CUDA. Why: the two halves read the same K/V tables and write disjoint rows
+# of `out` (the 16-row kernel skips the long segments' blocks, the tiers take only those), so
+# nothing orders them but the stream; serial, workload (a)'s layer waits out its 220-token
+# evidence's 96 large-block programs (~27 us) before its question's 72 16-row programs (~29 us)
+# start, each far from filling 132 SMs. Branches of a captured graph run side by side; which
+# kernel finishes first changes no bit (no shared partial, no atomic; on the H200, 2026-12-04
+# session 16, eager and in a captured graph: the one-stream bits). Off until an H200 times it
+# (`bench_engine.py --variants tc64inv,tc64inv-concurrenttiers`): the device was withdrawn
+# before the engine run.
+CONCURRENT_TIERS = False
 
 
 @dataclass(frozen=True)
@@ -890,6 +903,36 @@ def forest_attention(
     long_min = tiers[0].min_length if tiers else 0
     group = nh // num_kv_heads
     common = dict(NH=nh, HD=hd, G=group, P=pieces.shape[1], DOTS=dots)
+    tiers = tuple(c for c in tiers if c.min_length <= t)  # a tier no segment of T rows reaches: idle
+    # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding the
+    # rounded values
+    dt = torch.float32 if interpreting() else torch.bfloat16
+    k16 = v16 = q16 = base  # not read
+    if tiers and dots == "bf16" and any(c.bf16_kv for c in tiers):
+        # transient bf16 copies of the long segments' own K/V (storage stays fp32)
+        k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
+        v16 = torch.empty_like(k16)
+    if tiers and dots == "bf16" and any(c.q16 for c in tiers):
+        q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
+    main = torch.cuda.current_stream(q.device) if q.is_cuda else None
+    side = _tier_stream(q.device) if tiers and main is not None and CONCURRENT_TIERS else None
+    if side is not None:  # the buffers above were made on `main`, and `main` waits for `side` below
+        side.wait_stream(main)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        if tiers and k16 is not base:
+            _shadow[(t, num_kv_heads)](
+                base, rows, segs, pieces, k16, v16, t,
+                HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ALIGN=PIECE_ALIGN, num_warps=1,
+            )  # fmt: skip
+        for cfg in tiers:
+            kv16 = dots == "bf16" and cfg.bf16_kv
+            _long_attn[(nh, qblocks.shape[0])](
+                q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
+                q16 if cfg.q16 and dots == "bf16" else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
+                BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
+                LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16", ALIGN=PIECE_ALIGN,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
+            )  # fmt: skip
     rank = ws_ml = ws_acc = ml = out  # not read without a split
     if scfg is not None:
         rank, ws_ml, ws_acc, ml = _launch_split(
@@ -902,34 +945,16 @@ def forest_attention(
         SBL=scfg.block_l if scfg else 16, MIN_TILES=scfg.min_tiles if scfg else 1, ALIGN=PIECE_ALIGN,
         num_warps=attention_warps(hd), enable_fp_fusion=False, **common,
     )  # fmt: skip
-    if not tiers:
-        return out
-    # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding the
-    # rounded values
-    dt = torch.float32 if interpreting() else torch.bfloat16
-    k16 = v16 = q16 = base  # not read
-    if dots == "bf16" and any(c.bf16_kv for c in tiers):
-        # transient bf16 copies of the long segments' own K/V (storage stays fp32)
-        k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
-        v16 = torch.empty_like(k16)
-        _shadow[(t, num_kv_heads)](
-            base, rows, segs, pieces, k16, v16, t,
-            HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ALIGN=PIECE_ALIGN, num_warps=1,
-        )  # fmt: skip
-    if dots == "bf16" and any(c.q16 for c in tiers):
-        q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
-    for cfg in tiers:
-        if cfg.min_length > t:  # no segment of the call's T rows is that long: an idle launch
-            continue
-        kv16 = dots == "bf16" and cfg.bf16_kv
-        _long_attn[(nh, qblocks.shape[0])](
-            q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
-            q16 if cfg.q16 and dots == "bf16" else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
-            BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
-            LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16", ALIGN=PIECE_ALIGN,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
-        )  # fmt: skip
+    if side is not None:
+        main.wait_stream(side)
     return out
+
+
+@functools.cache
+def _tier_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream the large-block tiers run on (`CONCURRENT_TIERS`), one per device. A CUDA
+    graph captures the fork and the join as two branches."""
+    return torch.cuda.Stream(device)
 
 
 def _split_programs(device: torch.device) -> int:

@@ -839,6 +839,15 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "set": {"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0},
     },
+    # the CUDA default with the attention's large-block tiers on a side stream, beside the split
+    # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
+    "tc64inv-concurrenttiers": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "set": {"engine.kernels.forest_attention.CONCURRENT_TIERS": True},
+    },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": {

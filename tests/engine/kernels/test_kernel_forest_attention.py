@@ -892,6 +892,55 @@ def test_27b_aligned_loads_give_the_unhinted_bits(
     assert torch.equal(hinted, plain)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams and graphs are CUDA's")
+@pytest.mark.parametrize("segments", ["split", "tiers"])
+def test_27b_tiers_beside_the_16_row_kernel_give_the_serial_bits(
+    segments: str, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`CONCURRENT_TIERS` runs the large-block tiers (and the bf16 shadow) on a side stream beside
+    the split and the 16-row kernel: eager and replayed from a CUDA graph (the two branches of
+    one capture, replayed twice over other inputs), the output is bit for bit the one-stream
+    output, for a forest with a split question and one with both tiers."""
+    chosen = SPLIT_BIG_SEGMENTS if segments == "split" else TIER_BIG_SEGMENTS
+    run, _ = _big_case(chosen, "bf16", gen)
+    monkeypatch.setattr(fa, "CONCURRENT_TIERS", False)
+    serial, _ = run([2, 0, 1], pad=8)
+    monkeypatch.setattr(fa, "CONCURRENT_TIERS", True)
+    beside, _ = run([2, 0, 1], pad=8)
+    torch.cuda.synchronize()
+    assert torch.equal(beside, serial)
+
+    # captured: fixed inputs in place, the graph's output read after each replay
+    rows, segs, pieces, qblocks, _ = _big_tables(
+        [2, 0, 1], _big_kv(chosen)[0], torch.device("cuda"), 8, chosen
+    )
+    t = rows.shape[0]
+    base = torch.zeros(_big_kv(chosen)[1], device="cuda")
+    q = torch.zeros(t, BIG_NH, BIG_HD, device="cuda")
+    qg = torch.zeros(t, BIG_NH * 2 * BIG_HD, device="cuda")
+
+    def call() -> torch.Tensor:
+        return forest_attention(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots="bf16")
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(2):
+        base.copy_(torch.randn(base.shape[0], generator=gen).bfloat16().float().to("cuda"))
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda"))
+        qg.copy_(torch.randn(qg.shape, generator=gen).to("cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(fa, "CONCURRENT_TIERS", False)
+        assert torch.equal(out, call())
+        monkeypatch.setattr(fa, "CONCURRENT_TIERS", True)
+
+
 def _big_kv(segments: list[tuple[int, int]]) -> tuple[list[list[int]], int]:
     """Own piece records of `segments` laid back to back in one base, and its size."""
     block = BIG_NKV * BIG_HD
