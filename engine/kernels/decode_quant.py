@@ -9,12 +9,16 @@ clamp(rint(v / scale), -127, 127). A row is reduced by one program with a block 
 row length, so its bits never depend on how many rows the call has.
 
 SwiGLU keeps a row's values in registers between the absmax and the quantizing pass
-(`_swiglu_resident_kernel`, rows of up to RESIDENT_VALUES a thread: K <= 18,432); a longer row
+(`_swiglu_resident_kernel`, rows of up to RESIDENT_VALUES a thread: K <= 18,432; with
+RESIDENT_ORDERED, off by default, its loads are kept in program order); a longer row
 is read and computed twice (`_swiglu_long_row_kernel`); calls of at most SPLIT_MAX_ROWS rows
-are cut into chunks, a program each (`_swiglu_chunk_kernel`, `_quant_chunk_kernel`). No sums,
-only elementwise steps and an exact absmax, so every block, warp count and path gives the same
-bits. On the H200 the
-resident kernel was 1.3-1.7x faster at the 27B row (bench_rows.py, 2026-12-02).
+are cut into chunks, a program each (`_swiglu_chunk_kernel`, `_quant_chunk_kernel`). Calls
+whose row count lies in RECOMPUTE_ROWS (off by default: a candidate for mid-size calls) are
+cut into chunks too, but v is computed again from gate and up in the second launch instead of
+being stored (`_swiglu_chunk_absmax_kernel`, `_swiglu_chunk_codes_kernel`). No sums, only
+elementwise steps and an exact absmax, so every block, warp count and path gives the same
+bits. On the H200 the resident kernel was 1.3-1.7x faster at the 27B row (bench_rows.py,
+2026-12-02).
 """
 
 from __future__ import annotations
@@ -33,11 +37,22 @@ tl: Any = None  # bound at first launch (engine.kernels._triton)
 # thread) with 4 blocks of gate and up in flight (sm_90, triton 3.6: 180 registers, no spills);
 # 1.3-1.7x the long-row kernel's speed on the H200 (bench_rows.py, 2026-12-02). Rows past
 # RESIDENT_VALUES a thread run the long-row kernel (0: every row does, as bench_rows.py times it).
+# Rows shorter than RESIDENT_BLOCK take a block of their power of two on 4 warps.
 RESIDENT_BLOCK = 1024
 RESIDENT_WARPS = 8
 RESIDENT_VALUES = 72
-RESIDENT_AHEAD = 4  # blocks of gate and up loaded ahead of the one being computed
+# Blocks of gate and up loaded ahead of the one being computed. In the default (unordered) form
+# this is only the order Triton emits: ptxas schedules the loads itself, and the sm_90 SASS is
+# the same at AHEAD 2, 4, 6 and 9 (gate's loads interleaved with the exps, then every up and
+# divisor load at once: the 180 registers). RESIDENT_ORDERED makes it binding.
+RESIDENT_AHEAD = 4
 RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own choice)
+# Ordered loads: block b + AHEAD's gate, up and divisor loads are masked by a predicate computed
+# (opaquely, always true) from the absmax after block b - 1, so neither LLVM nor ptxas can issue
+# them earlier: AHEAD blocks in flight, not the whole row's up and divisor, so fewer registers
+# (with RESIDENT_MAXNREG 128, two programs of 8 warps an SM). The same loads and values: the
+# same bits. Off by default until measured.
+RESIDENT_ORDERED = False
 # The long-row kernel: its passes unrolled 4 blocks, blocks of 4,096 on 16 warps. Measured on the
 # H200 at 17,408 (bench_rows.py, 2026-12-01, then the only kernel), us per call at 1 / 64 / 8,192
 # rows: rolled 8 warps 13.9 / 14.2 / 759; unrolled 4, 8 warps 13.0 / 13.4 / 638; unrolled 4,
@@ -60,6 +75,24 @@ GATED_WARPS = 4
 SPLIT_MAX_ROWS = 64
 SPLIT_CHUNK = 1024
 SPLIT_WARPS = 4
+# The recompute split, for calls of RECOMPUTE_ROWS = (lo, hi) rows, inclusive (None: never; it
+# is tried before the split above, then the resident kernel): each row cut into chunks of
+# RECOMPUTE_CHUNK values on RECOMPUTE_WARPS, one program per (row, chunk) in two launches. The
+# first computes v and stores only the chunk's absmax; the second takes the row's scale from its
+# chunks' absmax (exact in any order) and computes v again from gate and up to quantize it. Why:
+# the resident kernel keeps 68 values a thread (180 registers: one program of 8 warps an SM, so
+# an SM alternates between waiting on memory and on its division chains), and the stored split
+# writes and reads v back (17.8 MB at 256 rows; 22.1 us there against the resident 14.9). Here a
+# program holds one chunk, so an SM runs many (latency hidden by occupancy), and the second read
+# of gate and up (35.6 MB at 256 rows) can come from the H200's 50 MB L2: pass 1 loads them
+# evict-last, pass 2 evict-first and in reverse program order, so it starts on the data loaded
+# last (RECOMPUTE_L2_HINTS, RECOMPUTE_REVERSE: speed only, not bits). v is computed by the same
+# helper, elementwise ops and rounding as every other path: the resident kernel's bits.
+RECOMPUTE_ROWS: tuple[int, int] | None = None
+RECOMPUTE_CHUNK = 1024
+RECOMPUTE_WARPS = 4
+RECOMPUTE_L2_HINTS = True
+RECOMPUTE_REVERSE = True
 
 
 def _gated_norm_quant_kernel(
@@ -90,40 +123,99 @@ def _gated_norm_quant_kernel(
 def _swiglu_resident_kernel(
     g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
     HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    ORDERED: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """One row, read once: the NB = cdiv(K, BLOCK) blocks' values v = silu(g) * u (/ div)
     stay in registers from the absmax pass to the quantizing one. Gate and up of block
-    b + AHEAD are loaded before block b is computed, so AHEAD blocks of the row are in flight
-    while one is computed (the compiler keeps loads in this order). The same elementwise ops
-    on every element and an exact absmax: the same bits, whatever BLOCK, AHEAD and the warps
-    are, and the long-row kernel's."""
+    b + AHEAD are loaded before block b is computed; ptxas reorders them freely unless ORDERED
+    (`_swiglu_resident_ordered`). The same elementwise ops on every element and an exact
+    absmax: the same bits, whatever BLOCK, AHEAD, ORDERED and the warps are, and the long-row
+    kernel's."""
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
+    if ORDERED:
+        _swiglu_resident_ordered(g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u, row,
+                                 HAS_DIV, BLOCK, NB, AHEAD, ON_GPU)  # fmt: skip
+    else:
+        offs = tl.arange(0, BLOCK)
+        g_row = g_ptr + row * stride_g
+        u_row = u_ptr + row * stride_u
+        gs = ()
+        us = ()
+        for b in tl.static_range(AHEAD):
+            if b < NB:
+                m = b * BLOCK + offs < K
+                gs = gs + (tl.load(g_row + b * BLOCK + offs, mask=m, other=0.0),)
+                us = us + (tl.load(u_row + b * BLOCK + offs, mask=m, other=0.0),)
+        vs = ()
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for b in tl.static_range(NB):
+            if b + AHEAD < NB:
+                m = (b + AHEAD) * BLOCK + offs < K
+                gs = gs + (tl.load(g_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+                us = us + (tl.load(u_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+            m = b * BLOCK + offs < K
+            g, u = gs[b].to(tl.float32), us[b].to(tl.float32)
+            v = _swiglu_value(g, u, div_ptr, b * BLOCK, offs, m, HAS_DIV)
+            amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
+            vs = vs + (v,)
+        scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+        safe = tl.where(scale > 0, scale, 1.0)
+        for b in tl.static_range(NB):
+            r = tl.math.div_rn(vs[b], tl.zeros((BLOCK,), dtype=tl.float32) + safe)
+            tl.store(q_ptr + row * K + b * BLOCK + offs, _round_int8(r, ON_GPU), mask=b * BLOCK + offs < K)
+        tl.store(s_ptr + row, scale)
+
+
+def _swiglu_resident_ordered(
+    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u, row,
+    HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
+    ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The resident kernel with its loads kept in order: block b + AHEAD's gate, up and divisor
+    are loaded under a mask that is all true but known only once block b - 1's absmax is
+    (`_after`), so ptxas cannot hoist them. Unordered, it issues every up and divisor load of
+    the row at once (180 registers at 17,408 on 8 warps: one program an SM, which then waits on
+    memory and on its division chains in turn); ordered, AHEAD blocks are in flight and the rest
+    of the registers hold v (sm_90: AHEAD 2 fits 128 registers without spills, so two programs
+    of 8 warps an SM overlap their phases). A block is [BLOCK / 4, 4], a thread's 4 adjacent
+    values a row, so the dependence (one per thread: the max of its 4 absmax lanes) leaves the
+    16-byte loads whole; a 1-D mask computed per value would split them into 4-byte loads.
+    The values, their ops and the absmax (a max: exact in any order) are the unordered form's."""
+    offs = tl.arange(0, BLOCK // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     g_row = g_ptr + row * stride_g
     u_row = u_ptr + row * stride_u
     gs = ()
     us = ()
+    ds = ()
     for b in tl.static_range(AHEAD):
         if b < NB:
-            m = b * BLOCK + offs < K
-            gs = gs + (tl.load(g_row + b * BLOCK + offs, mask=m, other=0.0),)
-            us = us + (tl.load(u_row + b * BLOCK + offs, mask=m, other=0.0),)
+            k = b * BLOCK + offs
+            gs = gs + (tl.load(g_row + k, mask=k < K, other=0.0),)
+            us = us + (tl.load(u_row + k, mask=k < K, other=0.0),)
+            if HAS_DIV:
+                ds = ds + (tl.load(div_ptr + k, mask=k < K, other=1.0),)
     vs = ()
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    amax = tl.zeros((BLOCK // 4, 4), dtype=tl.float32)
     for b in tl.static_range(NB):
         if b + AHEAD < NB:
-            m = (b + AHEAD) * BLOCK + offs < K
-            gs = gs + (tl.load(g_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
-            us = us + (tl.load(u_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+            k = (b + AHEAD) * BLOCK + offs
+            m = k < K
+            if ON_GPU and b > 0:
+                m = m & _after(tl.max(amax, axis=1))[:, None]  # once block b - 1 is computed
+            gs = gs + (tl.load(g_row + k, mask=m, other=0.0),)
+            us = us + (tl.load(u_row + k, mask=m, other=0.0),)
+            if HAS_DIV:
+                ds = ds + (tl.load(div_ptr + k, mask=m, other=1.0),)
         m = b * BLOCK + offs < K
-        v = _swiglu_value(gs[b].to(tl.float32), us[b].to(tl.float32), div_ptr, b * BLOCK, offs, m, HAS_DIV)
+        v = _silu_times(gs[b].to(tl.float32), us[b].to(tl.float32))
+        if HAS_DIV:
+            v = tl.math.div_rn(v, ds[b].to(tl.float32))
         amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
         vs = vs + (v,)
-    scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
+    scale = tl.math.div_rn(tl.max(tl.max(amax, axis=1), axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
     for b in tl.static_range(NB):
-        r = tl.math.div_rn(vs[b], tl.zeros((BLOCK,), dtype=tl.float32) + safe)
+        r = tl.math.div_rn(vs[b], tl.zeros((BLOCK // 4, 4), dtype=tl.float32) + safe)
         tl.store(q_ptr + row * K + b * BLOCK + offs, _round_int8(r, ON_GPU), mask=b * BLOCK + offs < K)
     tl.store(s_ptr + row, scale)
 
@@ -187,10 +279,79 @@ def _quant_chunk_kernel(
         tl.store(s_ptr + row, scale)
 
 
+def _swiglu_chunk_absmax_kernel(
+    g_ptr, u_ptr, div_ptr, amax_ptr, K, stride_g, stride_u, CHUNKS,
+    HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, KEEP: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program p = row * CHUNKS + chunk: v of CHUNK values of the row and their absmax, stored
+    (the recompute split's first launch; v itself is not kept). KEEP: gate and up loaded
+    evict-last, so the second launch finds them in L2."""
+    pid = tl.program_id(0)
+    row = (pid // CHUNKS).to(tl.int64)
+    c = pid % CHUNKS
+    v, m = _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV, CHUNK,
+                                "evict_last" if KEEP else "")  # fmt: skip
+    tl.store(amax_ptr + row * CHUNKS + c, tl.max(tl.where(m, tl.abs(v), 0.0), axis=0))
+
+
+def _swiglu_chunk_codes_kernel(
+    g_ptr, u_ptr, div_ptr, amax_ptr, q_ptr, s_ptr, K, stride_g, stride_u, CHUNKS,
+    HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr,
+    REVERSE: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (row, chunk), the first launch's programs in reverse order if REVERSE (the last
+    loaded, most likely still in L2, first): the row's scale from its chunks' absmax (exact in
+    any order), v computed again from gate and up (evict-first if KEEP: read for the last time)
+    by the same helper, and the chunk's codes - the resident kernel's `div_rn` and rounding."""
+    pid = tl.program_id(0)
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
+    row = (pid // CHUNKS).to(tl.int64)
+    c = pid % CHUNKS
+    cs = tl.arange(0, CP)
+    amax = tl.max(tl.load(amax_ptr + row * CHUNKS + cs, mask=cs < CHUNKS, other=0.0), axis=0)
+    scale = tl.math.div_rn(amax, 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    v, m = _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV, CHUNK,
+                                "evict_first" if KEEP else "")  # fmt: skip
+    r = tl.math.div_rn(v, tl.zeros((CHUNK,), dtype=tl.float32) + safe)
+    tl.store(q_ptr + row * K + c * CHUNK + tl.arange(0, CHUNK), _round_int8(r, ON_GPU), mask=m)
+    if c == 0:
+        tl.store(s_ptr + row, scale)
+
+
+def _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV: tl.constexpr,
+                         CHUNK: tl.constexpr, POLICY: tl.constexpr):  # fmt: skip
+    """v of chunk c of the row (both recompute launches: one helper, so the same instructions)
+    and its mask; gate and up loaded with the L2 eviction POLICY ("" for the default)."""
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    m = offs < K
+    g = tl.load(g_ptr + row * stride_g + offs, mask=m, other=0.0, eviction_policy=POLICY)
+    u = tl.load(u_ptr + row * stride_u + offs, mask=m, other=0.0, eviction_policy=POLICY)
+    return _swiglu_value(g.to(tl.float32), u.to(tl.float32), div_ptr, 0, offs, m, HAS_DIV), m
+
+
+def _silu_times(g, u):
+    """SiLU(gate) * up (fp32): the one expression every SwiGLU path computes v from."""
+    return (g / (1.0 + tl.exp(-g))) * u
+
+
+def _after(amax):
+    """All true, but only once amax is computed: amax is a max of |v| and +0 (never negative,
+    never a NaN with its sign set), so its sign bit, read by a PTX shift neither LLVM nor ptxas
+    looks through, is 0. A load masked by it cannot be issued before amax is ready; the ordered
+    resident kernel uses that to keep its loads where it wrote them (GPU only: the interpreter
+    has no inline PTX and no reordering)."""
+    sign = tl.inline_asm_elementwise(
+        "shr.u32 $0, $1, 31;", "=r,r", [amax.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=1
+    )
+    return sign == 0
+
+
 def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
     """SiLU(gate) * up of the block at k0 from its gate and up (fp32), over the SmoothQuant
     divisor if HAS_DIV: the values both kernels quantize."""
-    v = (g / (1.0 + tl.exp(-g))) * u
+    v = _silu_times(g, u)
     if HAS_DIV:
         v = tl.math.div_rn(v, tl.load(div_ptr + k0 + offs, mask=m, other=1.0).to(tl.float32))
     return v
@@ -207,11 +368,17 @@ def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, H
 
 _swiglu_block = helper(_swiglu_block)  # type: ignore[assignment]
 _swiglu_value = helper(_swiglu_value)  # type: ignore[assignment]
+_silu_times = helper(_silu_times)  # type: ignore[assignment]
+_swiglu_chunk_values = helper(_swiglu_chunk_values)  # type: ignore[assignment]
+_swiglu_resident_ordered = helper(_swiglu_resident_ordered)  # type: ignore[assignment]
+_after = helper(_after)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
 _swiglu_resident = kernel(_swiglu_resident_kernel)
 _swiglu_long_row = kernel(_swiglu_long_row_kernel)
 _swiglu_chunk = kernel(_swiglu_chunk_kernel)
 _quant_chunk = kernel(_quant_chunk_kernel)
+_swiglu_chunk_absmax = kernel(_swiglu_chunk_absmax_kernel)
+_swiglu_chunk_codes = kernel(_swiglu_chunk_codes_kernel)
 
 
 def gated_norm_quantize(
@@ -266,6 +433,21 @@ def swiglu_quantize(
     q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
     scale = torch.empty(b, dtype=torch.float32, device=gate.device)
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholder
+    if RECOMPUTE_ROWS is not None and RECOMPUTE_ROWS[0] <= b <= RECOMPUTE_ROWS[1] and b and k:
+        chunks = cdiv(k, RECOMPUTE_CHUNK)
+        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate.device)
+        _swiglu_chunk_absmax[(b * chunks,)](
+            gate, up, div, amax, k, gate.stride(0), up.stride(0), chunks,
+            HAS_DIV=divisor is not None, CHUNK=RECOMPUTE_CHUNK, KEEP=RECOMPUTE_L2_HINTS,
+            num_warps=RECOMPUTE_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        _swiglu_chunk_codes[(b * chunks,)](
+            gate, up, div, amax, q, scale, k, gate.stride(0), up.stride(0), chunks,
+            HAS_DIV=divisor is not None, CHUNK=RECOMPUTE_CHUNK, CP=next_pow2(chunks),
+            KEEP=RECOMPUTE_L2_HINTS, REVERSE=RECOMPUTE_REVERSE, num_warps=RECOMPUTE_WARPS,
+            enable_fp_fusion=False,
+        )  # fmt: skip
+        return q, scale
     if b <= SPLIT_MAX_ROWS and b and k:
         chunks = cdiv(k, SPLIT_CHUNK)
         v = torch.empty(b, k, dtype=torch.float32, device=gate.device)
@@ -286,7 +468,7 @@ def swiglu_quantize(
         _swiglu_resident[(b,)](
             gate, up, div, q, scale, k, gate.stride(0), up.stride(0),
             HAS_DIV=divisor is not None, BLOCK=block, NB=cdiv(k, block), AHEAD=RESIDENT_AHEAD,
-            num_warps=warps, enable_fp_fusion=False, **extra,
+            ORDERED=RESIDENT_ORDERED and block >= 4, num_warps=warps, enable_fp_fusion=False, **extra,
         )  # fmt: skip
         return q, scale
     block = min(next_pow2(k), LONG_ROW_BLOCK)

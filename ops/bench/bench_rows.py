@@ -1,7 +1,8 @@
 """Time the body's and decoder's memory-bound row kernels at the 27B shapes, config by config (CUDA only).
 
     PYTHONPATH=. python3 ops/bench/bench_rows.py [--out rows.json] [--rows 8192,1,64,256] [--quick]
-        [--budget-s S]
+        [--budget-s S] [--kernels swiglu+quant,...]
+    python3 ops/bench/bench_rows.py --resources     # no GPU needed: SwiGLU variants' sm_90 registers
 
 The kernels between the GEMMs - RMSNorm + int8 quantization (K = 5,120), plain quantization over
 the SmoothQuant divisor (K = 6,144, the attention output), RMSNorm alone (5,120), SwiGLU +
@@ -11,13 +12,18 @@ the bits every other variant is checked against) and at other settings, all in o
 timed inside a CUDA graph (`triton.testing.do_bench_cudagraph`: no launch overhead, as in the
 engine's captured passes): the row kernels on their long-row path too (`RESIDENT_VALUES = 0`:
 the row re-read in each pass, what runs past the resident kernel's registers), SwiGLU at other
-blocks / warps / loads ahead, the conv at other tilings. Every variant's outputs are checked
+blocks / warps / loads ahead / register caps, with its loads kept in order
+(`RESIDENT_ORDERED`), and as the recompute split (`RECOMPUTE_*`: two launches, v computed again
+instead of stored), the conv at other tilings. Every variant's outputs are checked
 equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
 GB/s counts the bytes each kernel must read and write once (per-channel vectors, read by every
 row from L2, not counted). The last lines are a table: us per call of the default and of the
 fastest variant, per size. Sizes run in the order given; with --budget-s, no new size starts
 after S seconds (the table still prints), so a device call with a time limit keeps what it
-measured.
+measured. --kernels runs only the named kernels (the names of the table's first column).
+--resources compiles each SwiGLU variant for sm_90 at 256 rows (here, without a GPU: Triton's
+ptxas) and prints registers per thread, local memory (stack + spills) and how many programs
+of it an SM holds by registers.
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -65,10 +71,23 @@ _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_
 _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_GENERAL_ROWS} (default)"
 
 
-def _resident(block: int, warps: int, ahead: int, maxnreg: int | None = None) -> dict[str, Any]:
+def _resident(
+    block: int, warps: int, ahead: int, maxnreg: int | None = None, *, ordered: bool = False
+) -> dict[str, Any]:
+    """A resident-kernel variant at every row count (the split form off), with RESIDENT_VALUES
+    raised where the 27B row needs more values a thread than the default holds (512 x 4: 136)."""
+    need = -(-INTER // block) * block // (32 * warps)
     return dict(
         RESIDENT_BLOCK=block, RESIDENT_WARPS=warps, RESIDENT_AHEAD=ahead, RESIDENT_MAXNREG=maxnreg,
-        SPLIT_MAX_ROWS=0,
+        RESIDENT_ORDERED=ordered, RESIDENT_VALUES=max(dq.RESIDENT_VALUES, need), SPLIT_MAX_ROWS=0,
+    )  # fmt: skip
+
+
+def _recompute(chunk: int, warps: int, *, hints: bool = True, reverse: bool = True) -> dict[str, Any]:
+    """The recompute split (v computed again in the second launch, not stored) at every row count."""
+    return dict(
+        RECOMPUTE_ROWS=(1, 1 << 30), RECOMPUTE_CHUNK=chunk, RECOMPUTE_WARPS=warps,
+        RECOMPUTE_L2_HINTS=hints, RECOMPUTE_REVERSE=reverse,
     )  # fmt: skip
 
 
@@ -76,6 +95,12 @@ def _conv(bt: int, bc: int, warps: int, bg: int) -> dict[str, Any]:
     return dict(CONV_BLOCK_T=bt, CONV_BLOCK_C=bc, CONV_WARPS=warps, CONV_GENERAL_ROWS=bg)
 
 
+# "res": the resident kernel as ptxas schedules it (RESIDENT_AHEAD is only the emitted order: its
+# sm_90 SASS is the same at a2, a4, a6 and a9, so "res 2048x16 a9" against "a2" shows the noise);
+# "ord": its loads kept in order (RESIDENT_ORDERED, AHEAD binding), rNNN a register cap (1024x8
+# a1-a3 r128 and 512x4 a2 hold two programs an SM without spills, 512x4 r168 three and 2048x16
+# r64 two with a few spills: `--resources`); "rec": the recompute split, chunk and warps ("nohint":
+# no L2 eviction hints, "fwd": its second launch in program order, not reversed).
 SWIGLU_VARIANTS: dict[str, dict[str, Any]] = {
     _SWIGLU_DEFAULT: {},
     _SWIGLU_LONG: {"RESIDENT_VALUES": 0, "SPLIT_MAX_ROWS": 0},
@@ -86,6 +111,22 @@ SWIGLU_VARIANTS: dict[str, dict[str, Any]] = {
     "split 2048 w4": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 2048, "SPLIT_WARPS": 4},
     "split 1024 w4": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 1024, "SPLIT_WARPS": 4},
     "split 4096 w8": {"SPLIT_MAX_ROWS": 1 << 30, "SPLIT_CHUNK": 4096, "SPLIT_WARPS": 8},
+    "res 512x4 a4": _resident(512, 4, 4),
+    "ord 1024x8 a1 r128": _resident(1024, 8, 1, 128, ordered=True),
+    "ord 1024x8 a2 r128": _resident(1024, 8, 2, 128, ordered=True),
+    "ord 1024x8 a3 r128": _resident(1024, 8, 3, 128, ordered=True),
+    "ord 1024x8 a2": _resident(1024, 8, 2, ordered=True),
+    "ord 1024x8 a4": _resident(1024, 8, 4, ordered=True),
+    "ord 2048x16 a1": _resident(2048, 16, 1, ordered=True),
+    "ord 2048x16 a1 r64": _resident(2048, 16, 1, 64, ordered=True),
+    "ord 512x4 a2": _resident(512, 4, 2, ordered=True),
+    "ord 512x4 a2 r168": _resident(512, 4, 2, 168, ordered=True),
+    "rec 1024 w4": _recompute(1024, 4),
+    "rec 1024 w8": _recompute(1024, 8),
+    "rec 2048 w8": _recompute(2048, 8),
+    "rec 512 w4": _recompute(512, 4),
+    "rec 1024 w4 nohint": _recompute(1024, 4, hints=False),
+    "rec 1024 w4 fwd": _recompute(1024, 4, reverse=False),
 }
 CONV_VARIANTS: dict[str, dict[str, Any]] = {
     _CONV_DEFAULT: {},
@@ -158,7 +199,13 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(str(m) for m in ROWS))
     ap.add_argument("--quick", action="store_true", help="fewer SwiGLU and conv configs")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no new size after this (0: none)")
+    ap.add_argument("--kernels", default="", help="only these kernels, e.g. swiglu+quant (default: all)")
+    ap.add_argument("--resources", action="store_true", help="SwiGLU variants' sm_90 registers (no GPU)")
     args = ap.parse_args()
+    if args.resources:
+        resources(list(SWIGLU_VARIANTS.items()))
+        return
+    only = {name for name in args.kernels.split(",") if name}
     start = time.perf_counter()
     sizes = [int(m) for m in args.rows.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -178,6 +225,8 @@ def main() -> None:
                 json.dump(out, f, indent=1)
 
     def compare(name: str, m: int, module: Any, variants: list, fn: Callable[[], Any], nbytes: int) -> None:
+        if only and name not in only:
+            return
         want = None
         for variant, values in variants:
             with settings(module, values):
@@ -225,6 +274,30 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def resources(variants: list[tuple[str, dict[str, Any]]], m: int = 256) -> None:
+    """Each SwiGLU variant's kernels compiled for sm_90 at m rows of the 27B row (`engine.kernels.
+    aot`: no GPU, triton's own ptxas): registers per thread, local memory bytes (stack + spills)
+    and programs an SM holds by its 65,536 registers (a warp's registers allocated in 256s; at
+    most 64 warps), so which configs run two programs an SM without spilling is known before
+    the GPU run."""
+    import os
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    from engine.kernels.aot import compile_launch, record
+
+    print(f"{'variant':<23} {'kernel':<28} {'warps':>5} {'regs':>5} {'local B':>7} {'progs/SM':>8}")
+    for variant, values in variants:
+        with settings(dq, values), record() as launches:
+            dq.swiglu_quantize(torch.zeros(m, INTER), torch.zeros(m, INTER), torch.zeros(INTER))
+        for launch in launches:
+            got = compile_launch(launch)
+            warps = int(launch.meta.get("num_warps", 4))
+            per_warp = -(-(got.registers or 0) * 32 // 256) * 256
+            progs = min(65536 // max(per_warp * warps, 1), 64 // warps)
+            regs, local = str(got.registers), str(got.local_bytes)
+            print(f"{variant:<23} {got.name:<28} {warps:>5} {regs:>5} {local:>7} {progs:>8}", flush=True)
 
 
 def summary(rows: list[dict]) -> None:

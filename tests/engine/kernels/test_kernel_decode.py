@@ -223,6 +223,28 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
         assert torch.equal(g1[0], g_all[r]) and torch.equal(gs1[0], gs_all[r])
 
 
+# The resident kernel with its loads kept in order (RESIDENT_ORDERED) and the recompute split
+# (RECOMPUTE_*), at the knob settings bench_rows.py times: (K, settings); every one must give the
+# default's bits. K = 3,272 = 3 x 1,024 + 200 (ragged last block; 7 blocks of 512, 2 of 2,048);
+# 1,003 is no multiple of 4 (the ordered form's [BLOCK / 4, 4] blocks end mid-row).
+_ORDERED = dict(RESIDENT_ORDERED=True, SPLIT_MAX_ROWS=0)
+_RECOMPUTE = dict(RECOMPUTE_ROWS=(1, 1 << 30))
+_NEW_SWIGLU_SETTINGS = [
+    (3272, dict(_ORDERED, RESIDENT_AHEAD=0)),
+    (3272, dict(_ORDERED, RESIDENT_AHEAD=2, RESIDENT_MAXNREG=128)),
+    (3272, dict(_ORDERED, RESIDENT_AHEAD=4)),  # AHEAD >= the 4 blocks: all loaded up front
+    (3272, dict(_ORDERED, RESIDENT_BLOCK=512, RESIDENT_WARPS=4, RESIDENT_AHEAD=2, RESIDENT_MAXNREG=168)),
+    (3272, dict(_ORDERED, RESIDENT_BLOCK=2048, RESIDENT_WARPS=16, RESIDENT_AHEAD=1, RESIDENT_MAXNREG=64)),
+    (1003, dict(_ORDERED, RESIDENT_BLOCK=256, RESIDENT_WARPS=2, RESIDENT_AHEAD=1)),  # last block ragged
+    (3272, dict(RESIDENT_BLOCK=512, RESIDENT_WARPS=4, RESIDENT_VALUES=136, SPLIT_MAX_ROWS=0)),  # unordered
+    (3272, dict(_RECOMPUTE, RECOMPUTE_CHUNK=1024, RECOMPUTE_WARPS=4)),
+    (3272, dict(_RECOMPUTE, RECOMPUTE_CHUNK=512, RECOMPUTE_WARPS=4, RECOMPUTE_L2_HINTS=False)),
+    (3272, dict(_RECOMPUTE, RECOMPUTE_CHUNK=2048, RECOMPUTE_WARPS=8, RECOMPUTE_REVERSE=False)),
+    (3272, dict(_RECOMPUTE, RECOMPUTE_CHUNK=4096, RECOMPUTE_WARPS=8)),  # one chunk longer than the row
+    (1003, dict(_RECOMPUTE, RECOMPUTE_CHUNK=256, RECOMPUTE_WARPS=2)),
+]
+
+
 @pytest.mark.parametrize(
     ("k", "setting"),
     [
@@ -238,6 +260,7 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
         (300, dict(SPLIT_MAX_ROWS=64, SPLIT_CHUNK=128, SPLIT_WARPS=1)),
         (5000, dict(SPLIT_MAX_ROWS=64, SPLIT_CHUNK=1024, SPLIT_WARPS=8)),
         (17408, dict(SPLIT_MAX_ROWS=0)),
+        *_NEW_SWIGLU_SETTINGS,
     ],
 )
 def test_swiglu_bits_do_not_depend_on_the_kernel_or_its_config(
@@ -294,6 +317,131 @@ def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
             ("_swiglu_chunk_kernel", (r, chunks)),
             ("_quant_chunk_kernel", (r, chunks)),
         ]
+
+
+def _swiglu_case(
+    b: int, k: int, dev: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gate and up as column slices of one stacked GEMM output (as in the engine), row 1 zero."""
+    stacked = (torch.randn(b, 2 * k + 8, generator=gen) * 3).to(dev)
+    if b > 1:
+        stacked[1] = 0.0
+    return stacked[:, :k], stacked[:, k + 8 :], torch.rand(k, generator=gen).to(dev) + 0.5
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        dict(_ORDERED, RESIDENT_AHEAD=2, RESIDENT_MAXNREG=128),
+        dict(_RECOMPUTE, RECOMPUTE_CHUNK=1024, RECOMPUTE_WARPS=4),
+    ],
+    ids=["ordered", "recompute"],
+)
+def test_new_swiglu_forms_rows_alone_equal_rows_in_a_batch(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, setting: dict
+) -> None:
+    """At 1 and 70 rows (past the decoder's 64: the calls the new forms are for), the new form's
+    rows equal the default's bits and the torch reference `quantize_rows_reference(silu(g) * u,
+    div)` to rounding (silu's exp is not torch's), and a row alone, or any slice of the batch,
+    gives the bits it has in the whole batch."""
+    import engine.kernels.decode_quant as dq
+
+    k = 3 * 1024 + 200
+    gate, up, sdiv = _swiglu_case(70, k, dev, gen)
+    q_def, s_def = swiglu_quantize(gate, up, sdiv)
+    q_ref, s_ref = swiglu_quantize(gate, up, sdiv, backend="torch")
+    torch.testing.assert_close(s_def, s_ref, rtol=1e-6, atol=0)
+    assert (q_def.int() - q_ref.int()).abs().max() <= 1
+    assert (q_def != q_ref).float().mean() < 0.01
+    with monkeypatch.context() as patch:
+        for name, value in setting.items():
+            patch.setattr(dq, name, value)
+        q_all, s_all = swiglu_quantize(gate, up, sdiv)
+        assert torch.equal(q_all, q_def) and torch.equal(s_all, s_def)
+        for r in (0, 37, 69):
+            q1, s1 = swiglu_quantize(gate[r : r + 1], up[r : r + 1], sdiv)
+            assert torch.equal(q1[0], q_all[r]) and torch.equal(s1[0], s_all[r]), r
+        q_mid, s_mid = swiglu_quantize(gate[20:33], up[20:33], sdiv)
+        assert torch.equal(q_mid, q_all[20:33]) and torch.equal(s_mid, s_all[20:33])
+
+
+def test_swiglu_recompute_rows_route_calls_to_the_recompute_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launches recorded, not run: off by default (None), the shipped dispatch; with
+    RECOMPUTE_ROWS = (lo, hi) calls of lo..hi rows (inclusive) run its two launches, one program
+    per (row, chunk) each, before the split and resident forms are considered."""
+    import engine.kernels.decode_quant as dq
+    from engine.kernels.aot import record
+
+    def kernels_of(rows: int, k: int = 17408) -> list[tuple[str, tuple[int, ...]]]:
+        with record() as launches:
+            swiglu_quantize(torch.zeros(rows, k), torch.zeros(rows, k), torch.zeros(k))
+        return [(launch.name, launch.grid) for launch in launches]
+
+    assert dq.RECOMPUTE_ROWS is None and not dq.RESIDENT_ORDERED  # off until measured
+    monkeypatch.setattr(dq, "RECOMPUTE_ROWS", (65, 1024))
+    chunks = -(-17408 // dq.RECOMPUTE_CHUNK)
+    for rows in (65, 1024):
+        assert kernels_of(rows) == [
+            ("_swiglu_chunk_absmax_kernel", (rows * chunks,)),
+            ("_swiglu_chunk_codes_kernel", (rows * chunks,)),
+        ]
+    split = ["_swiglu_chunk_kernel", "_quant_chunk_kernel"]
+    assert [name for name, _ in kernels_of(dq.SPLIT_MAX_ROWS)] == split
+    assert kernels_of(1025) == [("_swiglu_resident_kernel", (1025,))]
+
+
+_COMPILE_NEW_FORMS = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import torch
+import engine.kernels.decode_quant as dq
+from engine.kernels.aot import compile_launch, record
+
+got = {}
+for name, values in json.loads(sys.argv[1]).items():
+    saved = {n: getattr(dq, n) for n in values}
+    for n, v in values.items():
+        setattr(dq, n, tuple(v) if isinstance(v, list) else v)
+    with record() as launches:
+        dq.swiglu_quantize(torch.zeros(256, 17408), torch.zeros(256, 17408), torch.zeros(17408))
+    for n, v in saved.items():
+        setattr(dq, n, v)
+    got[name] = [(l.name, *(lambda c: (c.registers, c.local_bytes))(compile_launch(l))) for l in launches]
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.slow
+def test_new_swiglu_forms_compile_for_hopper(tmp_path) -> None:  # noqa: ANN001
+    """Compiled for sm_90 (no GPU needed) at the 27B row: the ordered resident kernel at AHEAD 2
+    under a 128-register cap keeps all its values in registers (no spills: two programs of 8
+    warps an SM, the point of the form), and the recompute split's two kernels compile."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia")
+    repo = Path(__file__).resolve().parents[3]
+    forms = {
+        "ordered": dict(RESIDENT_ORDERED=True, RESIDENT_AHEAD=2, RESIDENT_MAXNREG=128, SPLIT_MAX_ROWS=0),
+        "recompute": dict(RECOMPUTE_ROWS=[1, 1 << 30]),
+    }
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_NEW_FORMS, json.dumps(forms)], cwd=repo, env=env,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    ((name, regs, local),) = got["ordered"]
+    assert name == "_swiglu_resident_kernel"
+    if regs is not None:  # cuobjdump found
+        assert regs <= 128 and local == 0, got
+    assert [n for n, *_ in got["recompute"]] == ["_swiglu_chunk_absmax_kernel", "_swiglu_chunk_codes_kernel"]
 
 
 def test_misaligned_state_and_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Generator) -> None:
