@@ -205,10 +205,11 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     # Stream-K decompositions at M 129-384 (session 16): there a linear is 1-7 rounds of output
     # tiles, and the last round often runs on a few SMs (MLP down at M 256: 80 tiles of 128x128
     # for 132 SMs; gate+up 4.1 rounds at M 256, 6.2 at 384). None kept: the cooperative schedule
-    # they need costs more than the idle SMs (H200, 27B step sums at M 128 / 256 / 384: the table's
-    # tiles 8.65 / 11.38 / 15.80 ms; stream-K 10.13 / 12.44 / 17.81, its atomic partials 10.04 /
-    # 12.43 / 17.77, heuristic atomic 9.74 / 12.27 / 16.76, split-K by 2 11.21 / 16.24 / 22.50;
-    # only MLP down at M 256 gained over 128x128, 47.9 -> 47.0 us, against 43.4 for 128x96)
+    # they need costs more than the idle SMs (H200, 27B step sums at M 128 / 256 / 384: the best
+    # pingpong tile 8.65 (128x64) / 11.38 (128x96) / 15.80 ms (128x128); stream-K 10.13 / 12.44 /
+    # 17.81, its atomic partials 10.04 / 12.43 / 17.77, heuristic atomic 9.74 / 12.27 / 16.76,
+    # split-K by 2 11.21 / 16.24 / 22.50; only MLP down at M 256 gained over 128x128, 47.9 -> 47.0
+    # us, against 43.4 for 128x96). Every output bit-equal to the Triton kernel's.
     CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="streamk"),
     CutlassConfig(
         128, 128, 128, "cooperative", "streamk", decomposition="streamk", reduction="nondeterministic"
