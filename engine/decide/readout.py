@@ -22,7 +22,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -124,8 +124,12 @@ class LetterReadout:
 
 def letter_probabilities(letter_logits: Sequence[float], temperature: float) -> tuple[float, ...]:
     """softmax(letter_logits / temperature) in float64, max-shifted, normaliser by `fsum`."""
-    t = _check_temperature(temperature)
-    z = [x / t for x in _check_letter_logits(letter_logits)]
+    return _softmax(_check_letter_logits(letter_logits), _check_temperature(temperature))
+
+
+def _softmax(values: list[float], t: float) -> tuple[float, ...]:
+    """`letter_probabilities` of checked values and temperature."""
+    z = [x / t for x in values]
     m = max(z)
     e = [math.exp(v - m) for v in z]
     s = math.fsum(e)  # >= 1: the max term is exp(0)
@@ -275,16 +279,28 @@ def read_letters_many(
         else:
             index = torch.tensor(ids, dtype=torch.long, device=logits.device)
             letter_logits = logits.detach().index_select(0, index).cpu().tolist()
-        readout = readout_from_letter_logits(ids, letter_logits, t)
+        mass = None
         if coverage:
-            if not on_device[r]:
-                m, total = _host_mass(logits)
-            # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
-            # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
-            mass = math.fsum(math.exp(x - m) for x in readout.logits)
-            readout = replace(readout, coverage=min(1.0, mass / total))
-        out.append(readout)
+            mass = (m, total) if on_device[r] else _host_mass(logits)
+        out.append(_letter_readout(ids, letter_logits, t, mass))
     return out
+
+
+def _letter_readout(
+    ids: list[int], letter_logits: Sequence[float], temperature: float, mass: tuple[float, float] | None
+) -> LetterReadout:
+    """`readout_from_letter_logits` of checked ids and temperature, made once with its coverage
+    from the row's (max, sum exp(x - max)) when `mass` is given: the host part of a read-out after
+    the copy back, while the answer waits."""
+    values = _check_letter_logits(letter_logits)
+    cov = None
+    if mass is not None:
+        m, total = mass
+        # A ratio of sums shifted by the vocabulary max, rather than exp(lse_letters − lse_all):
+        # the difference of two large logsumexps loses ~|lse|·1e-16 absolute precision.
+        cov = min(1.0, math.fsum(math.exp(x - m) for x in values) / total)
+    t = float(temperature)
+    return LetterReadout(tuple(ids), tuple(values), t, _softmax(values, t), cov)
 
 
 def _host_mass(logits: torch.Tensor) -> tuple[float, float]:
@@ -302,47 +318,86 @@ def _device_mass(logits: torch.Tensor, letters: torch.Tensor) -> tuple[float, fl
     """(max, sum exp(x - max), the letters' logits) of a CUDA row: the sum reduced on the device
     in a fixed order (`engine.kernels.vocab_mass`), its partials and the letters fetched in one
     copy and folded here exactly - not the whole row copied and summed on the host."""
-    from engine.kernels.vocab_mass import FIELDS, vocab_partials
+    from engine.kernels.vocab_mass import vocab_partials
 
     parts = vocab_partials(logits.detach())
     host = torch.cat([parts.flatten(), letters.to(torch.float64)]).tolist()
     n = parts.numel()
-    m, total = fold_vocab_mass([host[c : c + FIELDS] for c in range(0, n, FIELDS)])
+    m, total = _fold_flat(host, 0, n)
     return m, total, host[n:]
+
+
+# Letter-id index tensors already on a device, per (device, ids): a stage's letter lists are a
+# few fixed ones (`Prompts.letter_token_ids(n)`), so after a list's first read no upload is queued.
+# Bounded: past _LETTER_INDEX_MAX lists a new one is uploaded for its call only.
+_LETTER_INDEX: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+_LETTER_INDEX_MAX = 512
+
+
+def _letter_index(ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 `ids` on `device`. A list kept for later reads is uploaded with a blocking copy
+    (once), so any stream may read it; one that is not kept goes up without a sync."""
+    key = (device, tuple(ids))
+    index = _LETTER_INDEX.get(key)
+    if index is not None:
+        return index
+    host = torch.tensor(key[1], dtype=torch.long)
+    if len(_LETTER_INDEX) >= _LETTER_INDEX_MAX:
+        return host.to(device, non_blocking=True)
+    index = _LETTER_INDEX[key] = host.to(device)
+    return index
 
 
 def _device_masses(
     rows: Sequence[torch.Tensor], letter_ids: Sequence[Sequence[int]]
 ) -> list[tuple[float, float, list[float]]]:
     """`_device_mass` of every row (one device), the same values: every row's partials (the same
-    kernel over the same row) and letters written into one fp64 buffer, the letter ids uploaded
-    without a sync (a pageable copy the driver stages), and one copy back."""
+    kernel over the same row) and letters written into one buffer, and one copy back.
+
+    What runs after the pass, per row: the partials kernel and one gather of the letters (their
+    ids already on the device, `_letter_index`). Where every row is fp32 the gather writes fp32
+    straight into the buffer's tail (bytes: fp64 partials, then fp32 letters; an fp32 value is
+    the same Python float either way), else it is copied into fp64 there (a second kernel)."""
     from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
 
     device = rows[0].device
     if any(x.device != device for x in rows):
         return [
-            _device_mass(x, x.detach().index_select(0, torch.tensor(ids, dtype=torch.long, device=x.device)))
+            _device_mass(x, x.detach().index_select(0, _letter_index(ids, x.device)))
             for x, ids in zip(rows, letter_ids, strict=True)
         ]
     sizes = [-(-x.numel() // CHUNK) * FIELDS for x in rows]
-    parts_size = sum(sizes)
-    flat = [i for ids in letter_ids for i in ids]
-    buf = torch.empty(parts_size + len(flat), dtype=torch.float64, device=device)
-    index = torch.tensor(flat, dtype=torch.long).to(device, non_blocking=True)
-    spans = []  # per row: its partials in buf, its letters in index (and at parts_size + in buf)
-    at, k = 0, 0
-    for size, ids in zip(sizes, letter_ids, strict=True):
+    parts_size, n_letters = sum(sizes), sum(len(ids) for ids in letter_ids)
+    narrow = all(x.dtype == torch.float32 for x in rows)
+    if narrow:
+        buf = torch.empty(parts_size * 8 + n_letters * 4, dtype=torch.uint8, device=device)
+        parts, letters = buf[: parts_size * 8].view(torch.float64), buf[parts_size * 8 :].view(torch.float32)
+    else:
+        buf = torch.empty(parts_size + n_letters, dtype=torch.float64, device=device)
+        parts, letters = buf[:parts_size], buf[parts_size:]
+    spans = []  # per row: its partials in parts, its letters in letters
+    at = k = 0
+    for x, size, ids in zip(rows, sizes, letter_ids, strict=True):
+        x = x.detach()
         spans.append((at, at + size, k, k + len(ids)))
+        vocab_partials(x, out=parts[at : at + size].view(-1, FIELDS))
+        index = _letter_index(ids, device)
+        if narrow:
+            torch.index_select(x, 0, index, out=letters[k : k + len(ids)])
+        else:
+            letters[k : k + len(ids)].copy_(x.index_select(0, index))
         at, k = at + size, k + len(ids)
-    for x, (lo, hi, k0, k1) in zip(rows, spans, strict=True):
-        vocab_partials(x.detach(), out=buf[lo:hi].view(-1, FIELDS))
-        buf[parts_size + k0 : parts_size + k1].copy_(x.detach().index_select(0, index[k0:k1]))
-    host = buf.tolist()  # the one sync
+    host = buf.cpu()  # the one copy back (and sync)
+    if narrow:
+        parts_host = host[: parts_size * 8].view(torch.float64).tolist()
+        letters_host = host[parts_size * 8 :].view(torch.float32).tolist()
+    else:
+        values = host.tolist()
+        parts_host, letters_host = values[:parts_size], values[parts_size:]
     out = []
     for lo, hi, k0, k1 in spans:
-        m, total = fold_vocab_mass([host[c : c + FIELDS] for c in range(lo, hi, FIELDS)])
-        out.append((m, total, host[parts_size + k0 : parts_size + k1]))
+        m, total = _fold_flat(parts_host, lo, hi)
+        out.append((m, total, letters_host[k0:k1]))
     return out
 
 
@@ -350,15 +405,28 @@ def fold_vocab_mass(chunks: Sequence[Sequence[float]]) -> tuple[float, float]:
     """(max, sum_v exp(x_v - max)) of a row from its per-chunk (max m_c, sum s_c of
     exp(x - m_c), NaN count, +inf count): max of the m_c, then math.fsum of s_c exp(m_c - max)
     (correctly rounded: the fold adds no order dependence). Raises on NaN or +inf logits."""
-    nans = sum(int(c[2]) for c in chunks)
-    if nans:
-        raise ValueError(f"logits contain {nans} NaN value(s)")
-    if any(c[3] for c in chunks):
+    return _fold(
+        [c[0] for c in chunks], [c[1] for c in chunks], [c[2] for c in chunks], [c[3] for c in chunks]
+    )
+
+
+def _fold_flat(values: Sequence[float], lo: int, hi: int) -> tuple[float, float]:
+    """`fold_vocab_mass` of the chunks values[lo:hi], FIELDS (4) numbers a chunk back to back, as
+    a device read-out copies them (strided slices: no list per chunk)."""
+    return _fold(values[lo:hi:4], values[lo + 1 : hi : 4], values[lo + 2 : hi : 4], values[lo + 3 : hi : 4])
+
+
+def _fold(
+    maxes: Sequence[float], sums: Sequence[float], nan_counts: Sequence[float], posinf_counts: Sequence[float]
+) -> tuple[float, float]:
+    if any(nan_counts):
+        raise ValueError(f"logits contain {sum(int(c) for c in nan_counts)} NaN value(s)")
+    if any(posinf_counts):
         raise ValueError("logits contain +inf")
-    m = max(c[0] for c in chunks)
-    if m == float("-inf"):
+    m, ninf, exp = max(maxes), float("-inf"), math.exp
+    if m == ninf:
         raise ValueError("logits are all -inf: no mass to read")
-    return m, math.fsum(c[1] * math.exp(c[0] - m) for c in chunks if c[0] != float("-inf"))
+    return m, math.fsum([s * exp(c - m) for c, s in zip(maxes, sums, strict=True) if c != ninf])
 
 
 def mix_probabilities(first: Sequence[float], second: Sequence[float], weight: float) -> tuple[float, ...]:

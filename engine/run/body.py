@@ -130,16 +130,19 @@ PACKED_TABLES = (
 )  # fmt: skip
 
 
+_LEADING = ((), (slice(None),))  # index prefixes that reach a PACKED_TABLES axis (0 or 1)
+
+
 def forest_counters(forest: Forest) -> ForestCounters:
     """Per level its tokens and segments, and the read positions (whole columns: a loop over
     the segments of each level cost 0.3 ms at 64 clients)."""
     counters = ForestCounters(read_positions=len(forest.read_segments))
     if forest.segments:
         levels = forest.levels.numpy()
-        tokens = np.zeros(forest.num_levels, dtype=np.int64)
-        np.add.at(tokens, levels, np.diff(forest.offsets.numpy()))
-        counters.tokens_per_level = tokens.tolist()
-        counters.segments_per_level = np.bincount(levels, minlength=forest.num_levels).tolist()
+        # a weighted bincount sums in fp64: exact for any count below 2^53 (np.add.at took ~8 us)
+        tokens = np.bincount(levels, weights=np.diff(forest.offsets.numpy()))
+        counters.tokens_per_level = tokens.astype(np.int64).tolist()
+        counters.segments_per_level = np.bincount(levels).tolist()
     return counters
 
 
@@ -237,6 +240,27 @@ class _BlockState(SegmentState):
             return None
         return element_offset(d["_block"], base)
 
+    def piece_records(self, shape: _StateShape, base: torch.Tensor) -> np.ndarray | None:
+        """[n_attn, PIECE_FIELDS] piece records of this state's own K/V read from its block (None
+        where `block_offset` is None: read the views). Kept for the next plan (read-only): a cached
+        parent - the system root, kept evidence - is in every pass's chains, and its records depend
+        only on the block's offset, the layout and the length (~6 us a node to make)."""
+        at = self.block_offset(shape, base)
+        if at is None:
+            return None
+        d = self.__dict__
+        memo = d.get("_records")
+        if memo is not None and memo[0] == at and memo[1] == shape:
+            return memo[2]
+        n_attn, n = len(shape.attn_layers), self.length
+        records = np.empty((n_attn, PIECE_FIELDS), dtype=np.int64)
+        records[:, 0] = at + np.arange(n_attn) * (shape.kv_heads * n * shape.head_dim)
+        records[:, 1] = records[:, 0] + shape.kv_size(n)
+        records[:, 2] = records[:, 3] = n
+        records.flags.writeable = False
+        d["_records"] = (at, shape, records)
+        return records
+
     def nbytes(self) -> int:
         if self.__dict__["_made"] is None:  # the views would cover the block exactly
             block = self.__dict__["_block"]
@@ -294,6 +318,7 @@ class _Plan:
     reads: torch.Tensor
     positions: torch.Tensor
     levels: int
+    positions_end: int | None = None  # the largest position + 1 (None: read from `positions`)
     read_rows: torch.Tensor | None = None  # the read slots' tables (`_read_tables`)
     read_decode: torch.Tensor | None = None
     read_pieces: torch.Tensor | None = None
@@ -361,6 +386,7 @@ class ForestBody(Int8Layers):
         # every offset in the tables is relative to this tensor
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
         self._buckets: dict[tuple[int, int, int, int], _Bucket] = {}
+        self._rope_rows: torch.Tensor | None = None  # the last `rope_table` a packed load read
         self.passes = 0
         self.gdn_chunk = gdn_chunk
         self.gdn_dots = gdn_dots
@@ -417,12 +443,11 @@ class ForestBody(Int8Layers):
     def _allocate_blocks(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
         """The blocks, and states whose views are made when first read (`_BlockState`)."""
         shape, dev = self._state_shape, self.device
-        lengths = (forest.offsets[1:] - forest.offsets[:-1]).tolist()
         parents, starts = forest.parents.tolist(), forest.starts.tolist()
         states: list[SegmentState] = []
         blocks: list[torch.Tensor] = []
         for s, seg in enumerate(forest.segments):
-            n = lengths[s]
+            n = len(seg.tokens)  # the forest's offsets' difference (torch ops on them cost ~10 us)
             block = torch.empty(shape.block_size(n), device=dev)
             p = parents[s]
             parent = states[p] if p >= 0 else seg.parent
@@ -622,7 +647,12 @@ class ForestBody(Int8Layers):
 
     def _plan_packed(self, forest: Forest, states: list[SegmentState], blocks: list[torch.Tensor]) -> _Plan:
         """The tables as numpy arrays (the values `_plan_lists` gives): whole columns at once, and
-        a state's offsets from its block where the body made it (`_BlockState.block_offset`)."""
+        a state's offsets from its block where the body made it (`_BlockState.block_offset`).
+
+        Host cost: this runs before every pass and nothing of it overlaps the GPU, so the few
+        per-segment values (state offsets, conv sources, chain depths) are Python lists, the
+        per-row and per-piece tables numpy columns, and a child's ancestor pieces one slice of its
+        parent's (`numpy` calls cost ~1 us each at these sizes; a loop of small ones added up)."""
         shape = self._state_shape
         w1 = self.width - 1
         n_seg, n_tok = len(forest.segments), forest.num_tokens
@@ -630,65 +660,82 @@ class ForestBody(Int8Layers):
         held: list[torch.Tensor] = []
         offsets = forest.offsets.numpy()
         lo, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
-        parents = forest.parents.tolist()
+        lo_of, length_of, parents = lo.tolist(), lengths.tolist(), forest.parents.tolist()
+        starts_of = forest.starts.tolist()
 
         seg_of = np.repeat(np.arange(n_seg, dtype=np.int64), lengths)
-        local = np.arange(n_tok, dtype=np.int64) - lo[seg_of]
         rows = np.empty((n_tok, ROW_FIELDS), dtype=np.int64)
-        rows[:, ROW_SEG], rows[:, ROW_LOCAL], rows[:, ROW_LIVE] = seg_of, local, 1
-        rows[:, ROW_TOKEN] = forest.tokens.numpy()
+        rows[:, ROW_SEG], rows[:, ROW_LIVE], rows[:, ROW_TOKEN] = seg_of, 1, forest.tokens.numpy()
+        counting = np.arange(n_tok, dtype=np.int64)
+        local = np.subtract(counting, lo[seg_of], out=rows[:, ROW_LOCAL])
         positions = forest.starts.numpy()[seg_of] + local
 
         block = np.array([self._offset(b) for b in blocks], dtype=np.int64)
         kv_layer = shape.kv_heads * shape.head_dim * lengths  # one attention layer's K (or V)
         kv = n_attn * kv_layer
-        segs = np.zeros((n_seg, SEG_FIELDS), dtype=np.int64)
-        segs[:, SEG_TOK_LO], segs[:, SEG_LENGTH], segs[:, SEG_LEVEL] = lo, lengths, forest.levels.numpy()
-        segs[:, SEG_STATE_OUT] = block + 2 * kv
-        segs[:, SEG_CONV_OUT] = segs[:, SEG_STATE_OUT] + n_gdn * self.state_size
-        segs[:, SEG_LIVE] = 1
-        # every segment's own piece per attention layer: its K/V block, read causally
-        own = np.empty((n_seg, n_attn, PIECE_FIELDS), dtype=np.int64)
-        own[:, :, 0] = block[:, None] + np.arange(n_attn)[None, :] * kv_layer[:, None]
-        own[:, :, 1] = own[:, :, 0] + kv[:, None]
-        own[:, :, 2] = own[:, :, 3] = lengths[:, None]
+        state_out = block + 2 * kv
+        out_of = state_out.tolist()
 
-        conv_src = np.empty((n_seg, w1, 2), dtype=np.int64)
+        # per segment, in packed order (a parent before its children): where its recurrent state
+        # and conv inputs come from, and its chain's depth (ancestors' pieces, then its own)
+        state_in, has_state_in = [0] * n_seg, [0] * n_seg
+        conv_rows: list[list[tuple[int, int]]] = []
         history: list[list[tuple[int, int]]] = []  # the last W-1 inputs up to each segment's end
-        chains: list[list[np.ndarray]] = []  # per segment: its chain's piece records, oldest first
+        depth = [1] * n_seg
+        outside_records: dict[int, list[np.ndarray]] = {}  # root segment -> its outside chain's records
         known: dict[int, np.ndarray] = {}  # id(state outside the forest) -> its piece records
         stacked: dict[int, int] = {}  # id(a cached parent's per-layer dict) -> its block offset
         for s in range(n_seg):
-            p, n, first = parents[s], int(lengths[s]), int(lo[s])
+            p, n, first = parents[s], length_of[s], lo_of[s]
             outside = forest.segments[s].parent
             if p >= 0:
-                segs[s, SEG_STATE_IN], segs[s, SEG_HAS_STATE_IN] = segs[p, SEG_STATE_OUT], 1
+                state_in[s], has_state_in[s] = out_of[p], 1
                 before = history[p]
-                chains.append([*chains[p], own[s]])
+                depth[s] = depth[p] + 1
             elif isinstance(outside, SegmentState):
-                state_in, tail = self._state_offsets(outside, held, stacked)
-                segs[s, SEG_STATE_IN], segs[s, SEG_HAS_STATE_IN] = state_in, 1
+                state_in[s], tail = self._state_offsets(outside, held, stacked)
+                has_state_in[s] = 1
                 before = [(CONV_TAIL, tail + k) for k in range(w1)]
-                chains.append([*(self._records(node, known, held) for node in outside.chain()), own[s]])
+                records = [self._records(node, known, held) for node in outside.chain()]
+                outside_records[s] = records
+                depth[s] = len(records) + 1
             else:
                 before = [(CONV_ZERO, 0)] * w1
-                chains.append([own[s]])
-            conv_src[s] = before
+            conv_rows.append(before)
             history.append([*before, *((CONV_ROW, first + k) for k in range(max(0, n - w1), n))][-w1:])
+        conv_src = np.array(conv_rows, dtype=np.int64).reshape(n_seg, w1, 2)
 
-        per_seg = (lengths + BLOCK_M - 1) // BLOCK_M
-        qblocks = np.empty((int(per_seg.sum()), QBLOCK_FIELDS), dtype=np.int64)
-        qblocks[:, QB_SEG] = np.repeat(np.arange(n_seg, dtype=np.int64), per_seg)
-        starts_at = np.repeat(np.cumsum(per_seg) - per_seg, per_seg)
-        qblocks[:, QB_LOCAL] = (np.arange(qblocks.shape[0], dtype=np.int64) - starts_at) * BLOCK_M
-        qblocks[:, QB_LIVE] = 1
+        segs = np.zeros((n_seg, SEG_FIELDS), dtype=np.int64)
+        segs[:, SEG_TOK_LO], segs[:, SEG_LENGTH], segs[:, SEG_LEVEL] = lo, lengths, forest.levels.numpy()
+        segs[:, SEG_STATE_IN], segs[:, SEG_HAS_STATE_IN] = state_in, has_state_in
+        segs[:, SEG_STATE_OUT], segs[:, SEG_CONV_OUT] = state_out, state_out + n_gdn * self.state_size
+        segs[:, SEG_LIVE] = 1
 
-        p_size, _ = fit(max(len(ch) for ch in chains), PIECE_BUCKETS)
+        qb_seg: list[int] = []
+        qb_local: list[int] = []
+        for s, n in enumerate(length_of):
+            starts = range(0, n, BLOCK_M)
+            qb_seg += [s] * len(starts)
+            qb_local += starts
+        qblocks = np.empty((len(qb_seg), QBLOCK_FIELDS), dtype=np.int64)
+        qblocks[:, QB_SEG], qblocks[:, QB_LOCAL], qblocks[:, QB_LIVE] = qb_seg, qb_local, 1
+
+        p_size, _ = fit(max(depth), PIECE_BUCKETS)
         pieces = np.zeros((n_attn, n_seg, p_size, PIECE_FIELDS), dtype=np.int64)  # unused: length 0
-        for s, chain in enumerate(chains):
-            for j, records in enumerate(chain[:-1]):
-                pieces[:, s, j] = records
-            pieces[:, s, p_size - 1] = chain[-1]
+        # every segment's own piece per attention layer, last: its K/V block, read causally
+        own = pieces[:, :, p_size - 1]
+        own[:, :, 0] = block[None, :] + np.arange(n_attn, dtype=np.int64)[:, None] * kv_layer[None, :]
+        own[:, :, 1] = own[:, :, 0] + kv[None, :]
+        own[:, :, 2] = own[:, :, 3] = lengths[None, :]
+        for s in range(n_seg):  # the ancestors' pieces, oldest first
+            p = parents[s]
+            if p >= 0:  # the parent's ancestors, then the parent's own piece
+                d = depth[p] - 1
+                pieces[:, s, :d] = pieces[:, p, :d]
+                pieces[:, s, d] = own[:, p]
+            elif s in outside_records:
+                for j, records in enumerate(outside_records[s]):
+                    pieces[:, s, j] = records
         return _Plan(
             rows=torch.from_numpy(rows),
             segs=torch.from_numpy(segs),
@@ -698,6 +745,7 @@ class ForestBody(Int8Layers):
             reads=forest.read_positions.to(torch.int64),
             positions=torch.from_numpy(positions),
             levels=forest.num_levels,
+            positions_end=max(map(operator.add, starts_of, length_of), default=None),
             held=held,
         )
 
@@ -718,15 +766,11 @@ class ForestBody(Int8Layers):
     ) -> np.ndarray:
         """[n_attn, PIECE_FIELDS] piece records of node's own K/V (memoized in `known`)."""
         if id(node) not in known:
-            at = node.block_offset(self._state_shape, self.base) if isinstance(node, _BlockState) else None
-            if at is None:
+            records = None
+            if isinstance(node, _BlockState):
+                records = node.piece_records(self._state_shape, self.base)
+            if records is None:
                 records = np.array(self._pieces_of(node, {}, held), dtype=np.int64)
-            else:
-                shape, n = self._state_shape, node.length
-                records = np.empty((len(shape.attn_layers), PIECE_FIELDS), dtype=np.int64)
-                records[:, 0] = at + np.arange(len(shape.attn_layers)) * (shape.kv_heads * n * shape.head_dim)
-                records[:, 1] = records[:, 0] + shape.kv_size(n)
-                records[:, 2] = records[:, 3] = n
             known[id(node)] = records
         return known[id(node)]
 
@@ -827,26 +871,44 @@ class ForestBody(Int8Layers):
 
     def _load_packed(self, bucket: _Bucket, plan: _Plan | None) -> None:
         """The plan's tables into the host buffer (zeroing only what the last load filled past
-        them), one upload, and the RoPE rows gathered on the device from `rope_table`."""
+        them), one upload, and the RoPE rows gathered on the device from `rope_table`.
+
+        Host cost (before every pass, nothing overlapping it): a table's leading part is written
+        through a slice along its axis (not a `np.moveaxis` view of each side), a table neither
+        filled now nor last time is skipped, and the upload's event is made once per bucket and
+        recorded again (it was synchronized on above, so the previous record is complete)."""
         st = bucket.staging
         assert st is not None
         if st.copied is not None:
             st.copied.synchronize()  # the previous upload has read the host buffer (done unless back to back)
         for name, axis in PACKED_TABLES:
-            host = st.host_views[name] if axis == 0 else np.moveaxis(st.host_views[name], axis, 0)
-            new = None if plan is None or getattr(plan, name) is None else getattr(plan, name).numpy()
+            new = None if plan is None else getattr(plan, name)
             n = 0 if new is None else new.shape[axis]
-            if st.used[name] > n:
-                host[n : st.used[name]] = 0
-            if new is not None and n:
-                host[:n] = new if axis == 0 else np.moveaxis(new, axis, 0)
+            used = st.used[name]
+            if not (n or used):
+                continue
+            host = st.host_views[name]
+            lead = _LEADING[axis]
+            if used > n:
+                host[(*lead, slice(n, used))] = 0
+            if n:
+                host[(*lead, slice(0, n))] = new.numpy()
             st.used[name] = n
         if st.device is not st.host:
             st.device.copy_(st.host, non_blocking=True)
-            st.copied = torch.cuda.Event()
+            if st.copied is None:
+                st.copied = torch.cuda.Event()
             st.copied.record()
-        need = 1 if plan is None or not plan.positions.numel() else int(plan.positions.max()) + 1
-        table = rope_table(self.config, need, self.device)
+        if plan is None or not plan.positions.numel():
+            need = 1
+        elif plan.positions_end is not None:
+            need = plan.positions_end
+        else:
+            need = int(plan.positions.numpy().max()) + 1
+        table = self._rope_rows
+        if table is None or table.shape[0] < need:
+            # rope_table's rows never change (a larger table replaces it): keep the last one
+            table = self._rope_rows = rope_table(self.config, need, self.device)
         torch.index_select(table, 0, st.positions, out=bucket.rope)
 
     def _execute(self, plan: _Plan, tokens: int, slots: int) -> torch.Tensor:

@@ -8,10 +8,10 @@ weight is a 1x1 LM head it never reads, so no 27 GB of weights are needed: on th
 cpu`) it is the same Python the GPU's host runs, without the uploads; on a GPU (`--device cuda`)
 the blocks are device memory and `load` includes the uploads and a sync (as `bench_engine.py
 --wall-split`'s "host tables"). Median ms per pass over the workloads of bench_engine.py, then the
-read-out: on the CPU its host part (`read_letters` of a CPU row, and the fold of the device
-partials); on CUDA the wall a read-out adds after a pass (a sleeping kernel stands in for the
-graph), each row alone with a sync (`DEVICE_READ` "per_row") against every row queued at once
-("batched").
+read-out: on the CPU its host part (`read_letters` of a CPU row, the fold of the device partials,
+and everything `read_letters_many` does for a CUDA row after its copy back); on CUDA the wall a
+read-out adds after a pass (a sleeping kernel stands in for the graph), each row alone with a sync
+(`DEVICE_READ` "per_row") against every row queued at once ("batched").
 
     python ops/bench/bench_host.py --shape 27B [--device cuda] [--json OUT.json]
 """
@@ -126,12 +126,18 @@ def read_out_host_ms(vocab: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(2)
     row = torch.randn(vocab, generator=g) * 4
     chunks = vocab_partials_reference(row).tolist()
+    flat = [v for c in chunks for v in c]  # as a device read-out copies them back
     letter_logits = row[LETTERS].tolist()
+
+    def after_copy() -> object:  # what `read_letters_many` runs for a CUDA row after its sync
+        return readout._letter_readout(LETTERS, letter_logits, 1.0, readout._fold_flat(flat, 0, len(flat)))
+
     return {
         "row summed on the host": median_ms(lambda: read_letters(row, LETTERS, 1.0)),
         "partials folded on the host": median_ms(
             lambda: (fold_vocab_mass(chunks), readout_from_letter_logits(LETTERS, letter_logits, 1.0))
         ),
+        "device row's host part after the copy": median_ms(after_copy, n=500),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -16,8 +17,10 @@ from engine.decide.readout import (
     MAX_LETTERS,
     ChoiceRounds,
     LetterReadout,
+    _fold_flat,
     combine_rounds,
     coverage_from_logsumexp,
+    fold_vocab_mass,
     letter_probabilities,
     mix_probabilities,
     plan_rounds,
@@ -398,3 +401,29 @@ def test_choice_rounds_state_errors():
     with pytest.raises(ValueError, match="already"):
         done.submit([short])
     assert done.pending() == [] and done.probabilities == pytest.approx([1 / 3] * 3)
+
+
+def test_the_flat_fold_is_fold_vocab_mass():
+    """`_fold_flat` (a device read-out's chunks back to back, FIELDS a chunk) folds to the same
+    numbers and refuses the same rows as `fold_vocab_mass` over a list per chunk."""
+    g = torch.Generator().manual_seed(3)
+    inf = float("inf")
+    maxes, sums = (torch.randn(61, generator=g) * 9).tolist(), torch.rand(61, generator=g).tolist()
+    rows = [
+        [[m, s, 0.0, 0.0] for m, s in zip(maxes, sums, strict=True)],
+        [[-inf, 0.0, 0.0, 0.0], [2.5, 1.75, 0.0, 0.0], [-inf, 0.0, 0.0, 0.0]],
+        [[1.0, 1.0, 2.0, 0.0], [0.0, 1.0, 1.0, 0.0]],  # NaN entries
+        [[1.0, 1.0, 0.0, 1.0]],  # +inf
+        [[-inf, 0.0, 0.0, 0.0]] * 2,  # all -inf
+    ]
+    for chunks in rows:
+        flat = [9.0, *(v for c in chunks for v in c), 9.0]  # read from the middle of a buffer
+        try:
+            want = fold_vocab_mass(chunks)
+        except ValueError as e:
+            with pytest.raises(ValueError, match=re.escape(str(e))):
+                _fold_flat(flat, 1, len(flat) - 1)
+            continue
+        m = max(c[0] for c in chunks)  # the fold as written before it read flat buffers
+        assert want == (m, math.fsum(c[1] * math.exp(c[0] - m) for c in chunks if c[0] != -inf))
+        assert _fold_flat(flat, 1, len(flat) - 1) == want

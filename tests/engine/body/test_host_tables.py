@@ -134,6 +134,7 @@ def test_packed_plans_and_loads_equal_the_lists_form(body: ForestBody, seed: int
         assert all(getattr(packed, n).dtype == torch.int64 for n in TABLES)
         assert _normalized(packed, body) == _normalized(lists, body)
         assert packed.levels == lists.levels
+        assert packed.positions_end == int(packed.positions.max()) + 1  # the RoPE rows a load needs
         bucket, _ = body._bucket(
             forest.num_tokens, len(forest.segments), packed.pieces.shape[2], packed.levels
         )
@@ -192,6 +193,94 @@ def test_a_block_state_whose_views_were_replaced_is_read_through_them(body: Fore
     plan = body._plan(forest, states, blocks)
     assert int(plan.pieces[0, 0, 0, 0]) == element_offset(replaced, body.base)
     assert _normalized(plan, body) == _normalized(body._plan_lists(forest, states, blocks), body)
+
+
+def test_a_block_states_kept_piece_records_give_way_to_replaced_views(body: ForestBody) -> None:
+    """`_BlockState.piece_records` keeps a parent's records from one plan to the next (read-only);
+    views replaced after that are read through, as on a state never planned before."""
+    root = _root(body, "packed")
+    body.host_tables = "packed"
+    plans = []
+    for _ in range(2):
+        forest = build_forest([Segment(tuple(range(12)), root, read=True)])
+        states, blocks = body._allocate(forest)
+        plans.append(body._plan(forest, states, blocks))
+    kept = root.piece_records(body._state_shape, body.base)
+    assert kept is not None and not kept.flags.writeable
+    assert kept is root.piece_records(body._state_shape, body.base)
+    assert torch.equal(plans[0].pieces[:, 0, 0], plans[1].pieces[:, 0, 0])
+    assert plans[1].pieces[:, 0, 0].tolist() == kept.tolist()
+    layer = body.attn_layers[0]
+    root.values[layer] = replaced = root.values[layer].clone()
+    assert root.piece_records(body._state_shape, body.base) is None
+    forest = build_forest([Segment(tuple(range(12)), root, read=True)])
+    states, blocks = body._allocate(forest)
+    plan = body._plan(forest, states, blocks)
+    assert int(plan.pieces[0, 0, 0, 1]) == element_offset(replaced, body.base)
+    assert _normalized(plan, body) == _normalized(body._plan_lists(forest, states, blocks), body)
+
+
+def _reference_forest(segments: list[Segment]) -> dict:
+    """What `build_forest` packs, written plainly (the form before its numpy tables)."""
+    n = len(segments)
+    level = [0] * n
+    for i, seg in enumerate(segments):
+        if isinstance(seg.parent, int):
+            level[i] = level[seg.parent] + 1
+    order = sorted(range(n), key=lambda i: (level[i], i))
+    new_index = {old: new for new, old in enumerate(order)}
+    packed = []
+    for old in order:
+        seg = segments[old]
+        parent = new_index[seg.parent] if isinstance(seg.parent, int) else seg.parent
+        packed.append(Segment(seg.tokens, parent, seg.read, seg.images))
+    offsets = [0]
+    for seg in packed:
+        offsets.append(offsets[-1] + len(seg.tokens))
+    starts: list[int] = []
+    for seg in packed:
+        if isinstance(seg.parent, int):
+            starts.append(starts[seg.parent] + len(packed[seg.parent].tokens))
+        else:
+            starts.append(seg.parent.end if isinstance(seg.parent, SegmentState) else 0)
+    reads = [i for i, s in enumerate(packed) if s.read]
+    return {
+        "segments": packed,
+        "tokens": [t for s in packed for t in s.tokens],
+        "offsets": offsets,
+        "parents": [s.parent if isinstance(s.parent, int) else -1 for s in packed],
+        "levels": [level[old] for old in order],
+        "starts": starts,
+        "read_segments": reads,
+        "read_positions": [offsets[i + 1] - 1 for i in reads],
+        "packed_index": new_index,
+    }
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_build_forest_packs_as_the_plain_reference(body: ForestBody, seed: int) -> None:
+    """Level order whether or not the caller listed the segments in it (a root after a child:
+    the packed order moves it), and the tables as int64 tensors of the plain values."""
+    rng = random.Random(seed)
+    roots: list[SegmentState | None] = [None, _root(body, "packed")]
+    if seed == 0:  # in level order: evidence, then its questions
+        segs = [Segment((5, 6), roots[1]), Segment((7,), 0, read=True), Segment((8, 9), 0, read=True)]
+    else:  # often out of level order: a request's root after the questions of the one before
+        segs = _forest_segments(rng, roots)  # type: ignore[arg-type]
+    if seed == 1:  # surely out of order
+        segs += [Segment((1, 2, 3), roots[0]), Segment((4,), len(segs), read=True)]
+    forest, want = build_forest(segs), _reference_forest(segs)
+    assert forest.segments == want["segments"] and forest.packed_index == want["packed_index"]
+    assert forest.read_segments == want["read_segments"]
+    for name in ("tokens", "offsets", "parents", "levels", "starts", "read_positions"):
+        table = getattr(forest, name)
+        assert table.dtype == torch.int64 and table.dim() == 1 and table.tolist() == want[name], name
+    assert forest.num_levels == max(want["levels"]) + 1
+    caller_levels = [want["levels"][want["packed_index"][i]] for i in range(len(segs))]
+    in_order = caller_levels == sorted(caller_levels)
+    assert in_order == (forest.packed_index == {i: i for i in range(len(segs))})
+    if seed in (0, 1):  # both orders are covered
+        assert in_order == (seed == 0)
 
 
 def test_unknown_attributes_of_a_block_state_still_raise(body: ForestBody) -> None:

@@ -8,7 +8,14 @@ import math
 import pytest
 import torch
 
-from engine.decide.readout import _device_mass, _device_masses, _host_mass, fold_vocab_mass, read_letters
+from engine.decide.readout import (
+    _device_mass,
+    _device_masses,
+    _host_mass,
+    _letter_index,
+    fold_vocab_mass,
+    read_letters,
+)
 from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
 
 V = 3 * CHUNK + 1234  # a partial last chunk
@@ -111,3 +118,18 @@ def test_many_rows_fold_to_what_each_row_folds_alone(dev: torch.device, gen: tor
     for x, i, got in zip(rows, ids, many, strict=True):
         index = torch.tensor(i, device=dev)
         assert got == _device_mass(x, x.index_select(0, index))
+
+
+def test_rows_of_other_float_types_read_the_same_values(dev: torch.device, gen: torch.Generator) -> None:
+    """A batch with a row that is not fp32 takes the fp64 letter buffer (fp32 rows' letters go
+    into an fp32 tail otherwise): the same numbers as row by row either way, and a letter list
+    read again uses the index kept on the device (`_letter_index`), not a new upload."""
+    block = torch.randn(2, V, generator=gen).to(dev) * 4
+    rows = [block[0].to(torch.bfloat16), block[1], _row(gen, dev).double()]
+    ids = [[5, 2 * CHUNK + 1], [17, 100], [V - 1, 0, 3]]
+    many = _device_masses(rows, ids)
+    for x, i, got in zip(rows, ids, many, strict=True):
+        assert got == _device_mass(x, x.index_select(0, torch.tensor(i, device=dev)))
+    assert _device_masses(rows[1:2], ids[1:2]) == many[1:2]  # fp32 alone: the fp32 tail
+    assert _letter_index([17, 100], block.device) is _letter_index((17, 100), block.device)
+    assert _letter_index([17, 100], block.device).tolist() == [17, 100]
