@@ -330,7 +330,8 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
             )  # fmt: skip
-        for dots, form, decayed in itertools.product(TC_DOTS, TC_PREP_FORMS, TC_DECAYED_FORMS):  # prep forms
+        # every prep form ("invert_split": its three kernels, scores, inverse, w and u)
+        for dots, form, decayed in itertools.product(TC_DOTS, TC_PREP_FORMS, TC_DECAYED_FORMS):
             forest_gdn_prep(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,

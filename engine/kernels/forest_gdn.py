@@ -670,6 +670,168 @@ def _inv_level(d, a, part, eye, ON_GPU: tl.constexpr):
     return _mm_tf32(p, d, ON_GPU)
 
 
+def _invert_chunk(qblocks_ptr, segs_ptr, HV: tl.constexpr):
+    """This program's chunk (value head h = program 0, query block = program 1): whether it is
+    live (a live record at a 64-row chunk start inside its segment), the chunk's first packed
+    row, its 64 offsets, which of them lie inside the segment, their packed rows and their
+    [T, HV] row index."""
+    h = tl.program_id(0)
+    qb = tl.program_id(1).to(tl.int64) * 3  # query block record: slot, first local index, live
+    rec = segs_ptr + tl.load(qblocks_ptr + qb) * 8
+    c0 = tl.load(qblocks_ptr + qb + 1)
+    length = tl.load(rec + 1)
+    live = (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length)
+    offs = tl.arange(0, 64)
+    valid = c0 + offs < length
+    first = tl.load(rec) + c0
+    rows = first + offs
+    return live, h, first, offs, valid, rows, rows * HV + h
+
+
+def _invert_beta(b_ptr, rows, stride_b, h, valid):
+    """beta = sigmoid(b) of the chunk's rows for value head h (0 past the segment end)."""
+    b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
+    return tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+
+
+def _invert_keys(
+    conv_ptr, a_ptr, ssm_a_ptr, dt_ptr, g_ptr, kd_ptr, ks_ptr, gt_ptr, rows, at, h, offs, valid,
+    store_k, stride_conv, stride_a, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The chunk's log decay gam (from the chunk start; rows past the end add 0) and its
+    keys: gam stored, k l2-normalised, and k exp(gam_last - gam) stored (store_k) or its
+    scale and gam_last stored for the walk to remake it - one build, a runtime switch of masked
+    stores, so every TC_DECAYED_FORMS form computes the same bits. Returns (gam, k, k's scale)."""
+    x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32)
+    x = x + tl.load(dt_ptr + h).to(tl.float32)
+    soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
+    soft = tl.where(x > 20.0, x, soft)
+    g = tl.where(valid, tl.load(ssm_a_ptr + h).to(tl.float32) * soft, 0.0)
+    gam = tl.cumsum(g, axis=0)
+    # through the chunk's last row: gam's last entry (rows past the end add 0), the very bits
+    # the walk reads as the chunk's total decay
+    last = tl.sum(tl.where(offs == 63, gam, 0.0), axis=0)
+    tl.store(g_ptr + at, gam, mask=valid)
+    offs_k = tl.arange(0, DK)
+    hk = h // (HV // HQK)
+    k = tl.load(conv_ptr + rows[:, None] * stride_conv + HQK * DK + hk * DK + offs_k[None, :],
+                mask=valid[:, None], other=0.0)  # fmt: skip
+    k_scale = tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)
+    k = k * k_scale[:, None]
+    kept, remade = (offs * 0 + store_k) != 0, (offs * 0 + store_k) == 0  # row-shaped (interpreter)
+    decayed = (k * tl.exp(last - gam)[:, None]).to(kd_ptr.dtype.element_ty)
+    tl.store(kd_ptr + at[:, None] * DK + offs_k[None, :], decayed, mask=(valid & kept)[:, None])
+    tl.store(ks_ptr + at, k_scale, mask=valid & remade)
+    tl.store(gt_ptr + at, tl.where(offs == 0, last, 0.0), mask=(offs == 0) & valid & remade)
+    return gam, k, k_scale
+
+
+def _invert_front(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr, g_ptr, hidx_ptr, kd_ptr, ks_ptr, gt_ptr,
+    h, first, offs, valid, rows, at, store_k, stride_conv, stride_b, stride_a, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """What every invert form does first for a live chunk: its number (value head 0's program),
+    beta, and gam with the keys (`_invert_keys`). Returns (beta, gam, k, k's scale)."""
+    if h == 0:
+        _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, tl.program_id(1), first)
+    beta = _invert_beta(b_ptr, rows, stride_b, h, valid)
+    gam, k, k_scale = _invert_keys(
+        conv_ptr, a_ptr, ssm_a_ptr, dt_ptr, g_ptr, kd_ptr, ks_ptr, gt_ptr, rows, at, h, offs, valid,
+        store_k, stride_conv, stride_a, l2_eps, HQK, HV, DK, ON_GPU,
+    )  # fmt: skip
+    return beta, gam, k, k_scale
+
+
+def _invert_decay(gam, offs):
+    """exp(gam_r - gam_c) on and below the diagonal (<= 1 there, where gam_r <= gam_c), 0 above
+    it (masked before the exp): one decay matrix for the scores and A."""
+    r, c = offs[:, None], offs[None, :]
+    return tl.exp(tl.where(r >= c, gam[:, None] - gam[None, :], float("-inf")))
+
+
+def _invert_a(k, beta, decay, offs, BF16: tl.constexpr, ON_GPU: tl.constexpr):
+    """A, strictly lower: (k k^T scaled by beta after the product) times the decay."""
+    r, c = offs[:, None], offs[None, :]
+    return tl.where(r > c, (_mm(k, tl.trans(k), BF16, ON_GPU) * beta[:, None]) * decay, 0.0)
+
+
+def _invert_scores(
+    conv_ptr, qg_ptr, qs_ptr, aqk_ptr, rows, at, h, offs, valid, k, decay, gam, store_q, stride_conv,
+    q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BF16: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The queries (l2-normalised and scaled; q exp(gam) stored (store_q), else its scale, for
+    the outputs kernel to remake it) and the decayed causal scores exp(gam_r - gam_c) q_r.k_c
+    (c <= r; zeros above the diagonal), stored."""
+    op = qg_ptr.dtype.element_ty
+    offs_k = tl.arange(0, DK)
+    hk = h // (HV // HQK)
+    q = tl.load(
+        conv_ptr + rows[:, None] * stride_conv + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0
+    )
+    q_norm = tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale
+    q = q * q_norm[:, None]
+    kept = (offs * 0 + store_q) != 0  # as k's (store_q: stored, else made by the outputs)
+    tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], (q * tl.exp(gam)[:, None]).to(op),
+             mask=(valid & kept)[:, None])  # fmt: skip
+    tl.store(qs_ptr + at, q_norm, mask=valid & ~kept)
+    scores = _mm(q, tl.trans(k), BF16, ON_GPU) * decay
+    tl.store(aqk_ptr + at[:, None] * 64 + offs[None, :], scores.to(op), mask=valid[:, None])
+
+
+def _invert_t(a, src, valid, offs, LOADED: tl.constexpr, ON_GPU: tl.constexpr):
+    """T = (I + A)^-1: blocks of 4 by (I - B)(I + B^2) (B^4 = 0), then two levels of
+    `_inv_level` (4 -> 16 -> 64 rows). A is the matrix `a`, or (LOADED) read from `src` (a
+    [64, 64] fp32 pointer block, rows past the segment end as zeros: what `a` holds there) one
+    part where each level uses it - the same values, and A is never live whole (the inverse
+    kernel's registers: 152 against 198 in the bf16 sm_90 build with the three parts loaded up front)."""
+    r, c = offs[:, None], offs[None, :]
+    eye = tl.where(r == c, 1.0, 0.0)
+    in4 = (r // 4) == (c // 4)
+    if LOADED:
+        b4 = tl.where(in4, tl.load(src, mask=valid[:, None] & in4, other=0.0), 0.0)
+    else:
+        b4 = tl.where(in4, a, 0.0)
+    ib = eye - b4
+    d = ib + _mm_tf32(ib, _mm_tf32(b4, b4, ON_GPU), ON_GPU)
+    part = ((r // 16) == (c // 16)) & ~in4
+    if LOADED:
+        d = _inv_level(d, tl.load(src, mask=valid[:, None] & part, other=0.0), part, eye, ON_GPU)
+    else:
+        d = _inv_level(d, a, part, eye, ON_GPU)
+    part = (r // 16) != (c // 16)
+    if LOADED:
+        return _inv_level(d, tl.load(src, mask=valid[:, None] & part, other=0.0), part, eye, ON_GPU)
+    else:
+        return _inv_level(d, a, part, eye, ON_GPU)
+
+
+def _invert_wu(
+    conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BF16: tl.constexpr,
+    ON_GPU: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """w = T (beta exp(gam) k) and u = T (beta v), BW columns at a time (a [64, 128] fp32
+    accumulator and its operand would hold 128 registers per thread at 4 warps); k reloaded
+    from L1/L2 and scaled by its stored scale rather than kept live."""
+    op = w_ptr.dtype.element_ty
+    hk = h // (HV // HQK)
+    src = conv_ptr + rows[:, None] * stride_conv
+    for j in tl.static_range(DK // BW):
+        offs_j = j * BW + tl.arange(0, BW)
+        k = tl.load(src + HQK * DK + hk * DK + offs_j[None, :], mask=valid[:, None], other=0.0)
+        k = (k * k_scale[:, None]) * (beta * tl.exp(gam))[:, None]
+        w = _mm(t_op, k, BF16, ON_GPU)
+        tl.store(w_ptr + at[:, None] * DK + offs_j[None, :], w.to(op), mask=valid[:, None])
+    for j in tl.static_range(DV // BW):
+        offs_j = j * BW + tl.arange(0, BW)
+        v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
+        u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
+        tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
+
+
 def _forest_gdn_tc_invert_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
     w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr, qs_ptr, ks_ptr, gt_ptr, store_q, store_k,
@@ -688,87 +850,102 @@ def _forest_gdn_tc_invert_kernel(
     w = T (beta exp(gam) k) and u = T (beta v) are one product each (in 64-column blocks) at
     the operand precision. The chain is 16 products on the tensor cores (wgmma) instead of 64
     16-row ones (24 of them fp32 FMA for the diagonal inverses), on 4 warps instead of 8."""
-    h = tl.program_id(0)
-    qb = tl.program_id(1).to(tl.int64) * 3  # query block record: slot, first local index, live
-    slot = tl.load(qblocks_ptr + qb)
-    c0 = tl.load(qblocks_ptr + qb + 1)
-    rec = segs_ptr + slot * 8
-    length = tl.load(rec + 1)
-    if (tl.load(qblocks_ptr + qb + 2) != 0) & (c0 % 64 == 0) & (c0 < length):
-        tok_lo = tl.load(rec)
-        if h == 0:
-            _tc_chunk_number(qblocks_ptr, segs_ptr, hidx_ptr, tl.program_id(1), tok_lo + c0)
-        hk = h // (HV // HQK)
-        op = qg_ptr.dtype.element_ty
-        offs = tl.arange(0, 64)
-        offs_k = tl.arange(0, DK)
-        valid = c0 + offs < length
-        rows = tok_lo + c0 + offs
-        at = rows * HV + h
-        # beta and the log decay of this value head; gam from the chunk start (rows past the end add 0)
-        b = tl.load(b_ptr + rows * stride_b + h, mask=valid, other=0.0).to(tl.float32)
-        beta = tl.where(valid, 1.0 / (1.0 + tl.exp(-b)), 0.0)
-        x = tl.load(a_ptr + rows * stride_a + h, mask=valid, other=0.0).to(tl.float32)
-        x = x + tl.load(dt_ptr + h).to(tl.float32)
-        soft = libdevice.log1p(tl.exp(x)) if ON_GPU else tl.log(1.0 + tl.exp(x))
-        soft = tl.where(x > 20.0, x, soft)
-        g = tl.where(valid, tl.load(ssm_a_ptr + h).to(tl.float32) * soft, 0.0)
-        gam = tl.cumsum(g, axis=0)
-        # through the chunk's last row: gam's last entry (rows past the end add 0), the very bits
-        # the walk reads as the chunk's total decay
-        last = tl.sum(tl.where(offs == 63, gam, 0.0), axis=0)
-        tl.store(g_ptr + at, gam, mask=valid)
-        # k: l2-normalised (its scale kept for w's operand later: registers), k exp(gam_last - gam)
-        src = conv_ptr + rows[:, None] * stride_conv
-        k = tl.load(src + HQK * DK + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-        k_scale = tl.math.rsqrt(tl.sum(k * k, axis=1) + l2_eps)
-        k = k * k_scale[:, None]
-        # stored (store_k) or made by the walk from k's scale and gam_last: one build, a runtime
-        # switch of masked stores, so every TC_DECAYED_FORMS form computes the same bits
-        kept, remade = (offs * 0 + store_k) != 0, (offs * 0 + store_k) == 0  # row-shaped (interpreter)
-        tl.store(kd_ptr + at[:, None] * DK + offs_k[None, :], (k * tl.exp(last - gam)[:, None]).to(op),
-                 mask=(valid & kept)[:, None])  # fmt: skip
-        tl.store(ks_ptr + at, k_scale, mask=valid & remade)
-        tl.store(gt_ptr + at, tl.where(offs == 0, last, 0.0), mask=(offs == 0) & valid & remade)
-        kk = _mm(k, tl.trans(k), BF16, ON_GPU)
-        q = tl.load(src + hk * DK + offs_k[None, :], mask=valid[:, None], other=0.0)
-        q_norm = tl.math.rsqrt(tl.sum(q * q, axis=1) + l2_eps) * q_scale
-        q = q * q_norm[:, None]
-        kept = (offs * 0 + store_q) != 0  # as k's (store_q: stored, else made by the outputs)
-        tl.store(qg_ptr + at[:, None] * DK + offs_k[None, :], (q * tl.exp(gam)[:, None]).to(op),
-                 mask=(valid & kept)[:, None])  # fmt: skip
-        tl.store(qs_ptr + at, q_norm, mask=valid & ~kept)
-        # the decayed causal scores exp(gam_r - gam_c) q_r.k_c (c <= r; zeros above the diagonal)
-        # (one decay matrix for the scores and A: exp(gam_r - gam_c) <= 1 on and below the
-        # diagonal, where gam_r <= gam_c; masked before exp above it)
-        r, c = offs[:, None], offs[None, :]
-        decay = tl.exp(tl.where(r >= c, gam[:, None] - gam[None, :], float("-inf")))
-        scores = _mm(q, tl.trans(k), BF16, ON_GPU) * decay
-        tl.store(aqk_ptr + at[:, None] * 64 + c, scores.to(op), mask=valid[:, None])
-        # A (strictly lower) and T = (I + A)^-1: blocks of 4 by (I - B)(I + B^2) (B^4 = 0), then
-        # two levels of `_inv_level` (4 -> 16 -> 64 rows)
-        a = tl.where(r > c, (kk * beta[:, None]) * decay, 0.0)
-        eye = tl.where(r == c, 1.0, 0.0)
-        in4 = (r // 4) == (c // 4)
-        b4 = tl.where(in4, a, 0.0)
-        ib = eye - b4
-        d = ib + _mm_tf32(ib, _mm_tf32(b4, b4, ON_GPU), ON_GPU)
-        d = _inv_level(d, a, ((r // 16) == (c // 16)) & ((r // 4) != (c // 4)), eye, ON_GPU)
-        t = _inv_level(d, a, (r // 16) != (c // 16), eye, ON_GPU)
-        # w and u: BW columns at a time (a [64, 128] fp32 accumulator and its operand would hold
-        # 128 registers per thread at 4 warps); k reloaded from L1/L2 rather than kept live
-        t_op = t.to(op) if BF16 else t
-        for j in tl.static_range(DK // BW):
-            offs_j = j * BW + tl.arange(0, BW)
-            k = tl.load(src + HQK * DK + hk * DK + offs_j[None, :], mask=valid[:, None], other=0.0)
-            k = (k * k_scale[:, None]) * (beta * tl.exp(gam))[:, None]
-            w = _mm(t_op, k, BF16, ON_GPU)
-            tl.store(w_ptr + at[:, None] * DK + offs_j[None, :], w.to(op), mask=valid[:, None])
-        for j in tl.static_range(DV // BW):
-            offs_j = j * BW + tl.arange(0, BW)
-            v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
-            u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
-            tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
+    live, h, first, offs, valid, rows, at = _invert_chunk(qblocks_ptr, segs_ptr, HV)
+    if live:
+        beta, gam, k, k_scale = _invert_front(
+            conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr, g_ptr, hidx_ptr, kd_ptr, ks_ptr,
+            gt_ptr, h, first, offs, valid, rows, at, store_k, stride_conv, stride_b, stride_a, l2_eps,
+            HQK, HV, DK, ON_GPU,
+        )  # fmt: skip
+        decay = _invert_decay(gam, offs)
+        a = _invert_a(k, beta, decay, offs, BF16, ON_GPU)
+        _invert_scores(
+            conv_ptr, qg_ptr, qs_ptr, aqk_ptr, rows, at, h, offs, valid, k, decay, gam, store_q, stride_conv,
+            q_scale, l2_eps, HQK, HV, DK, BF16, ON_GPU,
+        )  # fmt: skip
+        t = _invert_t(a, w_ptr, valid, offs, False, ON_GPU)  # (w_ptr: not read)
+        t_op = t.to(w_ptr.dtype.element_ty) if BF16 else t
+        _invert_wu(conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
+                   HQK, HV, DK, DV, BF16, ON_GPU, BW)  # fmt: skip
+
+
+# ----------------------------------------------------------- the invert form in three kernels
+# `_forest_gdn_tc_invert_kernel` split where its live values are fewest: after A (the scores
+# kernel), after T (the inverse kernel), and the w / u products (the w, u kernel). Each runs
+# the fused kernel's ops on the same values in the same order, so every stored tensor keeps
+# its bits; what passes between them goes through fp32 or operand-dtype workspaces exactly.
+def _forest_gdn_tc_invert_scores_kernel(
+    conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
+    qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr, qs_ptr, ks_ptr, gt_ptr, am_ptr, kn_ptr, store_q, store_k,
+    stride_conv, stride_b, stride_a, q_scale, l2_eps,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (value head, query block), the first of the "invert_split" form's three: the
+    fused `_forest_gdn_tc_invert_kernel` up to A, its ops on the same values (beta, gam, q and
+    k with their row sums, every store it makes before the inverse; A is made before q is
+    loaded, so k k^T is dead by then: 149 registers, not 195, in the bf16 sm_90 build), and A
+    (fp32, strictly lower: row r of the chunk at packed row r, 64 columns) and k's l2 scale
+    per row (fp32) to the workspaces am / kn for the inverse and the w, u kernel. The row sums
+    stay here, in the fused kernel's layout at its warps, so the later kernels redo no
+    reduction (whose order would follow their own layouts). Only the chunk's live rows are
+    stored (its rows past the segment end are another segment's or padding); the readers
+    load those as zeros, the values the fused kernel holds there."""
+    live, h, first, offs, valid, rows, at = _invert_chunk(qblocks_ptr, segs_ptr, HV)
+    if live:
+        beta, gam, k, k_scale = _invert_front(
+            conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr, g_ptr, hidx_ptr, kd_ptr, ks_ptr,
+            gt_ptr, h, first, offs, valid, rows, at, store_k, stride_conv, stride_b, stride_a, l2_eps,
+            HQK, HV, DK, ON_GPU,
+        )  # fmt: skip
+        tl.store(kn_ptr + at, k_scale, mask=valid)
+        decay = _invert_decay(gam, offs)
+        a = _invert_a(k, beta, decay, offs, BF16, ON_GPU)
+        tl.store(am_ptr + at[:, None] * 64 + offs[None, :], a, mask=valid[:, None])
+        _invert_scores(
+            conv_ptr, qg_ptr, qs_ptr, aqk_ptr, rows, at, h, offs, valid, k, decay, gam, store_q, stride_conv,
+            q_scale, l2_eps, HQK, HV, DK, BF16, ON_GPU,
+        )  # fmt: skip
+
+
+def _forest_gdn_tc_invert_inverse_kernel(
+    segs_ptr, qblocks_ptr, am_ptr, tm_ptr, HV: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program (value head, query block), the second of the "invert_split" form's three: the
+    chunk's A from the scores kernel's workspace (its rows past the segment end read as zeros,
+    as the fused kernel holds them; each level's part loaded where the level uses it, the
+    values tl.where(part, a, 0) gives, so A is not live throughout: 152 registers, not 185),
+    T = (I + A)^-1 by the fused kernel's blocked inverse - the same ten tf32 products and
+    elementwise ops in the same order - and T in the operand
+    dtype the fused kernel feeds its w and u products (bf16, or fp32 for tf32 operands) to
+    the workspace tm, at the chunk's live rows."""
+    live, h, first, offs, valid, rows, at = _invert_chunk(qblocks_ptr, segs_ptr, HV)
+    if live:
+        block = at[:, None] * 64 + offs[None, :]
+        t = _invert_t(am_ptr, am_ptr + block, valid, offs, True, ON_GPU)  # (the first: not read)
+        tl.store(tm_ptr + block, t.to(tm_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def _forest_gdn_tc_invert_wu_kernel(
+    conv_ptr, b_ptr, segs_ptr, qblocks_ptr, w_ptr, u_ptr, g_ptr, kn_ptr, tm_ptr, stride_conv, stride_b,
+    HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """Program (value head, query block), the last of the "invert_split" form's three:
+    w = T (beta exp(gam) k) and u = T (beta v) as the fused kernel makes them - BW columns at a
+    time, the same elementwise ops in the same order - from T (the inverse kernel's
+    workspace), gam (as the scores kernel stored it), k's l2 scale (its workspace: no row sum
+    here) and beta (elementwise from b, the same bits). Rows past the segment end read zeros
+    for T, gam and the scale: their operand rows are zeros either way (k and v are masked,
+    beta is 0), and a product's live row reads only its own row of T."""
+    live, h, first, offs, valid, rows, at = _invert_chunk(qblocks_ptr, segs_ptr, HV)
+    if live:
+        beta = _invert_beta(b_ptr, rows, stride_b, h, valid)
+        gam = tl.load(g_ptr + at, mask=valid, other=0.0)
+        k_scale = tl.load(kn_ptr + at, mask=valid, other=0.0)
+        t_op = tl.load(tm_ptr + at[:, None] * 64 + offs[None, :], mask=valid[:, None], other=0.0)
+        _invert_wu(conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
+                   HQK, HV, DK, DV, BF16, ON_GPU, BW)  # fmt: skip
 
 
 def _decayed(conv_ptr, scale_ptr, g_ptr, rows, at, valid, g_last, col, stride_conv, DK: tl.constexpr,
@@ -979,8 +1156,20 @@ _tc_chunk_number = helper(_tc_chunk_number)  # type: ignore[assignment]
 _tf32 = helper(_tf32)  # type: ignore[assignment]
 _mm_tf32 = helper(_mm_tf32)  # type: ignore[assignment]
 _inv_level = helper(_inv_level)  # type: ignore[assignment]
+_invert_chunk = helper(_invert_chunk)  # type: ignore[assignment]
+_invert_beta = helper(_invert_beta)  # type: ignore[assignment]
+_invert_keys = helper(_invert_keys)  # type: ignore[assignment]
+_invert_front = helper(_invert_front)  # type: ignore[assignment]
+_invert_decay = helper(_invert_decay)  # type: ignore[assignment]
+_invert_a = helper(_invert_a)  # type: ignore[assignment]
+_invert_scores = helper(_invert_scores)  # type: ignore[assignment]
+_invert_t = helper(_invert_t)  # type: ignore[assignment]
+_invert_wu = helper(_invert_wu)  # type: ignore[assignment]
 _gdn_tc_prep = kernel(_forest_gdn_tc_prep_kernel)
 _gdn_tc_invert = kernel(_forest_gdn_tc_invert_kernel)
+_gdn_tc_invert_scores = kernel(_forest_gdn_tc_invert_scores_kernel)
+_gdn_tc_invert_inverse = kernel(_forest_gdn_tc_invert_inverse_kernel)
+_gdn_tc_invert_wu = kernel(_forest_gdn_tc_invert_wu_kernel)
 _gdn_tc = kernel(_forest_gdn_tc_kernel)
 _gdn_tc_walk = kernel(_forest_gdn_tc_walk_kernel)
 _gdn_tc_out = kernel(_forest_gdn_tc_out_kernel)
@@ -1133,9 +1322,19 @@ TC_PREP_WARPS = 8
 # whole chunk's 64 x 64 products and a blocked inverse on the tensor cores). Both are exact
 # forms of the same products; their bits differ (other rounding points). TC_PREP_FORM is what
 # forest_gdn_prep(chunk=64) runs unless told; the GPU timings decide it.
-TC_PREP_FORMS = ("blocks", "invert")
+# "invert_split": the invert form in three kernels (scores and A, the inverse, w and u) with
+# workspaces between them, the fused kernel's ops on the same values: the same bits (tested),
+# fewer live registers per kernel, so more programs in flight on a chain of dependent products.
+TC_PREP_FORMS = ("blocks", "invert", "invert_split")
 TC_PREP_FORM = "blocks"
 TC_INVERT_WARPS = 4
+# The engine (`ForestBody(gdn_prep="invert")`, and "auto" where it picks invert) runs the
+# invert form as "invert_split" when this is set: the same bits, so a setting of time alone
+# (bench_engine's "tc64inv-invertsplit" variant sets it).
+TC_INVERT_SPLIT = False
+# the split form's warps: (scores, inverse, w and u); prep_warps, when given, replaces the first
+# (why 4 each: `_invert_split`)
+TC_INVERT_SPLIT_WARPS = (4, 4, 4)
 # The invert kernel's compiled build for heads whose sizes are not multiples of 64 (w and u in
 # 16-column blocks: the tiny test heads) faulted with an illegal address on the H200
 # (2026-12-02, bf16, dk = dv = 16; the 27B heads, 64-column blocks, ran and matched the blocks
@@ -1315,10 +1514,13 @@ def forest_gdn_prep(
     depth (None: TC_STAGES). The bits are the same either way on the
     interpreter (the same operands and products); on the GPU they may differ by the dots' tiling.
     prep_form (TC_PREP_FORMS; None: TC_PREP_FORM) picks the chunk-64 prep kernel and prep_warps
-    its warps (None: TC_PREP_WARPS for "blocks", TC_INVERT_WARPS for "invert"); the forms agree
-    to the operands' rounding, not bitwise. decayed (TC_DECAYED_FORMS; None: TC_DECAYED for the
-    split walk, "stored" for the fused one, which takes only that): whether the prep stores q
-    exp(gam) and k exp(gam_last - gam) or the split walk and the outputs remake them.
+    its warps (None: TC_PREP_WARPS for "blocks", TC_INVERT_WARPS for "invert", for
+    "invert_split" TC_INVERT_SPLIT_WARPS[0], its first kernel's); "blocks" and "invert" agree
+    to the operands' rounding, not bitwise; "invert_split" (`_invert_split`) gives "invert"'s
+    bits, and "invert" runs as it while TC_INVERT_SPLIT is set. decayed (TC_DECAYED_FORMS;
+    None: TC_DECAYED for the split walk, "stored" for the fused one, which takes only that):
+    whether the prep stores q exp(gam) and k exp(gam_last - gam) or the split walk and the
+    outputs remake them.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -1352,8 +1554,12 @@ def forest_gdn_prep(
         prep_form = TC_PREP_FORM if prep_form is None else prep_form
         if prep_form not in TC_PREP_FORMS:
             raise ValueError(f"prep_form must be one of {TC_PREP_FORMS}, got {prep_form!r}")
+        if prep_form == "invert" and TC_INVERT_SPLIT:
+            prep_form = "invert_split"
         if prep_warps is None:
-            prep_warps = TC_PREP_WARPS if prep_form == "blocks" else TC_INVERT_WARPS
+            prep_warps = {"blocks": TC_PREP_WARPS, "invert": TC_INVERT_WARPS}.get(
+                prep_form, TC_INVERT_SPLIT_WARPS[0]
+            )
         if prep_warps not in (4, 8):
             raise ValueError(f"prep_warps must be 4 or 8, got {prep_warps}")
         if decayed is None:
@@ -1450,11 +1656,16 @@ def _tc_prep(
         launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
     elif conv.is_cuda and not invert_compiles_for(dk, dv):
         raise ValueError(
-            f"prep_form 'invert' runs compiled only for head sizes that are multiples of "
+            f"prep_form {form!r} runs compiled only for head sizes that are multiples of "
             f"{INVERT_HEAD_MULTIPLE} (got dk {dk}, dv {dv}): see INVERT_HEAD_MULTIPLE"
         )
     elif qblocks.shape[0] > 65535:  # the grid's second axis (CUDA's limit); ~1M packed rows
-        raise ValueError(f"prep_form 'invert' takes at most 65535 query blocks, got {qblocks.shape[0]}")
+        raise ValueError(f"prep_form {form!r} takes at most 65535 query blocks, got {qblocks.shape[0]}")
+    elif form == "invert_split":
+        _invert_split(
+            prep, conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, (hqk, hv, dk, dv), (store_q, store_k), warps
+        )
+        return prep
     else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
         launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
     launch(
@@ -1467,6 +1678,65 @@ def _tc_prep(
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return prep
+
+
+def _invert_split(
+    prep: TcPrep,
+    conv: torch.Tensor,
+    b_raw: torch.Tensor,
+    a_raw: torch.Tensor,
+    ssm_a: torch.Tensor,
+    dt: torch.Tensor,
+    segs: torch.Tensor,
+    qblocks: torch.Tensor,
+    heads: tuple[int, int, int, int],
+    stores: tuple[bool, bool],
+    warps: int,
+) -> None:
+    """The "invert_split" prep form: `_forest_gdn_tc_invert_kernel`'s products in three launches
+    over the same grid (value head, query block), with the same bits. The fused kernel is a
+    chain of ~14 dependent 64 x 64 products whose program holds everything at once - in its
+    sm_90 build at the 27B heads and 4 warps, bf16: 253 registers, 32 KB of shared memory;
+    tf32: 255 registers, 32 B of spills, 64 KB - so 2 programs (8 warps) fit an SM (65,536
+    registers, ~228 KB), too few to hide each product's latency. Split where the live values
+    are fewest, each kernel holds only its part (the same sm_90 builds, 2026-12-04, bf16 / tf32):
+    scores (q, k, the scores and A; A stored before q is loaded, so k k^T is dead by then):
+    149 / 242 registers, 32 / 64 KB: 3 / 2 programs an SM; inverse (A's parts loaded where
+    each level uses them, d, T; ten tf32 products): 152 / 161 registers, 48 KB: 3 / 3; w and u
+    (T and one 64-column block of k or v): 86 / 106 registers, 16 / 32 KB: 5 / 4; none spills.
+    The workspaces - A (fp32 [T, HV, 64]), T (the operand dtype [T, HV, 64]) and k's l2 scale
+    (fp32 [T, HV]) - are allocated here from the call's shapes alone (CUDA graphs capture the
+    launches): 150 MB at 8,192 rows and the 27B heads in bf16, each written once, read once.
+    Warps (`TC_INVERT_SPLIT_WARPS`, all 4): the scores kernel at the fused kernel's (`warps`),
+    since its row sums and the decay's cumsum must keep the fused kernel's layouts (the same
+    at 4 in the two builds' TTGIR); the other two at 4 too, one warp group per 64-row wgmma as
+    the fused kernel's products (8 warps split a product's columns over two groups: another
+    instruction shape, and the inverse then needs 134 registers at 8 warps, 1 program an SM).
+    The w, u kernel at 8 (60 registers: 4 programs, 32 warps an SM, against 5 x 4 at 4) is
+    the one open candidate; bench_gdn's "split bf16 inv3 wu8" times it and checks its bits."""
+    hqk, hv, dk, dv = heads
+    t, dev = conv.shape[0], conv.device
+    store_q, store_k = stores
+    bf16 = prep.dots == "bf16"
+    am = torch.empty(t, hv, TC_CHUNK, dtype=torch.float32, device=dev)
+    tm = torch.empty(t, hv, TC_CHUNK, dtype=prep.w.dtype, device=dev)
+    kn = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    grid = (hv, qblocks.shape[0])
+    _, w_inverse, w_wu = TC_INVERT_SPLIT_WARPS
+    _gdn_tc_invert_scores[grid](
+        conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
+        prep.qg if store_q else prep.w, prep.kd if store_k else prep.w, prep.scores, prep.gam,
+        prep.chunk_no, prep.gam if store_q else prep.q_norm, prep.gam if store_k else prep.k_norm,
+        prep.gam if store_k else prep.gam_last, am, kn, int(store_q), int(store_k),
+        conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=bf16, num_warps=warps, enable_fp_fusion=False,
+    )  # fmt: skip
+    _gdn_tc_invert_inverse[grid](segs, qblocks, am, tm, HV=hv, num_warps=w_inverse, enable_fp_fusion=False)
+    _gdn_tc_invert_wu[grid](
+        conv, b_raw, segs, qblocks, prep.w, prep.u, prep.gam, kn, tm, conv.stride(0), b_raw.stride(0),
+        HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=bf16, BW=64 if dk % 64 == dv % 64 == 0 else 16,
+        num_warps=w_wu, enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 def forest_gdn(

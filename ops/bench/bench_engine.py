@@ -848,6 +848,15 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "set": {"engine.kernels.forest_attention.CONCURRENT_TIERS": True},
     },
+    # the CUDA default with the GDN prep's invert form in three kernels (scores and A, the
+    # inverse, w and u: `forest_gdn.TC_INVERT_SPLIT`, "invert_split"): the same bits
+    "tc64inv-invertsplit": {
+        "gdn_chunk": 64,
+        "gdn_dots": "bf16",
+        "attention_dots": "bf16",
+        "gdn_prep": "invert",
+        "set": {"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True},
+    },
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": {

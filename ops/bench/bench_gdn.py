@@ -32,6 +32,16 @@ seconds since the start when the row was printed (compiles included), so a run c
 shows where its time went. If `import fla` works, fla-core's `chunk_gated_delta_rule` (bf16)
 is timed the same way at the same lengths, after all our rows, for a side-by-side (its (b)
 runs four independent sequences: fla has no forest; eagerly if its graph capture fails).
+Then the invert prep in three kernels ("invert_split": scores and A, the inverse, w and u;
+`forest_gdn._invert_split`): "split bf16 inv3" runs it where "split bf16 inv" runs the fused
+kernel (stored decays, the memset), "inv3 wu8" with its w, u kernel on 8 warps
+(`TC_INVERT_SPLIT_WARPS`, set for that row only). The third closing table puts them beside the
+fused row: prep alone and the layer in ms, whether every tensor of the prep is the fused
+prep's bits (made once more outside the timing, all rows live here), and whether the layer's
+outputs and final states are the fused row's bits. Only those rows (and token, the reference):
+
+    PYTHONPATH=. python3 ops/bench/bench_gdn.py --no-fla \
+        --paths "split bf16 inv,split bf16 inv3,split bf16 inv3 wu8"
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -49,6 +59,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels import forest_gdn as forest_gdn_module
 from engine.kernels.forest_gdn import TC_CHUNK, forest_gdn, forest_gdn_outputs, forest_gdn_prep
 from engine.kernels.forest_tables import (
     BLOCK_M,
@@ -74,10 +85,18 @@ FORESTS = {
     "T=8192": [(8192, None)],
 }
 # also timed launch kind by launch kind (prep, the levels' walks, outputs)
-BREAKDOWN = ("split bf16", "split bf16 inv", "split bf16 inv rc", "split bf16 inv rcq")
+BREAKDOWN = (
+    "split bf16",
+    "split bf16 inv",
+    "split bf16 inv rc",
+    "split bf16 inv rcq",
+    "split bf16 inv3",
+    "split bf16 inv3 wu8",
+)
 OLD, NEW = "blocks", "invert"  # the prep forms compared in the closing table
 DECAYED = ("split bf16 inv", "split bf16 inv rc", "split bf16 inv rcq")  # old, new, half: second table
 OLD_BUILD = "inv old build"  # --old-module: the kernels before TC_DECAYED_FORMS, the old way
+SPLIT = ("split bf16 inv3", "split bf16 inv3 wu8")  # "invert_split", against DECAYED[0]: third table
 # path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) did by default
 # when the "invert" form was written (the prep form and the decayed form are named, so the rows
 # keep their meaning). "memset": the layer zeroes `o` first (the body before the outputs launch
@@ -102,7 +121,41 @@ PATHS = {
     "split BV32 s3": (TC_CHUNK, "bf16", dict(STORED, walk_stages=3)),
     "split tf32": (TC_CHUNK, "tf32", dict(STORED, prep_form=OLD)),
     "split tf32 inv": (TC_CHUNK, "tf32", dict(STORED, prep_form=NEW)),
+    # the invert prep in three kernels ("split_warps": TC_INVERT_SPLIT_WARPS for the row)
+    "split bf16 inv3": (TC_CHUNK, "bf16", dict(STORED, prep_form="invert_split")),
+    "split bf16 inv3 wu8": (TC_CHUNK, "bf16", dict(STORED, prep_form="invert_split", split_warps=(4, 4, 8))),
 }
+PREP_TENSORS = ("w", "u", "qg", "kd", "scores", "gam", "q_norm", "k_norm", "gam_last")
+
+
+def split_warps(fn: Callable[[], object], warps: tuple[int, int, int] | None) -> Callable[[], None]:
+    """fn with `forest_gdn.TC_INVERT_SPLIT_WARPS` set to `warps` while it runs (None: as it is);
+    the launches read it when made, so a graph captured inside keeps those warps."""
+    if warps is None:
+        return fn
+
+    def run() -> None:
+        before = forest_gdn_module.TC_INVERT_SPLIT_WARPS
+        forest_gdn_module.TC_INVERT_SPLIT_WARPS = warps
+        try:
+            fn()
+        finally:
+            forest_gdn_module.TC_INVERT_SPLIT_WARPS = before
+
+    return run
+
+
+def prep_bits(got, want, chunk_rows: list[int]) -> list[str]:
+    """The prep tensors whose bits differ between two chunk-64 preps of one forest with every
+    row live (the chunk numbers only at the chunks' first rows: nothing else is written)."""
+    differ = [
+        name
+        for name in PREP_TENSORS
+        if not torch.equal(getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8))
+    ]
+    if not torch.equal(got.chunk_no[chunk_rows], want.chunk_no[chunk_rows]):
+        differ.append("chunk_no")
+    return differ
 
 
 def forest(spec: list[tuple[int, int | None]], dev: torch.device):
@@ -214,6 +267,25 @@ def decayed_table(results: list[dict]) -> None:
             )
 
 
+def split_table(results: list[dict]) -> None:
+    """The invert prep fused and in three kernels side by side (bf16 split walk, stored decays):
+    prep alone and the layer in ms, and whether the prep's tensors and the layer's outputs and
+    final states are the fused row's bits."""
+    got = {(r["forest"], r["path"]): r for r in results}
+    fused = DECAYED[0]
+    print(f"\ninvert prep fused ({fused!r}) vs in three kernels; ms/layer; same bits as the fused row's")
+    print(f"{'forest':<14} {'path':<20} {'prep':>8} {'layer':>8} {'prep bits':>10} {'layer bits':>10}")
+    for name in FORESTS:
+        for path in (fused, *SPLIT):
+            row = got.get((name, path))
+            if not row:
+                continue
+            prep = got.get((name, f"{path}: prep"), {}).get("ms", float("nan"))
+            same_prep = "-" if path == fused else str(row.get("prep_bits_equal", "?"))
+            same = "-" if path == fused else str(row.get("same_bits_as_old", "?"))
+            print(f"{name:<14} {path:<20} {prep:>8.4f} {row['ms']:>8.4f} {same_prep:>10} {same:>10}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -263,7 +335,8 @@ def main() -> None:
         ref_o = ref_state = None
         for path, (chunk, dots, options) in paths.items():
             out = torch.zeros(t, HV, DV, device=dev)
-            opts = {k: v for k, v in options.items() if k != "memset"}
+            opts = {k: v for k, v in options.items() if k not in ("memset", "split_warps")}
+            warps = options.get("split_warps")
             memset = bool(options.get("memset"))
             prep_fn, gdn_fn, outputs_fn = builds["old" if path == OLD_BUILD else "new"]
             rows_kw = {} if memset else dict(rows=rows)  # the old build's outputs take no rows
@@ -283,7 +356,7 @@ def main() -> None:
                     )  # fmt: skip
                 outputs_fn(prep, segs, out, **rows_kw)
 
-            ms = timed(layer, args.reps)
+            ms = timed(split_warps(layer, warps), args.reps)
             o, state = out[live], base.clone()
             if ref_o is None:
                 ref_o, ref_state = o, state
@@ -295,9 +368,29 @@ def main() -> None:
             if path in (DECAYED[0], OLD_BUILD):
                 old_bits[name, path] = (out.clone(), state)
             for key, ref in (("same_bits_as_old", DECAYED[0]), ("same_bits_as_old_build", OLD_BUILD)):
-                if path in (*DECAYED, OLD_BUILD) and path != ref and (name, ref) in old_bits:
+                if path in (*DECAYED, *SPLIT, OLD_BUILD) and path != ref and (name, ref) in old_bits:
                     o_ref, s_ref = old_bits[name, ref]
                     results[-1][key] = torch.equal(out, o_ref) and torch.equal(state, s_ref)
+            if path in SPLIT:  # every prep tensor against the fused kernel's, made once more untimed
+                made_prep: list = []
+
+                def make() -> None:
+                    args_ = (conv, b_raw, a_raw, ssm_a, dt, segs, qblocks)
+                    made_prep.append(prep_fn(*args_, **heads, chunk=chunk, dots=dots, **opts))
+
+                split_warps(make, warps)()
+                fused = prep_fn(
+                    conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots,
+                    **dict(opts, prep_form=NEW),
+                )  # fmt: skip
+                chunk_rows = [lo + c for lo, (n, _) in zip(segs[:, SEG_TOK_LO].tolist(), spec, strict=True)
+                              for c in range(0, n, TC_CHUNK)]  # fmt: skip
+                differ = prep_bits(made_prep[0], fused, chunk_rows)
+                results[-1]["prep_bits_equal"] = not differ
+                if differ:
+                    results[-1]["prep_bits_differ"] = differ
+                    print(f"{name:<14} {'  prep bits differ':<18} {', '.join(differ)}", flush=True)
+                del made_prep, fused
             save(args.out, results)
             if path in BREAKDOWN or path == OLD_BUILD:  # where its time goes: each launch kind in a graph
                 prep = prep_fn(
@@ -330,12 +423,13 @@ def main() -> None:
                     "outputs": lambda: outputs_fn(prep, segs, out, **rows_kw),
                 }
                 for part, fn in parts.items():
-                    ms = timed(fn, args.reps)
+                    ms = timed(split_warps(fn, warps), args.reps)
                     print(f"{name:<14} {'  ' + part:<18} {ms:>9.4f}", flush=True)
                     results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
         made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))
     table(results)
     decayed_table(results)
+    split_table(results)
     # fla last, so a slow autotune of its kernels cannot cut our rows short
     for name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o in made:
         if chunk_gated_delta_rule is None or args.no_fla:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import forest_gdn as forest_gdn_module
 from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_rows import CONV_OFF, LIVE, STATE_OFF
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
@@ -642,16 +643,19 @@ def test_chunk_options_are_checked(dev: torch.device, gen: torch.Generator) -> N
 # unit roundoff of the chunk-64 form's dot operands (bf16: 8 significant bits, tf32: 11)
 UNIT = {"bf16": 2.0**-8, "tf32": 2.0**-11}
 TC_LENGTHS, TC_FIRST, TC_T = [150, 70], [3, 155], 232  # 3 and 2 chunks, neither a multiple of 64
+# The prep forms of the slowest tests: "invert_split" is tested bit-equal to "invert" (every
+# prep tensor, `test_tc_invert_split_equals_the_fused_invert`), so these would repeat its checks.
+FUSED_PREP_FORMS = tuple(form for form in TC_PREP_FORMS if form != "invert_split")
 
 
 def _compiled_or_skip(form: str, dev: torch.device, dk: int = DK, dv: int = DV) -> None:
     """The invert form runs compiled only at head sizes it was built for (`invert_compiles_for`;
     the interpreter runs every width): on CUDA the tiny test heads skip it."""
-    if dev.type == "cuda" and form == "invert" and not invert_compiles_for(dk, dv):
+    if dev.type == "cuda" and form.startswith("invert") and not invert_compiles_for(dk, dv):
         pytest.skip(f"invert form not compiled for dk {dk}, dv {dv} (INVERT_HEAD_MULTIPLE)")
 
 
-@pytest.mark.parametrize("form", TC_PREP_FORMS)
+@pytest.mark.parametrize("form", FUSED_PREP_FORMS)
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
 def test_tc_chunks_equal_the_token_by_token_recurrence(
     dots: str, form: str, dev: torch.device, gen: torch.Generator
@@ -755,7 +759,7 @@ TC_HEADS = {"tiny": (HQK, HV, DK, DV), "27B": (1, 3, 128, 128)}  # 27B: its head
 
 
 @pytest.mark.parametrize("heads", TC_HEADS)
-@pytest.mark.parametrize("form", TC_PREP_FORMS)
+@pytest.mark.parametrize("form", FUSED_PREP_FORMS)
 @pytest.mark.parametrize("dots", ["tf32", "bf16"])
 def test_tc_recomputed_decays_equal_the_stored_ones(
     dots: str, form: str, heads: str, dev: torch.device, gen: torch.Generator
@@ -951,6 +955,80 @@ def test_tc_prep_rows_alone_equal_packed_at_the_model_head_size(
     alone = forest_gdn_prep(*alone_inputs, alone_segs, _qblocks(alone_segs), **kw)
     for name in ("w", "u", "qg", "kd", "scores", "gam"):
         assert torch.equal(getattr(alone, name)[:n], getattr(packed, name)[rows]), name
+
+
+class _NanEmpty:
+    """forest_gdn's `torch` with `empty` filled: NaN (floats) or -7 (integers), so that a test
+    sees every element a launch did not write - the prep's outputs and its workspaces alike."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*size, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+        x = torch.empty(*size, dtype=dtype, device=device)
+        return x.fill_(float("nan") if dtype.is_floating_point else -7)
+
+
+PREP_FIELDS = ("w", "u", "qg", "kd", "scores", "gam", "chunk_no", "q_norm", "k_norm", "gam_last")
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bit patterns (NaN payloads included), to compare tensors bit for bit."""
+    return x.view({4: torch.int32, 2: torch.int16}[x.element_size()]) if x.is_floating_point() else x
+
+
+@pytest.mark.parametrize("heads", TC_HEADS)
+@pytest.mark.parametrize("dots", ["tf32", "bf16"])
+def test_tc_invert_split_equals_the_fused_invert(
+    dots: str, heads: str, dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "invert_split" prep (three kernels: scores and A, the inverse, w and u) against the
+    fused invert kernel: every tensor of the prep bit for bit, NaN where neither wrote -
+    a root of 150 tokens from row 3 and its child of 70 from row 155 (partial chunks, padding
+    rows before, between and after), a padding slot, dead query-block records (one naming
+    the padding slot), at the tiny heads (w and u in 16-column blocks) and the 27B ones (64;
+    3 value heads on a key head). The outputs and the workspaces start as NaN, so a kernel
+    that read a workspace row no kernel wrote (a chunk's rows past its segment end) would
+    spread NaN into the live rows. "stored" and "recomputed" (q's and k's scales, gam_last)."""
+    hqk, hv, dk, dv = TC_HEADS[heads]
+    if dev.type == "cuda" and not invert_compiles_for(dk, dv):
+        pytest.skip("invert form not compiled at these head sizes (INVERT_HEAD_MULTIPLE)")
+    inputs, segs, _, _ = _two_levels(dev, gen, TC_HEADS[heads])
+    pad = torch.zeros(1, SEG_FIELDS, dtype=torch.int64, device=dev)
+    pad[0, [SEG_TOK_LO, SEG_LENGTH]] = torch.tensor([0, 20])  # live 0: a padding slot
+    segs = torch.cat([segs, pad])
+    dead = torch.tensor([[2, 0, 0], [1, 0, 0]], dtype=torch.int64, device=dev)
+    qblocks = torch.cat([_qblocks(segs), dead])
+    monkeypatch.setattr(forest_gdn_module, "torch", _NanEmpty())
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots)
+    live = torch.zeros(TC_T, dtype=torch.bool, device=dev)
+    for lo, n in zip(TC_FIRST, TC_LENGTHS, strict=True):
+        live[lo : lo + n] = True
+    for decayed in ("stored", "recomputed"):
+        fused, split = (
+            forest_gdn_prep(*inputs, segs, qblocks, **kw, prep_form=form, decayed=decayed)
+            for form in ("invert", "invert_split")
+        )
+        assert split.prep_form == "invert_split"
+        for name in PREP_FIELDS:
+            want, got = getattr(fused, name), getattr(split, name)
+            assert torch.equal(_bits(got), _bits(want)), (decayed, name)
+        assert not fused.w[live].isnan().any() and fused.w[~live].isnan().all()
+        assert not fused.u[live].isnan().any() and fused.u[~live].isnan().all()
+        assert fused.w[live].abs().max() > 0
+
+
+def test_tc_invert_split_setting_runs_the_split_form(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TC_INVERT_SPLIT (the engine's switch: the body asks for "invert") runs "invert_split"."""
+    inputs, segs, _, _ = _two_levels(dev, gen, TC_HEADS["tiny"])
+    monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT", True)
+    prep = forest_gdn_prep(
+        *inputs, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
+    )
+    assert prep.prep_form == "invert_split"
 
 
 @pytest.mark.parametrize("form", TC_PREP_FORMS)
