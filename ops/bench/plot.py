@@ -23,6 +23,7 @@ from typing import Any
 LATENCY = [
     ("a_one_question_256", "(a) 1 question\n~256 tok"),
     ("b_three_questions_256", "(b) 3 questions\nshared evidence"),
+    ("b_readme_three_questions", "(b) README's\n3 questions"),
     ("c_one_question_8192", "(c) 1 question\n~8,192 tok"),
 ]
 THROUGHPUT = ("d_64_clients_req_per_s", "(d) 64 clients\nread-outs")
