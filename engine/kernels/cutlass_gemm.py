@@ -217,6 +217,12 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(128, 128, 128, "cooperative", "streamk", reduction="nondeterministic"),
     CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="splitk", splits=2),
     CutlassConfig(128, 128, 128, "cooperative", "streamk", decomposition="dataparallel"),
+    # Weight tiles multicast to both row tiles at M 129-384 (session 17, built on the CPU, not yet
+    # timed): at M 256 the two 128-row tiles of an output column read the same weight tile, and a
+    # cluster of two along M fetches it from L2 once for both (TMA multicast), halving the weight
+    # traffic into the SMs where (a)'s MLP runs at ~1,200 TOP/s with 128x96 tiles.
+    CutlassConfig(128, 96, 128, "pingpong", cluster_m=2),
+    CutlassConfig(128, 64, 128, "pingpong", cluster_m=2),
 )
 
 
