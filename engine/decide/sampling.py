@@ -21,6 +21,21 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.kernels import top_k as top_k_kernels
+from engine.kernels._triton import Backend, use_triton
+
+# How `sample_tokens` finds each row's k largest logits on the logits' device: "torch" (two
+# `torch.topk` stages, then a comparison and a sum over the rows for the count at the cut, and a
+# cat: ~1 ms of GPU time per step at 64 rows of the 27B's vocabulary on an H200) or "kernel"
+# (`engine.kernels.top_k`: two small Triton kernels that write the same packed rows directly).
+# Both give the same tokens bit for bit; "kernel" is off until it is timed on an H200
+# (ops/bench/bench_engine.py's variant "tc64inv-topkkernel").
+TOP_K_FORMS = ("torch", "kernel")
+TOP_K_FORM = "torch"
+# The kernel form's backend: "auto" runs it on CUDA logits only (elsewhere the torch form runs);
+# tests set "triton" to run it through Triton's interpreter on CPU.
+_TOP_K_BACKEND: Backend = "auto"
+
 THOUGHT_KEY_VERSION = b"prism-thought-v2"  # v1 hashed (seed, event id, question id, step)
 
 
@@ -67,8 +82,10 @@ def sample_tokens(
     """`sample_token` for every row of logits [n, vocab] (any device) with its own uniform us[row].
 
     Returns exactly the tokens `sample_token` returns row by row, without sorting any full row:
-    with top-k on, `torch.topk` finds each row's k largest on the logits' device, and one copy
-    brings them to the host with, per row, how many logits reach the k-th largest. Where that
+    with top-k on, each row's k largest are found on the logits' device (`TOP_K_FORM`: two
+    `torch.topk` stages, or the `engine.kernels.top_k` kernels), and one copy brings them to the
+    host with, per row, how many logits reach the k-th largest and how many are NaN (a row with
+    NaN raises ValueError: its order, hence its token, would mean nothing). Where that
     count is k (the usual case) those k are the row's candidates; where a tie straddles the cut
     (more logits equal the k-th), every logit >= it is fetched for that row, so the cut keeps
     the lowest ids exactly as the full sort does. The host orders the candidates (logit
@@ -91,13 +108,17 @@ def sample_tokens(
             for r, u in enumerate(us)
         ]
     x = logits.detach().float()
-    values, ids = _top_k(x, top_k)  # the k largest per row (their order among ties: any)
-    reach = (x >= values[:, -1:]).sum(dim=-1, keepdim=True)  # logits >= the k-th largest
     # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
-    packed = torch.cat([ids, values.view(torch.int32).long(), reach], dim=1).cpu()
+    packed = _packed_top_k(x, top_k).cpu()
     rows_ids = packed[:, :top_k].tolist()
     rows_values = packed[:, top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
-    reaches = packed[:, -1].tolist()
+    reaches = packed[:, 2 * top_k].tolist()
+    for r, nan in enumerate(packed[:, 2 * top_k + 1].tolist()):
+        if nan:
+            raise ValueError(
+                f"row {r} of the logits holds {nan} NaN value(s) (a broken forward pass): no token "
+                "can be drawn from it"
+            )
     tokens: list[int] = []
     for r, u in enumerate(us):
         vals, idx = rows_values[r], rows_ids[r]  # top-k's order: values descending
@@ -106,12 +127,30 @@ def sample_tokens(
                 pairs = list(zip(vals, idx, strict=True))  # equal values: put them in id order
             else:  # a tie across the cut: all the tied logits, so the lowest ids stay
                 row = x[r]
-                where = (row >= values[r, -1]).nonzero()[:, 0]
+                where = (row >= vals[-1]).nonzero()[:, 0]  # vals[-1]: the k-th's fp32 value, exact
                 pairs = list(zip(row[where].double().tolist(), where.tolist(), strict=True))
             pairs.sort(key=lambda pair: (-pair[0], pair[1]))
             vals, idx = [v for v, _ in pairs[:top_k]], [i for _, i in pairs[:top_k]]
         tokens.append(_draw(vals, idx, u, temperature=temperature, top_p=top_p))
     return tokens
+
+
+def _packed_top_k(x: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [n, 2k + 2] on x's device, per row: the ids of its k largest logits, their fp32 bits
+    (sign-extended), reach (how many logits are >= the k-th largest) and its NaN count.
+
+    The kernel form writes it in one pass (ids in stable-sort order); the torch form builds it
+    from `_top_k` (any order among ties: the caller orders them). A shape the kernel does not
+    take (`top_k.fits`) runs the torch form.
+    """
+    if TOP_K_FORM not in TOP_K_FORMS:
+        raise ValueError(f"TOP_K_FORM must be one of {TOP_K_FORMS}, got {TOP_K_FORM!r}")
+    if TOP_K_FORM == "kernel" and use_triton(_TOP_K_BACKEND, x) and top_k_kernels.fits(x.shape[1], k):
+        return top_k_kernels.row_top_k(x, k, backend=_TOP_K_BACKEND)
+    values, ids = _top_k(x, k)  # the k largest per row (their order among ties: any)
+    reach = (x >= values[:, -1:]).sum(dim=-1, keepdim=True)  # logits >= the k-th largest
+    nan = torch.isnan(x).sum(dim=-1, keepdim=True)
+    return torch.cat([ids, values.view(torch.int32).long(), reach, nan], dim=1)
 
 
 TOPK_SEGMENTS = 64  # a row's top-k is found per segment, then among the segments' winners

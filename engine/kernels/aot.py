@@ -198,6 +198,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.forest_tables import QBLOCK_FIELDS, ROW_FIELDS, SEG_FIELDS
     from engine.kernels.int8_gemm import SWIGLU_CANDIDATES, SWIGLU_TABLE, int8_gemm_swiglu
     from engine.kernels.norm import norm_rows
+    from engine.kernels.top_k import row_top_k
     from engine.kernels.vocab_mass import vocab_partials
 
     c = config
@@ -361,5 +362,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=CHUNK, dots=dots, prep=prep,
             )  # fmt: skip
         vocab_partials(f32(c.vocab_size))  # a read-out's coverage
+        row_top_k(f32(64, c.vocab_size), 20, backend="triton")  # a thought's sampler (its top-k)
         del q, q8, scale
     return _dedupe(launches)

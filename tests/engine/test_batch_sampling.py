@@ -97,3 +97,12 @@ def test_two_stage_top_k_finds_the_one_stage_values(vocab: int) -> None:
     assert torch.equal(values, want)
     assert torch.equal(x.gather(1, ids), values)  # each id holds its value
     assert all(len(set(row)) == 20 for row in ids.tolist())  # k distinct logits
+
+
+def test_nan_logits_are_refused() -> None:
+    """A NaN logit has no place in the order, so the row's token would mean nothing: the sampler
+    says so (the kernel form's twin: tests/engine/kernels/test_kernel_top_k.py)."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    logits[1, [7, 40]] = float("nan")
+    with pytest.raises(ValueError, match="row 1 of the logits holds 2 NaN"):
+        sample_tokens(logits, [0.5] * 3, temperature=0.6, top_p=0.95, top_k=20)
