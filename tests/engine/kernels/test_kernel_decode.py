@@ -101,6 +101,36 @@ def test_gdn_step_matches_reference(dims: str, dev: torch.device, gen: torch.Gen
     _assert_rows_independent(run, b)
 
 
+@pytest.mark.parametrize("setting", [("BLOCK_V", 64), ("BLOCK_V", 128), ("NUM_WARPS", 8)])
+def test_gdn_step_settings_give_the_default_bits(
+    setting: tuple[str, int], dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's value-block width and warps (bench variants `tc64inv-gdnstepv64` / `-gdnstepw8`)
+    move no bit: a value column's update reads only its own column of the state (and q, k)."""
+    import engine.kernels.decode_gdn as decode_gdn
+
+    cfg = dims_config("small", linear_value_head_dim=128)
+    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    b, block = 3, hv * dk * dv
+    pool = Pool(b * block + 64, dev, gen)
+    pool.base.mul_(0.1)
+    offs = [pool.take(block) for _ in range(b)]
+    conv = torch.randn(b, 2 * hqk * dk + hv * dv, generator=gen).to(dev)
+    b_raw, a_raw = torch.randn(b, hv, generator=gen).to(dev), torch.randn(b, hv, generator=gen).to(dev)
+    ssm_a, dt = (-torch.rand(hv, generator=gen)).to(dev), torch.randn(hv, generator=gen).to(dev)
+    rows = _rows(b, dev, state=offs)
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, backend="triton")
+    before = pool.base.clone()
+    o_default = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, 0, **kw)
+    state_default = pool.base.clone()
+    pool.base.copy_(before)
+    monkeypatch.setattr(decode_gdn, setting[0], setting[1])
+    o = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, 0, **kw)
+    assert torch.equal(o, o_default)
+    assert torch.equal(pool.base, state_default)
+
+
 def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int = 4):
     cfg = dims_config(dims)
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
