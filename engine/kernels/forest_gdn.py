@@ -1332,6 +1332,10 @@ TC_INVERT_WARPS = 4
 # invert form as "invert_split" when this is set: the same bits, so a setting of time alone
 # (bench_engine's "tc64inv-invertsplit" variant sets it).
 TC_INVERT_SPLIT = False
+# ... and only in passes of at least this many rows (the bucket's): three launches where one did
+# may cost more than they save at (a)'s 256 rows while paying at (c)'s 8,192, and since both forms
+# give the same bits the choice may follow the batch. 0: every pass.
+TC_INVERT_SPLIT_MIN_ROWS = 0
 # the split form's warps: (scores, inverse, w and u); prep_warps, when given, replaces the first
 # (why 4 each: `_invert_split`)
 TC_INVERT_SPLIT_WARPS = (4, 4, 4)
@@ -1554,7 +1558,7 @@ def forest_gdn_prep(
         prep_form = TC_PREP_FORM if prep_form is None else prep_form
         if prep_form not in TC_PREP_FORMS:
             raise ValueError(f"prep_form must be one of {TC_PREP_FORMS}, got {prep_form!r}")
-        if prep_form == "invert" and TC_INVERT_SPLIT:
+        if prep_form == "invert" and TC_INVERT_SPLIT and conv.shape[0] >= TC_INVERT_SPLIT_MIN_ROWS:
             prep_form = "invert_split"
         if prep_warps is None:
             prep_warps = {"blocks": TC_PREP_WARPS, "invert": TC_INVERT_WARPS}.get(

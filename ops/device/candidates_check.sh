@@ -1,43 +1,64 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repo root: the candidates session 16 built on the CPU (every one off
-# by default and bit-identical to the default by test), their CUDA bit tests and their timings, in
-# stages that each fit one 10-minute call:
-#   STAGE=tests  bash ops/device/candidates_check.sh   # CUDA bit tests of the candidates (~3 min)
-#   STAGE=kernels bash ops/device/candidates_check.sh  # bench_rows SwiGLU + bench_gdn invert split (~6 min)
-#   STAGE=engine bash ops/device/candidates_check.sh   # 27B engine A/B of the candidates, one process (~5 min)
+# On the GPU machine, from the repo root: the candidates sessions 16 and 17 built on the CPU (every
+# one off by default and bit-identical to the default by test), their CUDA bit tests and their
+# timings, in stages that each fit one 10-minute call:
+#   STAGE=engine  bash ops/device/candidates_check.sh  # 27B prefill A/B, one process (~5 min)
+#   STAGE=decode  bash ops/device/candidates_check.sh  # 27B decode A/B, one process (~4 min)
+#   STAGE=kernels bash ops/device/candidates_check.sh  # CUTLASS tiles, SwiGLU rows, GDN split (~7 min)
+#   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
+# The order that spends a session's 30 device minutes best: engine, decode (they decide which
+# defaults flip), kernels if time allows; then `PART=1|2|3 bash ops/device/gpu_suite.sh` at the
+# commit that flips them (the candidates' bit tests are in those parts: STAGE=tests is for a
+# session that cannot run the whole suite) and one `bench_engine.py --shape 27B --variants tc64inv`
+# at that same commit.
 # Candidates: forest_attention.CONCURRENT_TIERS (the large-block tiers on a side stream),
 # forest_gdn.TC_INVERT_SPLIT (the invert prep in three kernels), decode_quant.RESIDENT_ORDERED /
-# RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), and the host path's
-# cuts (in the tree already: `--wall-split` shows them). Carry .gpuwheels and .cache/cutlass.
-# Results: $OUT/*.log, *.json (8 files come back at most: the logs first).
+# RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), sampling.TOP_K_FORM
+# "kernel" (the sampler's top-k in two Triton kernels), decode_gdn.BLOCK_V / NUM_WARPS (the
+# decoder's GDN step), the CUTLASS tiles in clusters of two along M and with 256-deep K steps, and
+# the host path's cuts (in the tree already: `--wall-split` shows them). Every engine run also
+# times `b_readme_three_questions`, the seed's (b).
+# Carry .gpuwheels and .cache/cutlass (the kernels stage needs the candidates' library, built with
+#   python ops/build_cutlass.py --candidates --configs "$CUTLASS_CONFIGS"
+# with the list below). Results: $OUT/*.log, *.json.
 set -uo pipefail
-STAGE=${STAGE:-tests}
+STAGE=${STAGE:-engine}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 source ops/device/setup.sh
 K=tests/engine/kernels
+CUTLASS_CONFIGS=p128x128x128,p128x128x128_cl2x1,p128x96x128,p128x64x128,p128x96x128_cl2x1,p128x64x128_cl2x1,p128x128x256,p128x128x256_sw8,p128x96x256,p128x128x128_sw8,p128x128x128_cl1x2
 case "$STAGE" in
-tests)
-    timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
-        -k "27b_tiers_beside or swiglu or invert" \
-        $K/test_kernel_forest_attention.py $K/test_kernel_decode.py $K/test_kernel_forest_gdn.py \
-        2>&1 | tee "$OUT/pytest_candidates.log" | tail -8
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs \
-        tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
-        2>&1 | tee "$OUT/pytest_host.log" | tail -4
-    ;;
-kernels)
-    timeout 200 python3 ops/bench/bench_rows.py --kernels swiglu+quant --rows 256,8192,64 --budget-s 150 \
-        --out "$OUT/rows-swiglu.json" > "$OUT/rows-swiglu.log" 2>&1
-    tail -30 "$OUT/rows-swiglu.log"
-    timeout 300 python3 ops/bench/bench_gdn.py --no-fla --out "$OUT/gdn-split.json" \
-        --paths "split bf16 inv,split bf16 inv3,split bf16 inv3 wu8" > "$OUT/gdn-split.log" 2>&1
-    tail -30 "$OUT/gdn-split.log"
-    ;;
 engine)
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --wall-split \
         --variants tc64inv,tc64inv-concurrenttiers,tc64inv-invertsplit --json "$OUT/engine-candidates.json" \
         > "$OUT/engine-candidates.log" 2>&1
-    grep -iE "mean|wall|req/s" "$OUT/engine-candidates.log" | tail -30
+    grep -iE "^(---|a_|b_|c_|d_)" "$OUT/engine-candidates.log" | cut -c1-220 | tail -40
     ;;
-*) echo "STAGE must be tests, kernels or engine"; exit 2 ;;
+decode)
+    timeout 560 python3 ops/bench/bench_engine.py --shape 27B --decode-only \
+        --variants tc64inv,tc64inv-topkkernel,tc64inv-gdnstepv64,tc64inv-gdnstepw8 \
+        --json "$OUT/decode-candidates.json" > "$OUT/decode-candidates.log" 2>&1
+    grep -E "^(---|e_)" "$OUT/decode-candidates.log" | tail -30
+    ;;
+kernels)
+    timeout 240 python3 ops/bench/bench_cutlass.py --candidates --configs "$CUTLASS_CONFIGS" \
+        --m 128,256,384,8192 --json "$OUT/cutlass-candidates.json" > "$OUT/cutlass-candidates.log" 2>&1
+    tail -40 "$OUT/cutlass-candidates.log"
+    timeout 150 python3 ops/bench/bench_rows.py --kernels swiglu+quant --rows 256,8192,64 --budget-s 110 \
+        --out "$OUT/rows-swiglu.json" > "$OUT/rows-swiglu.log" 2>&1
+    tail -30 "$OUT/rows-swiglu.log"
+    timeout 180 python3 ops/bench/bench_gdn.py --no-fla --out "$OUT/gdn-split.json" \
+        --paths "split bf16 inv,split bf16 inv3,split bf16 inv3 wu8" > "$OUT/gdn-split.log" 2>&1
+    tail -30 "$OUT/gdn-split.log"
+    ;;
+tests)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
+        -k "27b_tiers_beside or swiglu or invert or settings_give_the_default or top_k" \
+        $K/test_kernel_forest_attention.py $K/test_kernel_decode.py $K/test_kernel_forest_gdn.py \
+        $K/test_kernel_top_k.py 2>&1 | tee "$OUT/pytest_candidates.log" | tail -8
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs \
+        tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
+        tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
+    ;;
+*) echo "STAGE must be engine, decode, kernels or tests"; exit 2 ;;
 esac

@@ -1029,6 +1029,13 @@ def test_tc_invert_split_setting_runs_the_split_form(
         *inputs, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
     )
     assert prep.prep_form == "invert_split"
+    rows = inputs[0].shape[0]
+    for bound, form in ((rows, "invert_split"), (rows + 1, "invert")):  # TC_INVERT_SPLIT_MIN_ROWS
+        monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT_MIN_ROWS", bound)
+        prep = forest_gdn_prep(
+            *inputs, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
+        )
+        assert prep.prep_form == form, bound
 
 
 @pytest.mark.parametrize("form", TC_PREP_FORMS)
