@@ -223,6 +223,13 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     # traffic into the SMs where (a)'s MLP runs at ~1,200 TOP/s with 128x96 tiles.
     CutlassConfig(128, 96, 128, "pingpong", cluster_m=2),
     CutlassConfig(128, 64, 128, "pingpong", cluster_m=2),
+    # 256-deep K steps for the 128-row tiles (session 17, not yet timed): int8 wgmma takes 32 of
+    # K an instruction, so a 128-deep stage is 4 of them between the pipeline's barriers; 256
+    # halves the barriers and TMA issues per K (64 KB a stage at 128x128: 3 stages fit). The
+    # 64x64 tile gained a little from it at M 64 (7.46 -> 7.42 ms a step).
+    CutlassConfig(128, 128, 256, "pingpong"),
+    CutlassConfig(128, 128, 256, "pingpong", swizzle=8),
+    CutlassConfig(128, 96, 256, "pingpong"),
 )
 
 
