@@ -7,10 +7,10 @@
 #   STAGE=kernels bash ops/device/candidates_check.sh  # CUTLASS tiles, SwiGLU rows, GDN split (~7 min)
 #   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
 # The order that spends a session's 30 device minutes best: engine, decode (they decide which
-# defaults flip), kernels if time allows; then `PART=1|2|3 bash ops/device/gpu_suite.sh` at the
-# commit that flips them (the candidates' bit tests are in those parts: STAGE=tests is for a
-# session that cannot run the whole suite) and one `bench_engine.py --shape 27B --variants tc64inv`
-# at that same commit.
+# defaults flip), kernels if time allows; then the whole CUDA test set at the commit that flips
+# them (`JOBS=8 bash ops/device/gpu_suite.sh`, one call if it fits; else `PART=1|2|3`, three: the
+# candidates' bit tests are in those parts, STAGE=tests is for a session that cannot run the whole
+# set) and one `bench_engine.py --shape 27B --variants tc64inv` at that same commit.
 # Candidates: forest_attention.CONCURRENT_TIERS (the large-block tiers on a side stream),
 # forest_gdn.TC_INVERT_SPLIT (the invert prep in three kernels), decode_quant.RESIDENT_ORDERED /
 # RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), sampling.TOP_K_FORM

@@ -15,6 +15,7 @@ source ops/device/setup.sh
 #   PART=1 bash ops/device/gpu_suite.sh     # kernels: compile check, CUTLASS, decode, attention
 #   PART=2 bash ops/device/gpu_suite.sh     # kernels: GDN, int8 GEMM, SwiGLU, norm, quant, vocab
 #   PART=3 bash ops/device/gpu_suite.sh     # body, decoder, sampling, quant, invariance, TP
+#   JOBS=8 bash ops/device/gpu_suite.sh     # all of it in 8 processes (below), if it fits one call
 K=tests/engine/kernels
 KERNELS_1="$K/test_kernel_compile.py $K/test_kernel_cutlass_gemm.py $K/test_kernel_decode.py $K/test_kernel_forest_attention.py"
 KERNELS_2="$K/test_kernel_forest_gdn.py $K/test_kernel_int8_gemm.py $K/test_kernel_int8_gemm_swiglu.py $K/test_kernel_norm.py $K/test_kernel_quant.py $K/test_kernel_vocab_mass.py $K/test_kernel_top_k.py"
@@ -30,6 +31,16 @@ for f in $KERNELS_1 $KERNELS_2; do [ -e "$f" ] || { echo "gpu_suite: no $f"; exi
 missing=$(comm -23 <(ls $K/test_*.py | sort) <(printf '%s\n' $KERNELS_1 $KERNELS_2 | sort))
 [ -z "$missing" ] || { echo "gpu_suite: kernel tests in no part: $missing"; exit 2; }
 SUITE=${SUITE:-$DEFAULT_SUITE}
+# JOBS=N: N pytest processes on the one GPU, a test file per process at a time (pytest-xdist,
+# --dist loadfile: a file's module fixtures and compiled kernels stay in one process). Why: most of
+# a part's time is Triton compiling kernels on one core of the machine's 16; the GPU work is small.
+# Each process has its own CUDA context (~0.5 GiB) and temp dirs (tmp_path_factory per worker).
+# PART=all JOBS=8 is meant to run the whole set in one call; the parts stay the fallback.
+PARALLEL=""
+if [ "${JOBS:-1}" -gt 1 ]; then
+    python3 -c "import xdist" 2>/dev/null || { echo "gpu_suite: JOBS needs pytest-xdist (ops/device/wheels.sh)"; exit 2; }
+    PARALLEL="-n ${JOBS} --dist loadfile"
+fi
 # The CPU-only tensor-parallel cases (gloo ranks on CPU: 204 s of a device call on 2026-12-01, and
 # CI runs them) are left out unless CPU_TP=1, so the CUDA set fits one call.
 CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits_of_one_process[cpu]
@@ -39,7 +50,7 @@ CPU_TP_CASES="--deselect tests/engine/test_tp.py::test_two_ranks_decide_the_bits
 # start nothing unless a Kafka test asks); the timeout leaves time for the summary in a 600 s call
 # shellcheck disable=SC2086
 timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest $SUITE -q -p no:cacheprovider \
-    -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" $CPU_TP_CASES ${PYTEST_ARGS:-} \
+    -o addopts="" -rfEs --durations=15 --junitxml="$OUT/gpu_suite.xml" $PARALLEL $CPU_TP_CASES ${PYTEST_ARGS:-} \
     >"$OUT/gpu_suite.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_suite.log" | cut -c1-200

@@ -21,6 +21,8 @@ WHEELS=(
                                  #   that builds a model needs it
     fla-core==0.6.0              # the peer's GDN kernels (bench_engine --peer; optional there)
     flash-linear-attention==0.6.0  # the fla package HF transformers looks for
+    pytest-xdist==3.8.0          # gpu_suite.sh JOBS=N: test files in N processes (compiles in parallel)
+    execnet==2.1.2               #   pytest-xdist's dependency
 )
 mkdir -p "$DEST"
 # one version of each: a stale wheel of another version would make the device install fail
