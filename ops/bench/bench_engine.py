@@ -955,7 +955,7 @@ def main() -> None:
         "--variants",
         default=None,
         help=f"comma list run in one process on one weight build ({', '.join(VARIANTS)}); "
-        "decode (e) runs with the first; JSON: {variant: result}",
+        "decode (e) runs with the first (with --decode-only, with each); JSON: {variant: result}",
     )
     ap.add_argument(
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"

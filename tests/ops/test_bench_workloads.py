@@ -57,3 +57,25 @@ def test_the_bench_lengths_are_the_readme_example_rendered(encoder: PromptEncode
     assert tuple(questions) == bench_engine.README_QUESTION_TOKENS
     # lighter than the bench's other (b): 220 evidence tokens and three 36-token questions
     assert bench_engine.README_EVIDENCE_TOKENS + sum(questions) < 220 + 3 * 36
+
+
+def test_the_bench_runs_the_readme_workload_as_one_forest() -> None:
+    """`Bench.decide` with per-question lengths: one evidence segment under the root and the
+    three question segments under it at the README's lengths, each read once."""
+    import torch
+
+    from engine.run.executor import ForestOutput
+
+    seen = []
+
+    class Recording(bench_engine.Bench):
+        def run(self, forest):  # the forest the pass would get, and logits for its read rows
+            seen.append(forest)
+            return ForestOutput(torch.randn(len(forest.read_segments), 600), [], None)
+
+    bench = Recording(weights=None, root=None, device="cpu", g=torch.Generator().manual_seed(0))
+    bench.decide(bench_engine.README_EVIDENCE_TOKENS, bench_engine.README_QUESTION_TOKENS)
+    (forest,) = seen
+    lengths = [len(segment.tokens) for segment in forest.segments]
+    assert lengths == [bench_engine.README_EVIDENCE_TOKENS, *bench_engine.README_QUESTION_TOKENS]
+    assert forest.parents.tolist() == [-1, 0, 0, 0] and len(forest.read_segments) == 3
