@@ -326,9 +326,11 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
 
 
 def profile_prefill(bench: Bench, path: str | None, *, skip_long: bool) -> None:
-    """Profiles of (a), (b) and (c) (as `run_workloads` times them)."""
+    """Profiles of (a), (b) (both forms) and (c) (as `run_workloads` times them)."""
     profile_workload(bench, "a", lambda: bench.decide(220, 1), path)
     profile_workload(bench, "b", lambda: bench.decide(220, 3), path)
+    readme = (README_EVIDENCE_TOKENS, README_QUESTION_TOKENS)
+    profile_workload(bench, "b_readme", lambda: bench.decide(*readme), path)
     if not skip_long:
         profile_workload(bench, "c", lambda: bench.decide(8156, 1), path)
 
