@@ -278,6 +278,14 @@ NARROW_TILES: tuple[tuple[str, float], ...] = (
     ("p128x96x128", 1.05),
     ("p128x64x128", 1.17),
 )
+# 64-row tiles as one more narrow choice (HALF_ROW_TILES, off until an H200 times it): a bucket whose
+# rows are not a multiple of 128 - 192 (the README's three questions, 160 rows), 320 (a sample
+# event with four questions, 281-284 rows) - makes 128-row tiles compute up to 64 rows of padding,
+# a quarter of the MMA work at 192 rows; 64-row tiles compute 64 at most. Their cost per output
+# column is taken as 128x64's (1.17; session 10 put the 64x128 tile 10% behind 128x128 at M 256,
+# where both compute 256 rows), so ties keep the 128-row tiles: M 128 and 256 choose as before.
+HALF_ROW_TILES = False
+HALF_ROW_TILE = ("p64x128x128", 1.17)
 
 # Where the table names the clustered tile (above 2,048 rows), outputs at most
 # SWIZZLED_MAX_COLUMNS wide take SWIZZLED_TILE instead: 128x128 tiles, unclustered, in swizzles of
@@ -292,7 +300,9 @@ SWIZZLED_TILE = "p128x128x128_sw8"
 
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(
-    c for c in CANDIDATES if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES} | {SWIZZLED_TILE}
+    c
+    for c in CANDIDATES
+    if c.name in {n for _, n in TABLE} | {n for n, _ in NARROW_TILES} | {HALF_ROW_TILE[0], SWIZZLED_TILE}
 )
 
 
@@ -313,7 +323,8 @@ def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str
     """The config name that serves M rows (of N outputs, on sm_count SMs), or None (the Triton
     kernel): TABLE's entry for M; for its last entry and N known, at most SWIZZLED_MAX_COLUMNS
     outputs, SWIZZLED_TILE; at most NARROW_MAX_ROWS rows (N and the SMs known, the table naming
-    the 128x128 tile), the NARROW_TILES choice with the least rounds of tiles."""
+    the 128x128 tile), the NARROW_TILES choice (and HALF_ROW_TILE, if HALF_ROW_TILES) with the
+    least rounds of tiles."""
     name = next((name for max_m, name in TABLE if m <= max_m), TABLE[-1][1])
     if name == TABLE[-1][1] and n is not None and n <= SWIZZLED_MAX_COLUMNS:
         return SWIZZLED_TILE
@@ -325,7 +336,8 @@ def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str
         tiles = -(-m // c.tile_m) * -(-n // c.tile_n)
         return -(-tiles // sm_count) * c.tile_m * c.tile_n * choice[1]
 
-    return min(NARROW_TILES, key=cost)[0]  # ties: the first, the widest
+    choices = NARROW_TILES + ((HALF_ROW_TILE,) if HALF_ROW_TILES else ())
+    return min(choices, key=cost)[0]  # ties: the first, the widest
 
 
 def digest(configs: tuple[CutlassConfig, ...] = CONFIGS) -> str:

@@ -135,6 +135,23 @@ def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
     assert config_for(32, 5120, 132) is None
 
 
+def test_half_row_tiles_serve_buckets_that_128_row_tiles_pad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HALF_ROW_TILES, hand-counted on 132 SMs: at M 192 a 5,120-wide output is 3 x 40 = 120 tiles
+    of 64x128 (one round of 64 x 128 x 1.17 = 9,585) against 108 of 128x96 (one round of 12,902);
+    34,816 wide, 816 tiles (7 rounds: 67,095) against 726 of 128x96 (6 rounds: 77,414); at M 128
+    and 256, where 128-row tiles pad nothing, the choices stay (128 ties 128x64 and keeps it)."""
+    assert cutlass_gemm.HALF_ROW_TILE[0] in {c.name for c in CONFIGS}  # in the engine's library
+    off = {(m, n): config_for(m, n, 132) for m in (128, 192, 256, 320, 384) for n in (5120, 16480, 34816)}
+    monkeypatch.setattr(cutlass_gemm, "HALF_ROW_TILES", True)
+    half = cutlass_gemm.HALF_ROW_TILE[0]
+    assert config_for(192, 5120, 132) == config_for(192, 34816, 132) == config_for(192, 16480, 132) == half
+    assert config_for(320, 17408, 132) == half  # 5 x 136 = 680 tiles, 6 rounds, against 4 of 128x128
+    assert config_for(320, 5120, 132) == "p128x128x128"  # 200 tiles: 2 rounds, against 1 of 120
+    for m in (128, 256, 384):
+        assert all(config_for(m, n, 132) == off[m, n] for n in (5120, 16480, 34816)), m
+    assert config_for(192) == config_for(192, 5120) == "p128x128x128"  # N or SMs unknown: the table's
+
+
 def test_each_config_source_declares_its_entry_points() -> None:
     for c in CONFIGS:
         src = c.source()
