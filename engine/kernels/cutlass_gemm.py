@@ -278,13 +278,16 @@ NARROW_TILES: tuple[tuple[str, float], ...] = (
     ("p128x96x128", 1.05),
     ("p128x64x128", 1.17),
 )
-# 64-row tiles as one more narrow choice (HALF_ROW_TILES, off until an H200 times it): a bucket whose
+# 64-row tiles as one more narrow choice (HALF_ROW_TILES): a bucket whose
 # rows are not a multiple of 128 - 192 (the README's three questions, 160 rows), 320 (a sample
 # event with four questions, 281-284 rows) - makes 128-row tiles compute up to 64 rows of padding,
 # a quarter of the MMA work at 192 rows; 64-row tiles compute 64 at most. Their cost per output
 # column is taken as 128x64's (1.17; session 10 put the 64x128 tile 10% behind 128x128 at M 256,
 # where both compute 256 rows), so ties keep the 128-row tiles: M 128 and 256 choose as before.
-HALF_ROW_TILES = False
+# On since the H200 run of 2026-12-05 (session 17, bench_engine.py --variants, one process, 27B):
+# the README's three questions 23.83 -> 17.59 ms; (a), (b), (c), (d) within noise (19.17 / 19.11,
+# 25.83 / 26.00, 454.0 / 454.4 ms, 70.1 / 70.5 req/s). Same bits.
+HALF_ROW_TILES = True
 HALF_ROW_TILE = ("p64x128x128", 1.17)
 
 # Where the table names the clustered tile (above 2,048 rows), outputs at most

@@ -888,14 +888,14 @@ VARIANTS: dict[str, dict | None] = {
         "gdn_prep": "invert",
         "set": {"engine.decide.sampling.TOP_K_FORM": "kernel"},
     },
-    # the CUDA default with 64-row CUTLASS tiles as a narrow choice (`cutlass_gemm.HALF_ROW_TILES`:
-    # buckets of 192 and 320 rows, the README's (b) among them, compute less padding): same bits
-    "tc64inv-halfrowtiles": {
+    # the CUDA default without 64-row CUTLASS tiles as a narrow choice (`cutlass_gemm.HALF_ROW_TILES`,
+    # on since session 17: buckets of 192 and 320 rows compute less padding): same bits
+    "tc64inv-nohalfrowtiles": {
         "gdn_chunk": 64,
         "gdn_dots": "bf16",
         "attention_dots": "bf16",
         "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.HALF_ROW_TILES": True},
+        "set": {"engine.kernels.cutlass_gemm.HALF_ROW_TILES": False},
     },
     # the CUDA default with the decoder's GDN step in 64-wide value blocks (`decode_gdn.BLOCK_V`;
     # 32 by default: 12,288 programs of 16 KB of state a layer at 64 rows) or on 8 warps (the conv

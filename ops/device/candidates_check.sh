@@ -16,7 +16,7 @@
 # RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), sampling.TOP_K_FORM
 # "kernel" (the sampler's top-k in two Triton kernels), decode_gdn.BLOCK_V / NUM_WARPS (the
 # decoder's GDN step), the CUTLASS tiles in clusters of two along M and with 256-deep K steps,
-# 64-row tiles as a narrow choice (cutlass_gemm.HALF_ROW_TILES: buckets of 192 and 320 rows), and
+# 64-row tiles as a narrow choice (cutlass_gemm.HALF_ROW_TILES, on since session 17), and
 # the host path's cuts (in the tree already: `--wall-split` shows them). Every engine run also
 # times `b_readme_three_questions`, the seed's (b).
 # Carry .gpuwheels and .cache/cutlass (the kernels stage needs the candidates' library, built with
@@ -31,7 +31,7 @@ CUTLASS_CONFIGS=p128x128x128,p128x128x128_cl2x1,p128x96x128,p128x64x128,p128x96x
 case "$STAGE" in
 engine)
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
-        --variants tc64inv,tc64inv-concurrenttiers,tc64inv-invertsplit,tc64inv-halfrowtiles \
+        --variants tc64inv,tc64inv-concurrenttiers,tc64inv-invertsplit,tc64inv-nohalfrowtiles \
         --json "$OUT/engine-candidates.json" \
         > "$OUT/engine-candidates.log" 2>&1
     grep -iE "^(---|a_|b_|c_|d_)" "$OUT/engine-candidates.log" | cut -c1-220 | tail -40

@@ -141,7 +141,9 @@ def test_half_row_tiles_serve_buckets_that_128_row_tiles_pad(monkeypatch: pytest
     34,816 wide, 816 tiles (7 rounds: 67,095) against 726 of 128x96 (6 rounds: 77,414); at M 128
     and 256, where 128-row tiles pad nothing, the choices stay (128 ties 128x64 and keeps it)."""
     assert cutlass_gemm.HALF_ROW_TILE[0] in {c.name for c in CONFIGS}  # in the engine's library
+    monkeypatch.setattr(cutlass_gemm, "HALF_ROW_TILES", False)
     off = {(m, n): config_for(m, n, 132) for m in (128, 192, 256, 320, 384) for n in (5120, 16480, 34816)}
+    assert off[192, 5120] == "p128x96x128"  # 108 tiles, one round
     monkeypatch.setattr(cutlass_gemm, "HALF_ROW_TILES", True)
     half = cutlass_gemm.HALF_ROW_TILE[0]
     assert config_for(192, 5120, 132) == config_for(192, 34816, 132) == config_for(192, 16480, 132) == half
