@@ -34,14 +34,12 @@ BLOCK_C = 128
 BLOCK_V = 32
 NUM_WARPS = 4
 CONV_WIDTH = 4  # qwen35's ssm.conv_kernel; the step kernel is written for it
-SOFTPLUS_THRESHOLD = 20.0
-# State offsets (`rows[:, STATE_OFF]`) are multiples of this many elements: each row's state is a
-# torch allocation of its own (`engine.run.decoder`), and the base's and the block's starts are
-# both >= 512-byte aligned. Declared, the compiler reads and writes the state 16 bytes at a time;
-# unannounced, a loaded offset could be anything, and every state element went through its own
-# 4-byte load and store (sm_90 build). Checked on the host for CPU tables (the interpreter, where
-# a wrong hint would go unnoticed); on CUDA a violated one faults rather than reading wrong data.
-STATE_ALIGN = 4  # torch's F.softplus default: x above it returns x
+SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus default: x above it returns x
+# The state offsets carry no alignment hint: declared multiples of 4 (session 15), the compiler read
+# the state 16 bytes at a time, which changed the step's register layout and so its reduction order;
+# the step then no longer reproduced the forest kernel's bits (H200, tests/engine/kernels/
+# test_kernel_forest_gdn.py::test_forest_segment_continues_like_decode_steps), for no measured speed
+# (GDN step 119.5 us with and without the hint).
 
 
 def _conv_step_kernel(
@@ -97,14 +95,14 @@ def _gdn_step_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, rows_ptr, o_ptr,
     layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
+    BV: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, DK)
     live = tl.load(rows_ptr + row * 5 + 4)
-    state_off = tl.multiple_of(tl.load(rows_ptr + row * 5 + 2), ALIGN)
+    state_off = tl.load(rows_ptr + row * 5 + 2)
     hk = h // (HV // HQK)  # grouped value heads: value head h reads key head h // (HV / HQK)
     src = conv_ptr + row * stride_conv
     q = tl.load(src + hk * DK + offs_k)
@@ -191,9 +189,6 @@ def gdn_step(
         return gdn_step_reference(
             conv, b_raw, a_raw, ssm_a, dt, base, rows, layer_off, num_k_heads, num_v_heads, k_dim, v_dim
         )
-    # what the kernel declares (CUDA tables are not read back: a misaligned one faults there)
-    if STATE_ALIGN > 1 and not rows.is_cuda and bool((rows[:, STATE_OFF] % STATE_ALIGN).any()):
-        raise ValueError(f"state offsets must be multiples of {STATE_ALIGN} elements (STATE_ALIGN)")
     bv = BLOCK_V if v_dim % BLOCK_V == 0 else 16
     if k_dim & (k_dim - 1) or k_dim < 16 or v_dim % bv:
         raise ValueError(
@@ -205,7 +200,7 @@ def gdn_step(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, rows, o,
         layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
         k_dim**-0.5, L2NORM_EPS,
-        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv, ALIGN=STATE_ALIGN,
+        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return o

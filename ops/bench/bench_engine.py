@@ -683,6 +683,14 @@ def fp32_weights(weights: Weights) -> Weights:
     )
 
 
+TC64INV = {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"}
+
+
+def _tc64inv(**change: object) -> dict:
+    """The CUDA default's body settings (`tc64inv`) with `change` on top: one variant's A/B."""
+    return TC64INV | change
+
+
 # --accuracy: the settings measured against the fp32 path (the exact body first: the int8 error
 # every setting starts from)
 ACCURACY_SETTINGS: dict[str, dict] = {
@@ -694,16 +702,10 @@ ACCURACY_SETTINGS: dict[str, dict] = {
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
-    "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
+    "tc64inv": TC64INV,
     # the CUDA default without the SwiGLU-fused gate+up GEMM (`int8_gemm.SWIGLU_TABLE` all None
     # for the variant): the same bits, so only the time moves
-    "tc64inv-unfused": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "swiglu": False,
-    },
+    "tc64inv-unfused": _tc64inv(swiglu=False),
 }
 MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
 
@@ -785,145 +787,58 @@ VARIANTS: dict[str, dict | None] = {
     "tc": {"gdn_chunk": 32, "gdn_dots": "tf32", "attention_dots": "bf16"},
     "chunk64-bf16": {"gdn_chunk": 64, "gdn_dots": "bf16"},
     "tc64": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16"},
-    "tc64inv": {"gdn_chunk": 64, "gdn_dots": "bf16", "attention_dots": "bf16", "gdn_prep": "invert"},
+    "tc64inv": TC64INV,
     # the CUDA default without the SwiGLU-fused gate+up GEMM (`int8_gemm.SWIGLU_TABLE` all None
     # for the variant): the same bits, so only the time moves
-    "tc64inv-unfused": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "swiglu": False,
-    },
+    "tc64inv-unfused": _tc64inv(swiglu=False),
     # the CUDA default with every GEMM on the Triton tiles (`cutlass_gemm.TABLE` all None for the
     # variant; where the CUTLASS library is not built, the same as tc64inv): the same bits
-    "tc64inv-triton": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "cutlass": False,
-    },
+    "tc64inv-triton": _tc64inv(cutlass=False),
     # the CUDA default with the former full last layer (every row through the last layer's query,
     # attention, output projection and MLP; `ForestBody(last_layer="full")`): the same states
-    "tc64inv-fulllast": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "last_layer": "full",
-    },
+    "tc64inv-fulllast": _tc64inv(last_layer="full"),
     # the CUDA default with the MLP's gate+up as CUTLASS's two-GEMM SwiGLU form at every M CUTLASS
     # serves, or as the stacked GEMM and `swiglu_quantize` there (`cutlass_gemm.SWIGLU_MIN_ROWS`)
-    "tc64inv-cutlassswiglu": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 0},
-    },
-    "tc64inv-unfusedmlp": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 1 << 62},
-    },
+    "tc64inv-cutlassswiglu": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 0}),
+    "tc64inv-unfusedmlp": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 1 << 62}),
     # the CUDA default with the 128x128 CUTLASS tile at every M it serves, never the narrower
     # tiles by waves (`cutlass_gemm.NARROW_MAX_ROWS` 0 for the variant): the same bits
-    "tc64inv-squaretiles": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.NARROW_MAX_ROWS": 0},
-    },
+    "tc64inv-squaretiles": _tc64inv(set={"engine.kernels.cutlass_gemm.NARROW_MAX_ROWS": 0}),
     # the CUDA default with session 14's row kernels: the norm's blocks of up to 4,096 values and
     # the gated norm on 8 warps (`quant.NORM_BLOCKING`, `decode_quant.GATED_WARPS`; the norm's
     # sum in its former order, so other bits)
-    "tc64inv-rows14": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {
+    "tc64inv-rows14": _tc64inv(
+        set={
             "engine.kernels.quant.NORM_BLOCKING": (4096, 8),
             "engine.kernels.decode_quant.GATED_WARPS": 8,
         },
-    },
+    ),
     # the CUDA default with the 1x2-clustered CUTLASS tile for every linear above 2,048 rows,
     # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
     # 0 for the variant): the same bits
-    "tc64inv-noswizzle": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0},
-    },
+    "tc64inv-noswizzle": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0}),
     # the CUDA default with the attention's large-block tiers on a side stream, beside the split
     # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
-    "tc64inv-concurrenttiers": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.forest_attention.CONCURRENT_TIERS": True},
-    },
+    "tc64inv-concurrenttiers": _tc64inv(set={"engine.kernels.forest_attention.CONCURRENT_TIERS": True}),
     # the CUDA default with the GDN prep's invert form in three kernels (scores and A, the
     # inverse, w and u: `forest_gdn.TC_INVERT_SPLIT`, "invert_split"): the same bits
-    "tc64inv-invertsplit": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True},
-    },
+    "tc64inv-invertsplit": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True}),
     # the CUDA default with the sampler's top-k as two Triton kernels (`sampling.TOP_K_FORM`):
     # the same tokens
-    "tc64inv-topkkernel": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.decide.sampling.TOP_K_FORM": "kernel"},
-    },
+    "tc64inv-topkkernel": _tc64inv(set={"engine.decide.sampling.TOP_K_FORM": "kernel"}),
     # the CUDA default without 64-row CUTLASS tiles as a narrow choice (`cutlass_gemm.HALF_ROW_TILES`,
     # on since session 17: buckets of 192 and 320 rows compute less padding): same bits
-    "tc64inv-nohalfrowtiles": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.cutlass_gemm.HALF_ROW_TILES": False},
-    },
+    "tc64inv-nohalfrowtiles": _tc64inv(set={"engine.kernels.cutlass_gemm.HALF_ROW_TILES": False}),
     # the CUDA default with the decoder's GDN step in 64-wide value blocks (`decode_gdn.BLOCK_V`;
     # 32 by default: 12,288 programs of 16 KB of state a layer at 64 rows) or on 8 warps (the conv
     # step's too): the 64-sequence step's GDN is 5.7 ms against its ~4.5 ms fp32-state floor.
-    # The same bits (a value column's update is its own)
-    "tc64inv-gdnstepv64": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.decode_gdn.BLOCK_V": 64},
-    },
-    "tc64inv-gdnstepw8": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "set": {"engine.kernels.decode_gdn.NUM_WARPS": 8},
-    },
+    # Not the default's bits when compiled (the block shape sets the order of the sum over dk;
+    # H200, session 17): taking one is a version change of the decode bits
+    "tc64inv-gdnstepv64": _tc64inv(set={"engine.kernels.decode_gdn.BLOCK_V": 64}),
+    "tc64inv-gdnstepw8": _tc64inv(set={"engine.kernels.decode_gdn.NUM_WARPS": 8}),
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
-    "tc64inv-reads16": {
-        "gdn_chunk": 64,
-        "gdn_dots": "bf16",
-        "attention_dots": "bf16",
-        "gdn_prep": "invert",
-        "read_splits": 16,
-    },
+    "tc64inv-reads16": _tc64inv(read_splits=16),
 }
 
 

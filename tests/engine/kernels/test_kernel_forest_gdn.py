@@ -996,7 +996,7 @@ def test_tc_invert_split_equals_the_fused_invert(
         pytest.skip("invert form not compiled at these head sizes (INVERT_HEAD_MULTIPLE)")
     inputs, segs, _, _ = _two_levels(dev, gen, TC_HEADS[heads])
     pad = torch.zeros(1, SEG_FIELDS, dtype=torch.int64, device=dev)
-    pad[0, [SEG_TOK_LO, SEG_LENGTH]] = torch.tensor([0, 20])  # live 0: a padding slot
+    pad[0, [SEG_TOK_LO, SEG_LENGTH]] = torch.tensor([0, 20], device=dev)  # live 0: a padding slot
     segs = torch.cat([segs, pad])
     dead = torch.tensor([[2, 0, 0], [1, 0, 0]], dtype=torch.int64, device=dev)
     qblocks = torch.cat([_qblocks(segs), dead])
@@ -1022,19 +1022,18 @@ def test_tc_invert_split_equals_the_fused_invert(
 def test_tc_invert_split_setting_runs_the_split_form(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TC_INVERT_SPLIT (the engine's switch: the body asks for "invert") runs "invert_split"."""
-    inputs, segs, _, _ = _two_levels(dev, gen, TC_HEADS["tiny"])
+    """TC_INVERT_SPLIT (the engine's switch: the body asks for "invert") runs "invert_split".
+    Compiled, the invert forms run only at head sizes they are built for: the 27B heads there."""
+    hqk, hv, dk, dv = heads = TC_HEADS["27B" if dev.type == "cuda" else "tiny"]
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots="bf16")
+    inputs, segs, _, _ = _two_levels(dev, gen, heads)
     monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT", True)
-    prep = forest_gdn_prep(
-        *inputs, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
-    )
+    prep = forest_gdn_prep(*inputs, segs, _qblocks(segs), **kw, prep_form="invert")
     assert prep.prep_form == "invert_split"
     rows = inputs[0].shape[0]
     for bound, form in ((rows, "invert_split"), (rows + 1, "invert")):  # TC_INVERT_SPLIT_MIN_ROWS
         monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT_MIN_ROWS", bound)
-        prep = forest_gdn_prep(
-            *inputs, segs, _qblocks(segs), **KW, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
-        )
+        prep = forest_gdn_prep(*inputs, segs, _qblocks(segs), **kw, prep_form="invert")
         assert prep.prep_form == form, bound
 
 
