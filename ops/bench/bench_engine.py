@@ -42,11 +42,13 @@ probability. 4B by default of the caller: 27B's fp32 copy would not fit beside t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -472,7 +474,8 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
     """Where one request's wall time goes, on the graphed body (ms, median of 20): the host's
     table work alone (build the forest, allocate the outputs, plan, load the bucket), the bucket's
     graph replay alone (CUDA events: the GPU's time including the gaps between its kernels),
-    `body.run` with a sync, and the whole `decide` (read-outs included). The eager profile's GPU
+    `body.run` with a sync, the read-outs alone after the pass (GPU idle; their profile printed:
+    host ops and kernels), and the whole `decide` (read-outs included). The eager profile's GPU
     busy time leaves out the gaps between kernels; this says how large they are."""
     body = bench.body
     assert body is not None and body.graphs
@@ -514,9 +517,27 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
         end.record()
         end.synchronize()
         replays.append(start.elapsed_time(end) / 1e3)
+
+    def read_out(around: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> float:
+        """The read-outs alone (inside `around`), started on an idle GPU after the pass: what
+        `decide` adds after `body.run`."""
+        logits = body.run(forest()).logits[:questions]
+        sync()
+        with around():
+            t0 = time.perf_counter()
+            read_letters_many(list(logits), [LETTERS[:4]] * questions, [1.0] * questions)
+            return time.perf_counter() - t0
+
+    read_out_ms = 1e3 * statistics.median(read_out() for _ in range(20))
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    read_out(lambda: prof)  # the pass before it is not profiled: only the read-out
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=16, max_name_column_width=60))
     return {
         "tokens_bucket": bucket.tokens,
         "host_tables_ms": 1e3 * statistics.median(host() for _ in range(20)),
+        "read_out_ms": read_out_ms,
         "graph_replay_ms": 1e3 * statistics.median(replays),
         "body_run_ms": 1e3 * statistics.median(run() for _ in range(20)),
         "decide_ms": 1e3 * statistics.median(bench.decide(evidence_tokens, questions) for _ in range(20)),
