@@ -193,13 +193,13 @@ class Bench:
         """One request: evidence + questions in one forest, letter read-outs; returns seconds.
         `questions`: how many of `question_tokens` tokens each, or each question's length."""
         lengths = [question_tokens] * questions if isinstance(questions, int) else list(questions)
-        questions = len(lengths)
+        reads = len(lengths)
         sync()
         t0 = time.perf_counter()
         segs = [Segment(self.tokens(evidence_tokens), self.root)]
         segs += [Segment(self.tokens(n), 0, read=True) for n in lengths]
         out = self.run(build_forest(segs))
-        read_letters_many(list(out.logits[:questions]), [LETTERS[:4]] * questions, [1.0] * questions)
+        read_letters_many(list(out.logits[:reads]), [LETTERS[:4]] * reads, [1.0] * reads)
         sync()
         return time.perf_counter() - t0
 

@@ -2,8 +2,8 @@
 # On the GPU machine, from the repo root: the candidates sessions 16 and 17 built on the CPU (every
 # one off by default and bit-identical to the default by test), their CUDA bit tests and their
 # timings, in stages that each fit one 10-minute call:
-#   STAGE=engine  bash ops/device/candidates_check.sh  # 27B prefill A/B, one process (~5 min)
-#   STAGE=decode  bash ops/device/candidates_check.sh  # 27B decode A/B, one process (~4 min)
+#   STAGE=engine  [VARIANTS=tc64inv,...] bash ops/device/candidates_check.sh  # 27B prefill, profiles (~5 min)
+#   STAGE=decode  [DECODE_VARIANTS=...]  bash ops/device/candidates_check.sh  # 27B decode, step profiles (~4 min)
 #   STAGE=kernels bash ops/device/candidates_check.sh  # CUTLASS tiles, SwiGLU rows, GDN split (~7 min)
 #   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
 # The order that spends a session's 30 device minutes best: engine, decode (they decide which
@@ -30,15 +30,20 @@ K=tests/engine/kernels
 CUTLASS_CONFIGS=p128x128x128,p128x128x128_cl2x1,p128x96x128,p128x64x128,p128x96x128_cl2x1,p128x64x128_cl2x1,p128x128x256,p128x128x256_sw8,p128x96x256,p128x128x128_sw8,p128x128x128_cl1x2
 case "$STAGE" in
 engine)
+    # VARIANTS: the default and what is to be A/B'd against it (session 17 timed concurrenttiers,
+    # invertsplit and nohalfrowtiles: all off now); --wall-split prints the read-outs' profile
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
-        --variants tc64inv,tc64inv-concurrenttiers,tc64inv-invertsplit,tc64inv-nohalfrowtiles \
+        --variants "${VARIANTS:-tc64inv}" --profile "$OUT/profile" \
         --json "$OUT/engine-candidates.json" \
         > "$OUT/engine-candidates.log" 2>&1
     grep -iE "^(---|a_|b_|c_|d_)" "$OUT/engine-candidates.log" | cut -c1-220 | tail -40
     ;;
 decode)
+    # the default's step profile at 1 and 64 sequences (the last one, session 15's, ran the
+    # fp32-dot body path), then DECODE_VARIANTS if named (session 17: topkkernel +1%, gdnstepv64
+    # +5.7% at 64 and -2.8% at one sequence, other bits)
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --decode-only \
-        --variants tc64inv,tc64inv-topkkernel,tc64inv-gdnstepv64,tc64inv-gdnstepw8 \
+        --variants "tc64inv${DECODE_VARIANTS:+,$DECODE_VARIANTS}" --decode-profile "$OUT/decprof" \
         --json "$OUT/decode-candidates.json" > "$OUT/decode-candidates.log" 2>&1
     grep -E "^(---|e_)" "$OUT/decode-candidates.log" | tail -30
     ;;
@@ -55,7 +60,7 @@ kernels)
     ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
-        -k "27b_tiers_beside or swiglu or invert or settings_give_the_default or top_k" \
+        -k "27b_tiers_beside or swiglu or invert or settings_match_reference or top_k" \
         $K/test_kernel_forest_attention.py $K/test_kernel_decode.py $K/test_kernel_forest_gdn.py \
         $K/test_kernel_top_k.py 2>&1 | tee "$OUT/pytest_candidates.log" | tail -8
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs \
