@@ -11,6 +11,7 @@ from engine.kernels.decode_attention import AttentionHeads, PrepInputs, attentio
 from engine.kernels.decode_gdn import conv_step, gdn_step
 from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
 from engine.kernels.decode_rows import CONV_OFF, LIVE, ROW_FIELDS, STATE_OFF, THOUGHT_LEN
+from engine.model.config import ModelConfig
 from engine.run.reference import rope_cos_sin
 from engine.testing.make_model import dims_config
 from tests.engine.kernels.pool import Pool
@@ -63,7 +64,7 @@ def test_conv_step_matches_reference_and_shifts_the_tail(dev: torch.device, gen:
     _assert_rows_independent(run, b)
 
 
-def _check_gdn_step_against_reference(cfg, dev: torch.device, gen: torch.Generator) -> None:
+def _check_gdn_step_against_reference(cfg: ModelConfig, dev: torch.device, gen: torch.Generator) -> None:
     """The step kernel's output and updated state match the torch reference, and each row's bits
     do not depend on the rows beside it or their order."""
     hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
