@@ -301,6 +301,17 @@ HALF_ROW_TILE = ("p64x128x128", 1.17)
 SWIZZLED_MAX_COLUMNS = 8192
 SWIZZLED_TILE = "p128x128x128_sw8"
 
+# Which GEMMs of the MLP's two-GEMM SwiGLU form (`int8_gemm_swiglu`) take SWIZZLED_TILE where the
+# table names the clustered tile, although their outputs (17,408 at 27B) are wider than
+# SWIZZLED_MAX_COLUMNS: "none", "gate" (the GEMM whose epilogue reads the up projection as its C)
+# or "both". Why it may pay: on an H100 (bench_cutlass.py --candidates, M 8,192, 2026-12-05
+# session 19) a 17,408-wide GEMM reading a C took 1,241 us swizzled against 1,308 clustered, while
+# GDN in (16,480 wide, no C) lost, 1,217 against 1,131: the C's 570 MB are what the swizzle's L2
+# reuse helps with. Off until an H200 engine run decides (`bench_engine.py --variants
+# tc64inv,tc64inv-swiglugate,tc64inv-swigluboth`). Which tile serves never changes the bits.
+SWIGLU_SWIZZLES = ("none", "gate", "both")
+SWIGLU_SWIZZLE = "none"
+
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(
     c
@@ -312,6 +323,17 @@ CONFIGS: tuple[CutlassConfig, ...] = tuple(
 # From how many rows the MLP takes the two-GEMM SwiGLU form where the table serves M (module
 # docstring): above workload (a)'s 256-row bucket. Benches set 0 (always) or 1 << 62 (never).
 SWIGLU_MIN_ROWS = 257
+
+
+def swiglu_configs(name: str) -> tuple[str, str]:
+    """The (up, gate) configs of the two-GEMM SwiGLU form whose M rows `config_for` gives `name`:
+    `name` for both, except SWIZZLED_TILE for the halves SWIGLU_SWIZZLE names where `name` is the
+    table's clustered tile (the one for the most rows)."""
+    if SWIGLU_SWIZZLE not in SWIGLU_SWIZZLES:
+        raise ValueError(f"SWIGLU_SWIZZLE must be one of {SWIGLU_SWIZZLES}, got {SWIGLU_SWIZZLE!r}")
+    if SWIGLU_SWIZZLE == "none" or name != TABLE[-1][1]:
+        return name, name
+    return (SWIZZLED_TILE if SWIGLU_SWIZZLE == "both" else name), SWIZZLED_TILE
 
 
 def swiglu_serves(m: int) -> bool:

@@ -1050,10 +1050,11 @@ def int8_gemm_swiglu(
     if served and (cutlass := cutlass_gemm.serves(a, up_w, None, torch.float32)):
         # two GEMMs on Hopper (`cutlass_gemm`'s docstring): up, then the gate with SwiGLU epilogue
         library = cutlass_gemm.library()
+        up_config, gate_config = cutlass_gemm.swiglu_configs(cutlass)
         up = torch.empty(m, n, dtype=torch.float32, device=a.device)
-        library.gemm(cutlass, a, up_w, a_scale, w_scale[n:], None, up)
+        library.gemm(up_config, a, up_w, a_scale, w_scale[n:], None, up)
         v = torch.empty_like(up)
-        library.swiglu(cutlass, a, gate_w, a_scale, w_scale[:n], up, v)
+        library.swiglu(gate_config, a, gate_w, a_scale, w_scale[:n], up, v)
         return v
     cfg = config or swiglu_config_for(m) or SWIGLU_SMALL
     if cfg.gemv or cfg.split_k > 1 or cfg.stream_k or cfg.persistent:

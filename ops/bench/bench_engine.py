@@ -529,6 +529,7 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
             return time.perf_counter() - t0
 
     read_out_ms = 1e3 * statistics.median(read_out() for _ in range(20))
+    steps = host_steps(body, forest, questions)
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -541,7 +542,79 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
         "graph_replay_ms": 1e3 * statistics.median(replays),
         "body_run_ms": 1e3 * statistics.median(run() for _ in range(20)),
         "decide_ms": 1e3 * statistics.median(bench.decide(evidence_tokens, questions) for _ in range(20)),
+        "steps_us": steps,
     }
+
+
+def host_steps(body: ForestBody, forest: Callable[[], Forest], reads: int) -> dict[str, float]:
+    """The host's time in each step of one graphed pass and its read-outs (us, median of 20, from
+    an idle GPU): what `body.run` and `read_letters_many` do, step by step, each timed to its
+    return (kernels queued, not finished), then the wait for the GPU and the copy back. Also one
+    read-out kernel's launch alone: first after an idle GPU, then right behind another, then
+    behind a queued graph replay: a launch that costs more after the graph than behind another
+    kernel is a driver cost (not the kernel), which an in-graph read-out would remove."""
+    from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
+
+    names = ["forest", "allocate", "plan", "bucket", "load", "replay", "clone", "gpu_wait"]
+    names += ["partials_launches", "letters_gathers", "copy_back", "fold"]
+    names += ["launch_idle", "launch_behind_kernel", "launch_behind_graph"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    index = torch.tensor(LETTERS[:4], device=body.device)
+    for _ in range(20):
+        sync()
+        marks = [time.perf_counter()]
+        f = forest()
+        marks.append(time.perf_counter())
+        states, blocks = body._allocate(f)
+        marks.append(time.perf_counter())
+        plan = body._plan(f, states, blocks)
+        marks.append(time.perf_counter())
+        bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
+        marks.append(time.perf_counter())
+        body._load(bucket, plan)
+        marks.append(time.perf_counter())
+        assert bucket.graph is not None and bucket.logits is not None
+        bucket.graph.replay()
+        marks.append(time.perf_counter())
+        logits = bucket.logits[:reads].clone()
+        marks.append(time.perf_counter())
+        sync()
+        marks.append(time.perf_counter())
+        chunks = -(-logits.shape[1] // CHUNK)
+        parts = torch.empty(reads, chunks, FIELDS, dtype=torch.float64, device=body.device)
+        letters = torch.empty(reads, len(LETTERS[:4]), device=body.device)
+        marks.append(time.perf_counter())
+        for r in range(reads):
+            vocab_partials(logits[r], out=parts[r])
+        marks.append(time.perf_counter())
+        for r in range(reads):
+            torch.index_select(logits[r], 0, index, out=letters[r])
+        marks.append(time.perf_counter())
+        parts_host, letters_host = parts.cpu(), letters.cpu()
+        marks.append(time.perf_counter())
+        for r in range(reads):
+            readout.fold_vocab_mass(parts_host[r].tolist())
+            letters_host[r].tolist()
+        marks.append(time.perf_counter())
+        steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        del steps[8]  # the buffers' allocation (between gpu_wait and the launches)
+        for name, dt in zip(names, steps, strict=False):
+            times[name].append(dt)
+        sync()
+        t0 = time.perf_counter()
+        vocab_partials(logits[0], out=parts[0])
+        t1 = time.perf_counter()
+        vocab_partials(logits[0], out=parts[0])
+        t2 = time.perf_counter()
+        times["launch_idle"].append(t1 - t0)
+        times["launch_behind_kernel"].append(t2 - t1)
+        body._load(bucket, plan)
+        bucket.graph.replay()
+        t0 = time.perf_counter()
+        vocab_partials(logits[0], out=parts[0])
+        times["launch_behind_graph"].append(time.perf_counter() - t0)
+        sync()
+    return {n: round(1e6 * statistics.median(v), 1) for n, v in times.items()}
 
 
 def agreement(bench: Bench, evidence_tokens: int, questions: int, question_tokens: int = 36) -> dict:
@@ -838,6 +911,11 @@ VARIANTS: dict[str, dict | None] = {
     # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
     # 0 for the variant): the same bits
     "tc64inv-noswizzle": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0}),
+    # the CUDA default with the swizzled 128x128 tile for the gate GEMM (the one reading the up
+    # projection as C) or both GEMMs of the MLP's two-GEMM SwiGLU form above 2,048 rows
+    # (`cutlass_gemm.SWIGLU_SWIZZLE`): the same bits
+    "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
+    "tc64inv-swigluboth": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "both"}),
     # the CUDA default with the attention's large-block tiers on a side stream, beside the split
     # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
     "tc64inv-concurrenttiers": _tc64inv(set={"engine.kernels.forest_attention.CONCURRENT_TIERS": True}),

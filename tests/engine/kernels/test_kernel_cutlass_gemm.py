@@ -77,6 +77,27 @@ def test_narrow_outputs_take_the_swizzled_tile_where_the_table_clusters() -> Non
     assert config_for(2048, 5120, 132) == "p128x128x128"
 
 
+def test_the_swiglu_halves_take_the_swizzled_tile_only_where_the_setting_names_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`swiglu_configs`: (up, gate) = the served config for both, except SWIZZLED_TILE for the
+    halves SWIGLU_SWIZZLE names, and only where the served config is the clustered tile (the
+    table's last entry); a setting outside SWIGLU_SWIZZLES is refused, not read as "none"."""
+    clustered, swizzled = TABLE[-1][1], cutlass_gemm.SWIZZLED_TILE
+    assert clustered is not None and swizzled != clustered
+    want = {"none": (clustered, clustered), "gate": (clustered, swizzled), "both": (swizzled, swizzled)}
+    assert set(want) == set(cutlass_gemm.SWIGLU_SWIZZLES)
+    for setting, pair in want.items():
+        monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", setting)
+        assert cutlass_gemm.swiglu_configs(clustered) == pair
+        for other in ("p128x128x128", "p128x96x128", swizzled):
+            assert cutlass_gemm.swiglu_configs(other) == (other, other)
+    assert {n for pair in want.values() for n in pair} <= {c.name for c in CONFIGS}
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", "up")
+    with pytest.raises(ValueError, match="SWIGLU_SWIZZLE"):
+        cutlass_gemm.swiglu_configs(clustered)
+
+
 def test_a_configs_name_and_source_carry_its_tile_order() -> None:
     """The swizzle and raster are template arguments of the config's kernel (the digest then
     changes with them) and suffixes of its name; the defaults keep the plain names."""
@@ -358,13 +379,17 @@ def test_the_swiglu_form_gives_the_triton_fused_kernels_bits(config: str, gate_s
 
 
 @needs_library
+@pytest.mark.parametrize("swizzle", cutlass_gemm.SWIGLU_SWIZZLES)
 def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, swizzle: str
 ) -> None:
     """From `cutlass_gemm.SWIGLU_MIN_ROWS` (0 here), `int8_gemm_swiglu` runs the two CUTLASS GEMMs
-    where the table names a config (up, then the gate with the SwiGLU epilogue) and Triton's kernel
-    elsewhere; a row's v is the same alone (M = 1, Triton) and inside any batch. Below it, Triton's."""
+    where the table names a config (up, then the gate with the SwiGLU epilogue; at 3,000 rows of
+    8,448 outputs the clustered tile, or the swizzled one for the halves SWIGLU_SWIZZLE names) and
+    Triton's kernel elsewhere; a row's v is the same alone (M = 1, Triton) and inside any batch.
+    Below it, Triton's."""
     monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", swizzle)
     calls: list[tuple[str, str, int]] = []
     for method in ("gemm", "swiglu"):
         real = getattr(cutlass_gemm.Library, method)
@@ -374,13 +399,24 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
             return _real(self, name, a, w, *args)
 
         monkeypatch.setattr(cutlass_gemm.Library, method, spy)
-    i, k = 1024, 512
+    i, k = 8448, 512
     a, w, a_scale, w_scale = _stacked(3000, i, k, 5)
     for m in (16, 64, 65, 384, 3000):
         calls.clear()
         got = int8_gemm_swiglu(a[:m], w, a_scale[:m], w_scale)
         name = config_for(m, i, torch.cuda.get_device_properties(0).multi_processor_count)
-        assert calls == ([("gemm", name, i), ("swiglu", name, i)] if name else [])
+        up, gate = cutlass_gemm.swiglu_configs(name) if name else (None, None)
+        assert calls == ([("gemm", up, i), ("swiglu", gate, i)] if name else [])
+        if m == 3000:
+            assert (
+                name == TABLE[-1][1]
+                and (up, gate)
+                == {
+                    "none": (name, name),
+                    "gate": (name, cutlass_gemm.SWIZZLED_TILE),
+                    "both": (cutlass_gemm.SWIZZLED_TILE, cutlass_gemm.SWIZZLED_TILE),
+                }[swizzle]
+            )
         for row in (0, m // 2, m - 1):
             alone = int8_gemm_swiglu(a[row : row + 1], w, a_scale[row : row + 1], w_scale)
             assert torch.equal(alone[0], got[row]), (m, row)
