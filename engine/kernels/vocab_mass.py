@@ -36,8 +36,11 @@ NUM_WARPS = 8
 FIELDS = 4  # per chunk: max, sum of exp(x - max), NaN count, +inf count
 
 
-def _vocab_mass_kernel(x_ptr, out_ptr, V, CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
+def _vocab_mass_kernel(x_ptr, out_ptr, V, stride_x, stride_out, CHUNK: tl.constexpr, ON_GPU: tl.constexpr):
     c = tl.program_id(0)
+    row = tl.program_id(1)  # rows of a block (`vocab_partials_rows`); one row: 0
+    x_ptr += row.to(tl.int64) * stride_x
+    out_ptr += row.to(tl.int64) * stride_out
     offs = c * CHUNK + tl.arange(0, CHUNK)
     inside = offs < V
     x = tl.load(x_ptr + offs, mask=inside, other=float("-inf")).to(tl.float64)
@@ -90,7 +93,43 @@ def vocab_partials(
     x = logits if logits.is_contiguous() else logits.contiguous()
     if out is None:
         out = torch.empty(chunks, FIELDS, dtype=torch.float64, device=logits.device)
-    _kernel[(chunks,)](x, out, v, CHUNK=CHUNK, num_warps=NUM_WARPS)
+    _kernel[(chunks, 1)](x, out, v, 0, 0, CHUNK=CHUNK, num_warps=NUM_WARPS)
+    return out
+
+
+def vocab_partials_rows(
+    logits: torch.Tensor, *, backend: Backend = "triton", out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`vocab_partials` of every row of a 2-D float block in one launch: fp64 [rows, chunks,
+    FIELDS] (into `out` when given: contiguous, that shape). The same per-chunk program as one
+    row's, and a chunk's partials do not depend on the row's address (module docstring): each
+    row's partials are the bits `vocab_partials` gives it alone."""
+    if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
+        raise ValueError(
+            f"logits must be a 2-D float tensor with columns, got {logits.dtype} {tuple(logits.shape)}"
+        )
+    rows, v = logits.shape
+    chunks = cdiv(v, CHUNK)
+    if out is not None and (
+        out.shape != (rows, chunks, FIELDS)
+        or out.dtype != torch.float64
+        or out.device != logits.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be a contiguous fp64 [{rows}, {chunks}, {FIELDS}] tensor on {logits.device}, "
+            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if out is None:
+        out = torch.empty(rows, chunks, FIELDS, dtype=torch.float64, device=logits.device)
+    if rows == 0:
+        return out
+    if not use_triton(backend, logits):
+        for r in range(rows):
+            out[r].copy_(vocab_partials_reference(logits[r]))
+        return out
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    _kernel[(chunks, rows)](x, out, v, x.stride(0), chunks * FIELDS, CHUNK=CHUNK, num_warps=NUM_WARPS)
     return out
 
 

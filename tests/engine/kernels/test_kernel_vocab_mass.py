@@ -16,7 +16,13 @@ from engine.decide.readout import (
     fold_vocab_mass,
     read_letters,
 )
-from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials, vocab_partials_reference
+from engine.kernels.vocab_mass import (
+    CHUNK,
+    FIELDS,
+    vocab_partials,
+    vocab_partials_reference,
+    vocab_partials_rows,
+)
 
 V = 3 * CHUNK + 1234  # a partial last chunk
 
@@ -105,6 +111,30 @@ def test_partials_written_into_a_shared_buffer_are_the_same(dev: torch.device, g
         vocab_partials(x, out=torch.empty(chunks, FIELDS, device=dev))
     with pytest.raises(ValueError, match="contiguous fp64"):
         vocab_partials(x, out=torch.empty(chunks + 1, FIELDS, dtype=torch.float64, device=dev))
+
+
+def test_a_block_of_rows_in_one_launch_gives_each_rows_own_partials(
+    dev: torch.device, gen: torch.Generator
+) -> None:
+    """`vocab_partials_rows`: every row of a block (here a column slice of a wider block, so its
+    rows lie V + 7 apart) gets the bits `vocab_partials` gives the row alone and contiguous,
+    a row of NaN and +inf entries its counts, an empty block nothing; `out` is checked."""
+    wide = torch.randn(4, V + 7, generator=gen).to(dev) * 4
+    wide[1, :V] = _row(gen, dev)
+    wide[2, 5], wide[2, CHUNK + 3], wide[2, 9] = float("nan"), float("inf"), float("-inf")
+    block = wide[:, :V]
+    parts = vocab_partials_rows(block)
+    assert parts.shape == (4, -(-V // CHUNK), FIELDS) and parts.dtype == torch.float64
+    for r in range(4):
+        assert torch.equal(parts[r], vocab_partials(block[r].clone())), r
+    assert parts[2, 0, 2].item() == 1.0 and parts[2, 1, 3].item() == 1.0  # the NaN, the +inf
+    out = torch.full_like(parts, 7.0)
+    assert vocab_partials_rows(block, out=out) is out and torch.equal(out, parts)
+    assert vocab_partials_rows(block[:0]).shape == (0, -(-V // CHUNK), FIELDS)
+    with pytest.raises(ValueError, match="contiguous fp64"):
+        vocab_partials_rows(block, out=parts[:3])
+    with pytest.raises(ValueError, match="2-D"):
+        vocab_partials_rows(block[0])
 
 
 def test_many_rows_fold_to_what_each_row_folds_alone(dev: torch.device, gen: torch.Generator) -> None:
