@@ -235,8 +235,11 @@ def read_letters(
 
 # How `read_letters_many` reads CUDA rows (a bench flips it in one process): "batched" - every
 # row's kernels queued without a sync, one copy back; "per_row" - each row read alone, its letter
-# ids uploaded with a sync and its results copied back before the next row starts (engine 0.5.0).
-DEVICE_READS = ("batched", "per_row")
+# ids uploaded with a sync and its results copied back before the next row starts (engine 0.5.0);
+# "block" - as "batched", but where every row is a row of one fp32 block (a pass's logits) the
+# partials of the whole block in one launch (`vocab_partials_rows`) and the copy back into pinned
+# memory (no pageable staging): fewer launches and a shorter wait after the pass, the same values.
+DEVICE_READS = ("batched", "per_row", "block")
 DEVICE_READ = "batched"
 
 
@@ -266,8 +269,10 @@ def read_letters_many(
         _check_temperature(t)
     device_rows = [r for r, on_dev in enumerate(on_device) if on_dev]
     masses: dict[int, tuple[float, float, list[float]]] = {}
-    if DEVICE_READ == "batched" and device_rows:
-        batch = _device_masses([rows[r] for r in device_rows], [ids_of[r] for r in device_rows])
+    if DEVICE_READ in ("batched", "block") and device_rows:
+        batch = _device_masses(
+            [rows[r] for r in device_rows], [ids_of[r] for r in device_rows], block=DEVICE_READ == "block"
+        )
         masses = dict(zip(device_rows, batch, strict=True))
     out = []
     for r, (logits, ids, t) in enumerate(zip(rows, ids_of, temperatures, strict=True)):
@@ -348,11 +353,63 @@ def _letter_index(ids: Sequence[int], device: torch.device) -> torch.Tensor:
     return index
 
 
+def _block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
+    """(block, each row's index in it) where every row is a whole row of one contiguous 2-D fp32
+    tensor (the views a pass's logits give), else None."""
+    block = rows[0]._base
+    if block is None or block.dim() != 2 or block.dtype != torch.float32 or not block.is_contiguous():
+        return None
+    width = block.shape[1]
+    index = []
+    for x in rows:
+        at = x.storage_offset() - block.storage_offset()
+        if x._base is not block or x.dim() != 1 or x.numel() != width or x.stride(0) != 1 or at % width:
+            return None
+        index.append(at // width)
+    return block, index
+
+
+def _block_masses(
+    block: torch.Tensor, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
+) -> list[tuple[float, float, list[float]]]:
+    """`_device_masses` ("block" form) of the rows `index` of one fp32 block: the whole block's
+    partials in one launch (each row's own bits: `vocab_partials_rows`), each row's letters
+    gathered after them, one copy back into pinned memory."""
+    from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials_rows
+
+    n, width = block.shape
+    per_row = -(-width // CHUNK) * FIELDS
+    parts_size, n_letters = n * per_row, sum(len(ids) for ids in letter_ids)
+    buf = torch.empty(parts_size * 8 + n_letters * 4, dtype=torch.uint8, device=block.device)
+    parts, letters = buf[: parts_size * 8].view(torch.float64), buf[parts_size * 8 :].view(torch.float32)
+    vocab_partials_rows(block.detach(), out=parts.view(n, -1, FIELDS))
+    spans, k = [], 0
+    for r, ids in zip(index, letter_ids, strict=True):
+        index_ids = _letter_index(ids, block.device)
+        torch.index_select(block[r].detach(), 0, index_ids, out=letters[k : k + len(ids)])
+        spans.append((r * per_row, (r + 1) * per_row, k, k + len(ids)))
+        k += len(ids)
+    if buf.is_cuda:
+        host = torch.empty(buf.shape, dtype=torch.uint8, pin_memory=True)
+        host.copy_(buf, non_blocking=True)
+        torch.cuda.current_stream(buf.device).synchronize()
+    else:
+        host = buf
+    parts_host = host[: parts_size * 8].view(torch.float64).tolist()
+    letters_host = host[parts_size * 8 :].view(torch.float32).tolist()
+    out = []
+    for lo, hi, k0, k1 in spans:
+        m, total = _fold_flat(parts_host, lo, hi)
+        out.append((m, total, letters_host[k0:k1]))
+    return out
+
+
 def _device_masses(
-    rows: Sequence[torch.Tensor], letter_ids: Sequence[Sequence[int]]
+    rows: Sequence[torch.Tensor], letter_ids: Sequence[Sequence[int]], *, block: bool = False
 ) -> list[tuple[float, float, list[float]]]:
     """`_device_mass` of every row (one device), the same values: every row's partials (the same
-    kernel over the same row) and letters written into one buffer, and one copy back.
+    kernel over the same row) and letters written into one buffer, and one copy back (`block`:
+    rows of one fp32 block in `_block_masses`' form, where they are).
 
     What runs after the pass, per row: the partials kernel and one gather of the letters (their
     ids already on the device, `_letter_index`). Where every row is fp32 the gather writes fp32
@@ -361,6 +418,8 @@ def _device_masses(
     from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
 
     device = rows[0].device
+    if block and (found := _block_rows(rows)) is not None:
+        return _block_masses(*found, letter_ids)
     if any(x.device != device for x in rows):
         return [
             _device_mass(x, x.detach().index_select(0, _letter_index(ids, x.device)))

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decide import readout
-from engine.decide.readout import DEVICE_READS, read_letters, read_letters_many
+from engine.decide.readout import read_letters, read_letters_many
 from engine.decide.sampling import sample_tokens
 from engine.kernels import cutlass_gemm
 from engine.kernels.forest_attention import ATTENTION_DOTS
@@ -911,6 +911,9 @@ VARIANTS: dict[str, dict | None] = {
     # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
     # 0 for the variant): the same bits
     "tc64inv-noswizzle": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0}),
+    # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
+    # partials in one launch, the copy back into pinned memory): the same values
+    "tc64inv-blockreads": _tc64inv(set={"engine.decide.readout.DEVICE_READ": "block"}),
     # the CUDA default with the swizzled 128x128 tile for the gate GEMM (the one reading the up
     # projection as C) or both GEMMs of the MLP's two-GEMM SwiGLU form above 2,048 rows
     # (`cutlass_gemm.SWIGLU_SWIZZLE`): the same bits
@@ -1150,8 +1153,9 @@ def _run_variant(
         if args.wall_split and body is not None and body.graphs:
             # the host forms on the same body and graphs: the default ("packed" tables, batched
             # read-outs) and, as "_lists", the session-10 host path (`HOST_TABLES`, `DEVICE_READS`)
+            reads_now = readout.DEVICE_READ  # the default's, or what the variant set
             for suffix, (tables, reads) in {
-                "": ("packed", "batched"),
+                "": ("packed", reads_now),
                 "_lists": ("lists", "per_row"),
             }.items():
                 body.host_tables, readout.DEVICE_READ = tables, reads
@@ -1159,7 +1163,7 @@ def _run_variant(
                     record(f"a_wall_split{suffix}", wall_split(bench, 220, 1))
                     record(f"b_wall_split{suffix}", wall_split(bench, 220, 3))
                 finally:
-                    body.host_tables, readout.DEVICE_READ = HOST_TABLES[0], DEVICE_READS[0]
+                    body.host_tables, readout.DEVICE_READ = HOST_TABLES[0], reads_now
     if decode:
         bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
         record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))

@@ -8,13 +8,17 @@ import math
 import pytest
 import torch
 
+from engine.decide import readout
 from engine.decide.readout import (
+    DEVICE_READS,
+    _block_rows,
     _device_mass,
     _device_masses,
     _host_mass,
     _letter_index,
     fold_vocab_mass,
     read_letters,
+    read_letters_many,
 )
 from engine.kernels.vocab_mass import (
     CHUNK,
@@ -148,6 +152,48 @@ def test_many_rows_fold_to_what_each_row_folds_alone(dev: torch.device, gen: tor
     for x, i, got in zip(rows, ids, many, strict=True):
         index = torch.tensor(i, device=dev)
         assert got == _device_mass(x, x.index_select(0, index))
+
+
+def test_rows_of_one_block_read_in_one_launch_give_the_same_values(
+    dev: torch.device, gen: torch.Generator
+) -> None:
+    """The "block" form (`_device_masses(block=True)`): rows of one fp32 block, in any order and
+    one of them twice, are found as that block's rows and read with one partials launch and a
+    pinned copy back, giving the numbers the batched form gives; rows that are not whole rows of
+    one contiguous fp32 block fall back to it."""
+    block = torch.randn(4, V, generator=gen).to(dev) * 4
+    block[2] = _row(gen, dev)
+    rows = [block[2], block[0], block[3], block[2]]
+    ids = [[17, 100, 2 * CHUNK + 5, V - 1], [0], [3, 2 * CHUNK + 4], list(range(26))]
+    found = _block_rows(rows)
+    assert found is not None and found[0] is block and found[1] == [2, 0, 3, 2]
+    assert _device_masses(rows, ids, block=True) == _device_masses(rows, ids)
+    other = _row(gen, dev)
+    wide = torch.randn(2, V + 3, generator=gen).to(dev)
+    for not_one_block in (
+        [block[1], other],  # a row of another tensor
+        [block[1][: V - 1]],  # part of a row
+        [wide[:, :V][0]],  # a row of a block that is not contiguous
+        [block.double()[0]],  # not fp32
+        [other],  # no block at all
+    ):
+        assert _block_rows(not_one_block) is None
+    mixed = [block[1], other]
+    assert _device_masses(mixed, ids[:2], block=True) == _device_masses(mixed, ids[:2])
+
+
+@pytest.mark.parametrize("form", DEVICE_READS)
+def test_read_letters_many_reads_the_same_in_every_form(
+    dev: torch.device, gen: torch.Generator, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `DEVICE_READS` form of `read_letters_many` gives `read_letters`' read-outs (on CUDA
+    rows the forms run; CPU rows take the host path in all of them)."""
+    monkeypatch.setattr(readout, "DEVICE_READ", form)
+    block = torch.randn(3, V, generator=gen).to(dev) * 4
+    rows = [block[1], block[0], block[2]]
+    ids, temps = [[17, 100], [5], list(range(26))], [1.0, 0.5, 2.0]
+    many = read_letters_many(rows, ids, temps)
+    assert many == [read_letters(r, i, t) for r, i, t in zip(rows, ids, temps, strict=True)]
 
 
 def test_rows_of_other_float_types_read_the_same_values(dev: torch.device, gen: torch.Generator) -> None:
