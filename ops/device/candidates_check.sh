@@ -6,6 +6,11 @@
 #   STAGE=decode  [DECODE_VARIANTS=...]  bash ops/device/candidates_check.sh  # 27B decode, step profiles (~4 min)
 #   STAGE=kernels bash ops/device/candidates_check.sh  # CUTLASS tiles, SwiGLU rows, GDN split (~7 min)
 #   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
+#   STAGE=session bash ops/device/candidates_check.sh  # the engine's variants, then the whole CUDA set (~9 min)
+# STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
+# start in eight tries, each failed try costing 1.5-3 device minutes): the default against
+# SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
+# `JOBS=8 gpu_suite.sh` in what is left of the 10 minutes.
 # The order that spends a session's 30 device minutes best: engine, decode (they decide which
 # defaults flip), kernels if time allows; then the whole CUDA test set at the commit that flips
 # them (`JOBS=8 bash ops/device/gpu_suite.sh`, one call if it fits; else `PART=1|2|3`, three: the
@@ -58,6 +63,14 @@ kernels)
         --paths "split bf16 inv,split bf16 inv3,split bf16 inv3 wu8" > "$OUT/gdn-split.log" 2>&1
     tail -30 "$OUT/gdn-split.log"
     ;;
+session)
+    timeout 220 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
+        --variants "tc64inv,${SESSION_VARIANTS:-tc64inv-blockreads,tc64inv-swiglugate,tc64inv-swigluboth}" \
+        --json "$OUT/engine-session.json" > "$OUT/engine-session.log" 2>&1
+    echo "bench rc=$?"
+    grep -E "^(---|a_one|b_three|b_readme|c_one|d_64|a_wall_split |b_wall_split )" "$OUT/engine-session.log" | cut -c1-1200
+    JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300} bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
         -k "27b_tiers_beside or swiglu or invert or settings_match_reference or top_k" \
@@ -67,5 +80,5 @@ tests)
         tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
         tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
     ;;
-*) echo "STAGE must be engine, decode, kernels or tests"; exit 2 ;;
+*) echo "STAGE must be engine, decode, kernels, tests or session"; exit 2 ;;
 esac
