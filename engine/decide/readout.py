@@ -353,6 +353,13 @@ def _letter_index(ids: Sequence[int], device: torch.device) -> torch.Tensor:
     return index
 
 
+def _fold_spans(
+    parts: list[float], letters: list[float], spans: Sequence[tuple[int, int, int, int]]
+) -> list[tuple[float, float, list[float]]]:
+    """Per row (its partials parts[lo:hi], its letters letters[k0:k1]): (max, sum, letters)."""
+    return [(*_fold_flat(parts, lo, hi), letters[k0:k1]) for lo, hi, k0, k1 in spans]
+
+
 def _block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     """(block, each row's index in it) where every row is a whole row of one contiguous 2-D fp32
     tensor (the views a pass's logits give), else None."""
@@ -397,11 +404,7 @@ def _block_masses(
         host = buf
     parts_host = host[: parts_size * 8].view(torch.float64).tolist()
     letters_host = host[parts_size * 8 :].view(torch.float32).tolist()
-    out = []
-    for lo, hi, k0, k1 in spans:
-        m, total = _fold_flat(parts_host, lo, hi)
-        out.append((m, total, letters_host[k0:k1]))
-    return out
+    return _fold_spans(parts_host, letters_host, spans)
 
 
 def _device_masses(
@@ -453,11 +456,7 @@ def _device_masses(
     else:
         values = host.tolist()
         parts_host, letters_host = values[:parts_size], values[parts_size:]
-    out = []
-    for lo, hi, k0, k1 in spans:
-        m, total = _fold_flat(parts_host, lo, hi)
-        out.append((m, total, letters_host[k0:k1]))
-    return out
+    return _fold_spans(parts_host, letters_host, spans)
 
 
 def fold_vocab_mass(chunks: Sequence[Sequence[float]]) -> tuple[float, float]:

@@ -75,26 +75,10 @@ def vocab_partials(
         raise ValueError(
             f"logits must be a non-empty 1-D float tensor, got {logits.dtype} {tuple(logits.shape)}"
         )
-    v = logits.numel()
-    chunks = cdiv(v, CHUNK)
-    if out is not None and (
-        out.shape != (chunks, FIELDS)
-        or out.dtype != torch.float64
-        or out.device != logits.device
-        or not out.is_contiguous()
-    ):
-        raise ValueError(
-            f"out must be a contiguous fp64 [{chunks}, {FIELDS}] tensor on {logits.device}, got "
-            f"{out.dtype} {tuple(out.shape)} on {out.device}"
-        )
-    if not use_triton(backend, logits):
-        ref = vocab_partials_reference(logits)
-        return ref if out is None else out.copy_(ref)
-    x = logits if logits.is_contiguous() else logits.contiguous()
-    if out is None:
-        out = torch.empty(chunks, FIELDS, dtype=torch.float64, device=logits.device)
-    _kernel[(chunks, 1)](x, out, v, 0, 0, CHUNK=CHUNK, num_warps=NUM_WARPS)
-    return out
+    # one row of a block: `vocab_partials_rows` checks `out` and launches the same program
+    rows_out = None if out is None else out.unsqueeze(0)
+    got = vocab_partials_rows(logits.unsqueeze(0), backend=backend, out=rows_out)
+    return got[0] if out is None else out
 
 
 def vocab_partials_rows(
