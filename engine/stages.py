@@ -89,6 +89,8 @@ class Stages:
         self._between_steps: Callable[[], None] | None = None
         self._ready_hook: Callable[[int, list[QuestionRun]], None] | None = None
         self._in_step_hook = False
+        if runner.body is not None:  # every read-out reads some of A..Z: gathered in the pass
+            runner.body.read_out_letters(self.prompts.letter_ids)
         root = build_forest([Segment(tuple(self.prompts.prefix_ids), None)])
         self.root: SegmentState = self.runner.forest(root).states[0]
 

@@ -376,6 +376,21 @@ def _block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] 
     return block, index
 
 
+def _pass_masses(
+    block: torch.Tensor, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
+) -> list[tuple[float, float, list[float]]] | None:
+    """`_device_masses` of rows of a block whose pass made their numbers itself (the one-pass
+    body's `PassReads`: the same partials program and gather, run inside the pass's graph and
+    copied back with it), folded here; None when it did not, or a later pass overwrote them."""
+    from engine.kernels.vocab_mass import attached_reads
+
+    ticket = attached_reads(block)
+    values = None if ticket is None else ticket.values(index, letter_ids)
+    if values is None:
+        return None
+    return [(*_fold_flat(parts, 0, len(parts)), letters) for parts, letters in values]
+
+
 def _block_masses(
     block: torch.Tensor, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
 ) -> list[tuple[float, float, list[float]]]:
@@ -412,7 +427,8 @@ def _device_masses(
 ) -> list[tuple[float, float, list[float]]]:
     """`_device_mass` of every row (one device), the same values: every row's partials (the same
     kernel over the same row) and letters written into one buffer, and one copy back (`block`:
-    rows of one fp32 block in `_block_masses`' form, where they are).
+    rows of one fp32 block in `_block_masses`' form, where they are). Rows of a block whose pass
+    made their numbers (`_pass_masses`) launch nothing: the numbers are folded from the host.
 
     What runs after the pass, per row: the partials kernel and one gather of the letters (their
     ids already on the device, `_letter_index`). Where every row is fp32 the gather writes fp32
@@ -421,7 +437,10 @@ def _device_masses(
     from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
 
     device = rows[0].device
-    if block and (found := _block_rows(rows)) is not None:
+    found = _block_rows(rows)
+    if found is not None and (made := _pass_masses(*found, letter_ids)) is not None:
+        return made
+    if block and found is not None:
         return _block_masses(*found, letter_ids)
     if any(x.device != device for x in rows):
         return [

@@ -307,10 +307,11 @@ SWIZZLED_TILE = "p128x128x128_sw8"
 # or "both". Why it may pay: on an H100 (bench_cutlass.py --candidates, M 8,192, 2026-12-05
 # session 19) a 17,408-wide GEMM reading a C took 1,241 us swizzled against 1,308 clustered, while
 # GDN in (16,480 wide, no C) lost, 1,217 against 1,131: the C's 570 MB are what the swizzle's L2
-# reuse helps with. Off until an H200 engine run decides (`bench_engine.py --variants
-# tc64inv,tc64inv-swiglugate,tc64inv-swigluboth`). Which tile serves never changes the bits.
+# reuse helps with. "both" since session 20's engine run (H100, `candidates_check.sh
+# STAGE=session`, one process, 27B, d90b6b6): (c) 491.9 -> 477.8 ms ("gate" alone 487.8); nothing
+# below 2,048 rows changes. Which tile serves never changes the bits.
 SWIGLU_SWIZZLES = ("none", "gate", "both")
-SWIGLU_SWIZZLE = "none"
+SWIGLU_SWIZZLE = "both"
 
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(

@@ -22,6 +22,9 @@ already exact (max is associative; counts are small integers).
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -130,3 +133,104 @@ def vocab_partials_reference(logits: torch.Tensor) -> torch.Tensor:
         s = float(torch.exp(finite - shift).cumsum(0)[-1])
         rows.append([m, s, float(nan.sum()), float(torch.isposinf(part).sum())])
     return torch.tensor(rows, dtype=torch.float64)
+
+
+class PassReads:
+    """A fixed block's read-out numbers made by the pass that makes its logits, beside them.
+
+    Why: after a graphed pass, a read-out's partials launch, its letter gather and its copy back
+    cost the host ~0.6 ms for one row on the H100 machine's CPU (session 20, `bench_engine.py
+    --wall-split`: ~65-110 us a launch), with the GPU idle; inside the pass's CUDA graph they are
+    three more nodes. `compute` (captured with the pass) writes every row's `vocab_partials_rows`
+    and its logits at `letter_ids` into one device buffer and copies it into a pinned host twin;
+    `issue` (after each launch of the pass) returns the ticket its read-outs present. The values
+    are the ones a read-out after the pass computes (the same program per row, the same gather).
+
+    A later launch of the same pass overwrites the host twin: a ticket of an earlier generation
+    gives nothing (`rows` returns None) and its read-out falls back to the kernels after the pass.
+    """
+
+    def __init__(self, rows: int, vocab: int, letter_ids: Sequence[int], device: torch.device) -> None:
+        if rows < 1 or vocab < 1 or not letter_ids:
+            raise ValueError(f"need rows, a vocabulary and letter ids: {rows}, {vocab}, {list(letter_ids)}")
+        ids = [int(i) for i in letter_ids]
+        if len(set(ids)) != len(ids) or not all(0 <= i < vocab for i in ids):
+            raise ValueError(f"letter ids must be distinct and in [0, {vocab}), got {ids}")
+        self.rows, self.chunks, self.letter_ids = rows, cdiv(vocab, CHUNK), tuple(ids)
+        self._column = {t: k for k, t in enumerate(ids)}
+        parts_bytes = rows * self.chunks * FIELDS * 8
+        size = parts_bytes + rows * len(ids) * 4
+        self._buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+        self._parts = self._buffer[:parts_bytes].view(torch.float64).view(rows, self.chunks, FIELDS)
+        self._letters = self._buffer[parts_bytes:].view(torch.float32).view(rows, len(ids))
+        self._index = torch.tensor(ids, dtype=torch.int64, device=device)
+        pinned = device.type == "cuda"
+        self._host = torch.zeros(size, dtype=torch.uint8, pin_memory=True) if pinned else self._buffer
+        self._host_parts = self._host[:parts_bytes].view(torch.float64).view(rows, self.chunks * FIELDS)
+        self._host_letters = self._host[parts_bytes:].view(torch.float32).view(rows, len(ids))
+        self._copied = torch.cuda.Event() if pinned else None
+        self.generation = 0
+
+    def compute(self, logits: torch.Tensor) -> None:
+        """Partials and letters of `logits` [rows, vocab] fp32, copied to the host (capturable)."""
+        vocab_partials_rows(logits, out=self._parts)
+        torch.index_select(logits, 1, self._index, out=self._letters)
+        if self._host is not self._buffer:
+            self._host.copy_(self._buffer, non_blocking=True)
+
+    def issue(self) -> ReadsTicket:
+        """After a launch of the pass (replay or eager) on the current stream: its ticket."""
+        self.generation += 1
+        if self._copied is not None:
+            self._copied.record()
+        return ReadsTicket(self, self.generation)
+
+    def values(
+        self, generation: int, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
+    ) -> list[tuple[list[float], list[float]]] | None:
+        """Per row `index[i]`: its partials (FIELDS numbers a chunk, back to back) and its logits
+        at `letter_ids[i]`; None when a later launch overwrote the pass `generation`'s numbers or
+        an id is not one of `self.letter_ids`. Waits for the pass's copy back."""
+        if generation != self.generation:
+            return None
+        columns = [[self._column.get(int(t)) for t in ids] for ids in letter_ids]
+        if any(k is None for cols in columns for k in cols) or any(not 0 <= r < self.rows for r in index):
+            return None
+        if self._copied is not None:
+            self._copied.synchronize()
+        out = []
+        for r, cols in zip(index, columns, strict=True):
+            letters = self._host_letters[r].tolist()
+            out.append((self._host_parts[r].tolist(), [letters[k] for k in cols]))  # type: ignore[index]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class ReadsTicket:
+    """One launch's claim on a `PassReads` (`PassReads.values` of that generation)."""
+
+    reads: PassReads
+    generation: int
+
+    def values(
+        self, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
+    ) -> list[tuple[list[float], list[float]]] | None:
+        return self.reads.values(self.generation, index, letter_ids)
+
+
+# A pass's logits block -> the ticket of the read-out numbers its pass made. The rows travel
+# through the engine as plain views of the block (`block[i]`); a read-out finds the block from
+# them (`engine.decide.readout`). Keyed by id, checked by identity, dropped when the block dies.
+_ATTACHED: dict[int, tuple[weakref.ref[torch.Tensor], ReadsTicket]] = {}
+
+
+def attach_reads(block: torch.Tensor, ticket: ReadsTicket) -> None:
+    """Let read-outs of `block`'s rows take `ticket`'s numbers (while they are current)."""
+    key = id(block)
+    _ATTACHED[key] = (weakref.ref(block, lambda _, key=key: _ATTACHED.pop(key, None)), ticket)
+
+
+def attached_reads(block: torch.Tensor) -> ReadsTicket | None:
+    """The ticket `attach_reads` gave `block`, or None."""
+    found = _ATTACHED.get(id(block))
+    return found[1] if found is not None and found[0]() is block else None

@@ -88,6 +88,7 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
+from engine.kernels.vocab_mass import PassReads, attach_reads
 from engine.model.weights import Weights
 from engine.run.executor import ForestCounters, ForestOutput
 from engine.run.forest import Forest, SegmentState
@@ -131,6 +132,12 @@ PACKED_TABLES = (
 
 
 _LEADING = ((), (slice(None),))  # index prefixes that reach a PACKED_TABLES axis (0 or 1)
+
+# Whether a CUDA body's captured buckets make their read-outs' numbers in the pass (`PassReads`:
+# every read slot's vocabulary partials and its logits at the letter ids `read_out_letters` named,
+# copied back by the graph), so a read-out after the pass launches nothing. The same values; a
+# bench flips it before making a body (variant `tc64inv-hostreads`).
+READS_IN_PASS = True
 
 
 def forest_counters(forest: Forest) -> ForestCounters:
@@ -304,6 +311,7 @@ class _Bucket:
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
     staging: _Staging | None = None  # the packed tables (`ForestBody._pack`)
+    read_out: PassReads | None = None  # the read-outs' numbers made in the pass (`READS_IN_PASS`)
 
 
 @dataclass
@@ -388,6 +396,10 @@ class ForestBody(Int8Layers):
         self._buckets: dict[tuple[int, int, int, int], _Bucket] = {}
         self._rope_rows: torch.Tensor | None = None  # the last `rope_table` a packed load read
         self.passes = 0
+        # read-out numbers in the pass: on CUDA (READS_IN_PASS), once `read_out_letters` names the
+        # letters; a CPU test may set it (its kernels then run in the interpreter)
+        self.reads_in_pass = READS_IN_PASS and self.device.type == "cuda"
+        self._read_letter_ids: tuple[int, ...] | None = None
         self.gdn_chunk = gdn_chunk
         self.gdn_dots = gdn_dots
         if gdn_prep == "auto":
@@ -419,6 +431,17 @@ class ForestBody(Int8Layers):
             plan = self._plan(forest, states, blocks)
             logits = self._execute(plan, forest.num_tokens, len(forest.segments))
         return ForestOutput(logits=logits, states=states, counters=counters)
+
+    def read_out_letters(self, letter_ids: list[int] | tuple[int, ...]) -> None:
+        """The token ids (the letters A..Z) whose logits buckets made from now on gather in the
+        pass, beside every read slot's vocabulary partials (`reads_in_pass`); a read-out of other
+        ids, or of a bucket made before, runs its kernels after the pass as before. Set it before
+        the first pass (the engine's stages do, before the system prefix runs)."""
+        ids = tuple(int(i) for i in letter_ids)
+        vocab = self.config.vocab_size
+        if not ids or len(set(ids)) != len(ids) or not all(0 <= i < vocab for i in ids):
+            raise ValueError(f"letter ids must be distinct and in [0, {vocab}), got {list(ids)}")
+        self._read_letter_ids = ids
 
     # ------------------------------------------------------------------------------ outputs
     def _allocate(self, forest: Forest) -> tuple[list[SegmentState], list[torch.Tensor]]:
@@ -804,6 +827,8 @@ class ForestBody(Int8Layers):
         self._pack(bucket)
         if capturable:
             self._buckets[key] = bucket  # one-off shapes are not kept
+            if self.reads_in_pass and self._read_letter_ids is not None:
+                bucket.read_out = PassReads(s, c.vocab_size, self._read_letter_ids, dev)
         return bucket, capturable
 
     def _load(self, bucket: _Bucket, plan: _Plan | None) -> None:
@@ -930,12 +955,18 @@ class ForestBody(Int8Layers):
             )
         self.passes += 1
         out = logits[: plan.reads.numel()].clone()
+        if bucket.read_out is not None:
+            attach_reads(out, bucket.read_out.issue())
         return out
 
     # ------------------------------------------------------------------------------ the pass
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        """The layer stack (`engine.run.layers`) at the read rows: logits fp32 [S, vocab]."""
-        return self._stack(bucket.rows[:, ROW_TOKEN], bucket, bucket.reads)
+        """The layer stack (`engine.run.layers`) at the read rows: logits fp32 [S, vocab] (and the
+        read-outs' numbers, where the bucket makes them)."""
+        logits = self._stack(bucket.rows[:, ROW_TOKEN], bucket, bucket.reads)
+        if bucket.read_out is not None:
+            bucket.read_out.compute(logits)
+        return logits
 
     def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:
         c, (qkv, b_raw, a_raw) = self.config, x

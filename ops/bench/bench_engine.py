@@ -299,6 +299,7 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
             attention_dots=body.attention_dots, gdn_prep=body.gdn_prep, last_layer=body.last_layer,
             read_splits=body.read_splits,
         )  # fmt: skip
+        bench.body.read_out_letters(LETTERS)
     try:
         for _ in range(3):
             fn()
@@ -552,12 +553,13 @@ def host_steps(body: ForestBody, forest: Callable[[], Forest], reads: int) -> di
     return (kernels queued, not finished), then the wait for the GPU and the copy back. Also one
     read-out kernel's launch alone: first after an idle GPU, then right behind another, then
     behind a queued graph replay: a launch that costs more after the graph than behind another
-    kernel is a driver cost (not the kernel), which an in-graph read-out would remove."""
+    kernel is a driver cost (not the kernel), which an in-graph read-out would remove. Last, a
+    fixed pure-Python loop (`python_loop`): how fast this host runs the plan's kind of code."""
     from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
 
     names = ["forest", "allocate", "plan", "bucket", "load", "replay", "clone", "gpu_wait"]
     names += ["partials_launches", "letters_gathers", "copy_back", "fold"]
-    names += ["launch_idle", "launch_behind_kernel", "launch_behind_graph"]
+    names += ["launch_idle", "launch_behind_kernel", "launch_behind_graph", "python_loop"]
     times: dict[str, list[float]] = {n: [] for n in names}
     index = torch.tensor(LETTERS[:4], device=body.device)
     for _ in range(20):
@@ -614,6 +616,9 @@ def host_steps(body: ForestBody, forest: Callable[[], Forest], reads: int) -> di
         vocab_partials(logits[0], out=parts[0])
         times["launch_behind_graph"].append(time.perf_counter() - t0)
         sync()
+        t0 = time.perf_counter()
+        sum(i * i for i in range(10_000))  # the host's Python speed, to compare machines by
+        times["python_loop"].append(time.perf_counter() - t0)
     return {n: round(1e6 * statistics.median(v), 1) for n, v in times.items()}
 
 
@@ -914,11 +919,15 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
     # partials in one launch, the copy back into pinned memory): the same values
     "tc64inv-blockreads": _tc64inv(set={"engine.decide.readout.DEVICE_READ": "block"}),
-    # the CUDA default with the swizzled 128x128 tile for the gate GEMM (the one reading the up
-    # projection as C) or both GEMMs of the MLP's two-GEMM SwiGLU form above 2,048 rows
-    # (`cutlass_gemm.SWIGLU_SWIZZLE`): the same bits
+    # the CUDA default with the read-outs' numbers made after the pass, not in its graph
+    # (`body.READS_IN_PASS` off: the partials, letter gathers and copy back launched by the
+    # read-out, as before session 20): the same values
+    "tc64inv-hostreads": _tc64inv(set={"engine.run.body.READS_IN_PASS": False}),
+    # the CUDA default with the clustered tile for both GEMMs of the MLP's two-GEMM SwiGLU form
+    # above 2,048 rows, or the swizzled 128x128 tile for the gate GEMM only (the one reading the
+    # up projection as C) (`cutlass_gemm.SWIGLU_SWIZZLE`; "both" the default): the same bits
+    "tc64inv-swiglunone": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "none"}),
     "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
-    "tc64inv-swigluboth": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "both"}),
     # the CUDA default with the attention's large-block tiers on a side stream, beside the split
     # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
     "tc64inv-concurrenttiers": _tc64inv(set={"engine.kernels.forest_attention.CONCURRENT_TIERS": True}),
@@ -1124,6 +1133,8 @@ def _run_variant(
     g = torch.Generator().manual_seed(1)
     root_tokens = tuple(torch.randint(0, VOCAB - 512, (27,), generator=g).tolist())
     body = None if settings is None else ForestBody(weights, **settings)
+    if body is not None:
+        body.read_out_letters(LETTERS)  # as the engine's stages do: A..Z gathered in the pass
     run = body.run if body is not None else (lambda f: run_forest(weights, f))
     root = run(build_forest([Segment(root_tokens, None)])).states[0]
     bench = Bench(weights, root, device, g, graphs=False if args.decode_eager else None, body=body)

@@ -65,7 +65,7 @@ kernels)
     ;;
 session)
     timeout 220 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
-        --variants "tc64inv,${SESSION_VARIANTS:-tc64inv-blockreads,tc64inv-swiglugate,tc64inv-swigluboth}" \
+        --variants "tc64inv,${SESSION_VARIANTS:-tc64inv-hostreads,tc64inv-swiglunone}" \
         --json "$OUT/engine-session.json" > "$OUT/engine-session.log" 2>&1
     echo "bench rc=$?"
     grep -E "^(---|a_one|b_three|b_readme|c_one|d_64|a_wall_split |b_wall_split )" "$OUT/engine-session.log" | cut -c1-1200

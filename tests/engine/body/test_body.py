@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.decide.readout import _device_masses, read_letters_many
 from engine.engine import Engine
+from engine.kernels.vocab_mass import attached_reads
 from engine.run import body as body_module
 from engine.run.body import ForestBody
 from engine.run.executor import run_forest
@@ -196,3 +198,39 @@ def test_auto_gdn_prep_is_a_function_of_the_head_sizes(engine: Engine) -> None:
     auto = ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="auto")
     assert auto.gdn_prep == ("invert" if fits else "blocks")
     assert ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="invert").gdn_prep == "invert"
+
+
+def test_read_outs_fold_the_numbers_their_pass_made(engine: Engine) -> None:
+    """A body whose buckets make the read-outs' numbers in the pass (`reads_in_pass`: the CUDA
+    default, in the captured graph; forced here on CPU, eagerly): its logits carry them, and a
+    read-out folds them into the values its own kernels give the same rows (independent oracle:
+    the rows of a copy, which carries nothing). A later pass of the same bucket, or letters the
+    pass did not gather, send the read-out back to its kernels, over the logits it kept."""
+    body = ForestBody(engine.weights)
+    body.reads_in_pass = True
+    letters = engine.prompts.letter_ids
+    with pytest.raises(ValueError, match="distinct"):
+        body.read_out_letters([letters[0], letters[0]])
+    with pytest.raises(ValueError, match="distinct"):
+        body.read_out_letters([engine.config.vocab_size])
+    body.read_out_letters(letters)
+    g = torch.Generator().manual_seed(11)
+    out, _, _ = _run(body, _request(g, engine.root, 40, [7, 9]))
+    block, plain = out.logits, out.logits.clone()
+    ticket = attached_reads(block)
+    assert ticket is not None and attached_reads(plain) is None
+    ids = [letters[:4], letters[:26:5]]
+    want = _device_masses([plain[1], plain[0]], ids)
+    assert ticket.values([1, 0], ids) is not None
+    assert _device_masses([block[1], block[0]], ids) == want
+    if block.is_cuda:  # the engine's read-out: CUDA rows take the device form
+        temps = [1.0, 0.7]
+        assert read_letters_many([block[1], block[0]], ids, temps) == read_letters_many(
+            [plain[1], plain[0]], ids, temps
+        )
+    unknown = [[letters[0], 3], letters[:1]]
+    assert ticket.values([1, 0], unknown) is None
+    assert _device_masses([block[1], block[0]], unknown) == _device_masses([plain[1], plain[0]], unknown)
+    _run(body, _request(g, engine.root, 40, [7, 9]))  # the same bucket, launched again
+    assert ticket.values([1, 0], ids) is None
+    assert _device_masses([block[1], block[0]], ids) == want

@@ -23,6 +23,9 @@ from engine.decide.readout import (
 from engine.kernels.vocab_mass import (
     CHUNK,
     FIELDS,
+    PassReads,
+    attach_reads,
+    attached_reads,
     vocab_partials,
     vocab_partials_reference,
     vocab_partials_rows,
@@ -209,3 +212,62 @@ def test_rows_of_other_float_types_read_the_same_values(dev: torch.device, gen: 
     assert _device_masses(rows[1:2], ids[1:2]) == many[1:2]  # fp32 alone: the fp32 tail
     assert _letter_index([17, 100], block.device) is _letter_index((17, 100), block.device)
     assert _letter_index([17, 100], block.device).tolist() == [17, 100]
+
+
+def test_a_pass_reads_numbers_are_each_rows_partials_and_letters(
+    dev: torch.device, gen: torch.Generator
+) -> None:
+    """`PassReads` (what a graphed pass makes beside its logits): each row's numbers are its own
+    `vocab_partials` and its logits at the asked ids, in the asked order; a later launch makes an
+    earlier ticket give nothing, as do ids it did not gather and rows outside the block."""
+    letters = [33, 17, V - 1, 2 * CHUNK + 4, 0]
+    reads = PassReads(4, V, letters, dev)
+    block = torch.randn(4, V, generator=gen).to(dev) * 4
+    block[1] = _row(gen, dev)
+    reads.compute(block)
+    ticket = reads.issue()
+    ids = [[17, 33], [V - 1, 0, 2 * CHUNK + 4], [0]]
+    got = ticket.values([1, 3, 1], ids)
+    assert got is not None
+    for (parts, values), r, i in zip(got, [1, 3, 1], ids, strict=True):
+        assert parts == vocab_partials(block[r]).flatten().tolist()
+        assert values == block[r, i].tolist()
+    assert ticket.values([1], [[18]]) is None  # not gathered
+    assert ticket.values([4], [[17]]) is None  # no such row
+    reads.compute(block.flip(0))  # the next launch: row 2 is the first launch's row 1
+    later = reads.issue()
+    assert ticket.values([1], [[17, 33]]) is None
+    assert later.values([2], [[17, 33]]) == got[:1]
+    for bad in ((0, V, letters), (2, V, []), (2, V, [1, 1]), (2, V, [V])):
+        with pytest.raises(ValueError):
+            PassReads(bad[0], bad[1], bad[2], dev)
+
+
+def test_rows_of_a_block_with_its_pass_numbers_read_them_and_launch_nothing(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_device_masses` of rows of a block its pass attached numbers to folds those numbers (no
+    partials kernel runs: it is made to fail) into what the batched form gives the same rows;
+    after a later launch of that pass, or for ids it did not gather, it runs the kernels again."""
+    block = torch.randn(3, V, generator=gen).to(dev) * 4
+    block[0] = _row(gen, dev)
+    plain = block.clone()
+    rows, ids = [block[2], block[0]], [[17, 100], list(range(26))]
+    want = _device_masses([plain[2], plain[0]], ids)
+    reads = PassReads(3, V, range(120), dev)
+    reads.compute(block)
+    attach_reads(block, reads.issue())
+    assert attached_reads(block) is not None and attached_reads(plain) is None
+
+    def no_kernel(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a read-out with its pass's numbers launched the partials kernel")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("engine.kernels.vocab_mass.vocab_partials", no_kernel)
+        patch.setattr("engine.kernels.vocab_mass.vocab_partials_rows", no_kernel)
+        assert _device_masses(rows, ids) == want
+        assert _device_masses(rows, ids, block=True) == want
+    assert _device_masses(rows, [[17, 200], [5]]) == _device_masses([plain[2], plain[0]], [[17, 200], [5]])
+    reads.compute(torch.zeros_like(block))  # a later launch of the pass overwrote the numbers
+    reads.issue()
+    assert _device_masses(rows, ids) == want
