@@ -531,6 +531,13 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
 
     read_out_ms = 1e3 * statistics.median(read_out() for _ in range(20))
     steps = host_steps(body, forest, questions)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # whether torch's CPU thread pool is what the host steps wait on
+    try:
+        steps_one_thread = host_steps(body, forest, questions)
+    finally:
+        torch.set_num_threads(threads)
+    print_host_profile(body, forest)
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -544,7 +551,32 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
         "body_run_ms": 1e3 * statistics.median(run() for _ in range(20)),
         "decide_ms": 1e3 * statistics.median(bench.decide(evidence_tokens, questions) for _ in range(20)),
         "steps_us": steps,
+        "torch_threads": threads,
+        "steps_us_one_thread": steps_one_thread,
     }
+
+
+def print_host_profile(body: ForestBody, forest: Callable[[], Forest], passes: int = 50) -> None:
+    """cProfile of the host's table steps (build the forest, allocate, plan, bucket, load) over
+    `passes` passes with the GPU idle: which calls the ~1 ms before a replay is made of on the
+    machine that runs the bench (its Python runs several times slower than a dev box's)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(passes):
+        f = forest()
+        states, blocks = body._allocate(f)
+        plan = body._plan(f, states, blocks)
+        bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
+        body._load(bucket, plan)
+        sync()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print(f"host table steps, {passes} passes (cProfile, tottime):\n{text.getvalue()}", flush=True)
 
 
 def host_steps(body: ForestBody, forest: Callable[[], Forest], reads: int) -> dict[str, float]:
