@@ -10,7 +10,8 @@
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
-# `JOBS=8 gpu_suite.sh` in what is left of the 10 minutes.
+# `JOBS=8 gpu_suite.sh` in what is left of the 10 minutes. `SESSION_VARIANTS= STAGE=session`
+# (empty) times the default alone: the call that measures the H200 targets at a commit.
 # The order that spends a session's 30 device minutes best: engine, decode (they decide which
 # defaults flip), kernels if time allows; then the whole CUDA test set at the commit that flips
 # them (`JOBS=8 bash ops/device/gpu_suite.sh`, one call if it fits; else `PART=1|2|3`, three: the
@@ -64,11 +65,13 @@ kernels)
     tail -30 "$OUT/gdn-split.log"
     ;;
 session)
+    # SESSION_VARIANTS: what is A/B'd against the default (set it empty for the default alone)
+    SESSION_VARIANTS=${SESSION_VARIANTS-tc64inv-hostreads}
     timeout 220 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
-        --variants "tc64inv,${SESSION_VARIANTS:-tc64inv-hostreads,tc64inv-swiglunone}" \
+        --variants "tc64inv${SESSION_VARIANTS:+,$SESSION_VARIANTS}" \
         --json "$OUT/engine-session.json" > "$OUT/engine-session.log" 2>&1
     echo "bench rc=$?"
-    grep -E "^(---|a_one|b_three|b_readme|c_one|d_64|a_wall_split |b_wall_split )" "$OUT/engine-session.log" | cut -c1-1200
+    grep -E "^(---|a_one|a_timed|b_three|b_readme|c_one|d_64|a_wall_split |b_wall_split )" "$OUT/engine-session.log" | cut -c1-1200
     JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300} bash ops/device/gpu_suite.sh 2>&1 | tail -12
     ;;
 tests)
