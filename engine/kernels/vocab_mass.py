@@ -147,7 +147,7 @@ class PassReads:
     are the ones a read-out after the pass computes (the same program per row, the same gather).
 
     A later launch of the same pass overwrites the host twin: a ticket of an earlier generation
-    gives nothing (`rows` returns None) and its read-out falls back to the kernels after the pass.
+    gives nothing (`values` returns None) and its read-out falls back to the kernels after the pass.
     """
 
     def __init__(self, rows: int, vocab: int, letter_ids: Sequence[int], device: torch.device) -> None:
