@@ -504,11 +504,7 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
 
     def host() -> float:
         t0 = time.perf_counter()
-        f = forest()
-        states, blocks = body._allocate(f)
-        plan = body._plan(f, states, blocks)
-        bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
-        body._load(bucket, plan)
+        load_tables(body, forest())
         sync()
         return time.perf_counter() - t0
 
@@ -572,6 +568,14 @@ def wall_split(bench: Bench, evidence_tokens: int, questions: int, question_toke
     }
 
 
+def load_tables(body: ForestBody, f: Forest) -> None:
+    """What `body.run` does on the host before its replay: allocate, plan, find the bucket, load."""
+    states, blocks = body._allocate(f)
+    plan = body._plan(f, states, blocks)
+    bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
+    body._load(bucket, plan)
+
+
 def print_host_profile(body: ForestBody, forest: Callable[[], Forest], passes: int = 50) -> None:
     """cProfile of the host's table steps (build the forest, allocate, plan, bucket, load) over
     `passes` passes with the GPU idle: which calls the ~1 ms before a replay is made of on the
@@ -583,11 +587,7 @@ def print_host_profile(body: ForestBody, forest: Callable[[], Forest], passes: i
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(passes):
-        f = forest()
-        states, blocks = body._allocate(f)
-        plan = body._plan(f, states, blocks)
-        bucket, _ = body._bucket(f.num_tokens, len(f.segments), plan.pieces.shape[2], plan.levels)
-        body._load(bucket, plan)
+        load_tables(body, forest())
         sync()
     prof.disable()
     text = io.StringIO()
