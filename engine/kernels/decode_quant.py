@@ -10,7 +10,7 @@ row length, so its bits never depend on how many rows the call has.
 
 SwiGLU keeps a row's values in registers between the absmax and the quantizing pass
 (`_swiglu_resident_kernel`, rows of up to RESIDENT_VALUES a thread: K <= 18,432; with
-RESIDENT_ORDERED, off by default, its loads are kept in program order); a longer row
+RESIDENT_ORDERED, on by default, its loads are kept in program order); a longer row
 is read and computed twice (`_swiglu_long_row_kernel`); calls of at most SPLIT_MAX_ROWS rows
 are cut into chunks, a program each (`_swiglu_chunk_kernel`, `_quant_chunk_kernel`). Calls
 whose row count lies in RECOMPUTE_ROWS (off by default: a candidate for mid-size calls) are
@@ -45,14 +45,18 @@ RESIDENT_VALUES = 72
 # this is only the order Triton emits: ptxas schedules the loads itself, and the sm_90 SASS is
 # the same at AHEAD 2, 4, 6 and 9 (gate's loads interleaved with the exps, then every up and
 # divisor load at once: the 180 registers). RESIDENT_ORDERED makes it binding.
-RESIDENT_AHEAD = 4
-RESIDENT_MAXNREG: int | None = None  # a register cap for ptxas (None: its own choice)
+RESIDENT_AHEAD = 3
+RESIDENT_MAXNREG: int | None = 128  # a register cap for ptxas (None: its own choice)
 # Ordered loads: block b + AHEAD's gate, up and divisor loads are masked by a predicate computed
 # (opaquely, always true) from the absmax after block b - 1, so neither LLVM nor ptxas can issue
 # them earlier: AHEAD blocks in flight, not the whole row's up and divisor, so fewer registers
 # (with RESIDENT_MAXNREG 128, two programs of 8 warps an SM). The same loads and values: the
-# same bits. Off by default until measured.
-RESIDENT_ORDERED = False
+# same bits. On since session 21 (H100, bench_rows.py --kernels swiglu+quant, 27B's 17,408 row,
+# CUDA graphs, every variant bit-equal): ordered, 3 blocks ahead, capped at 128 registers, against
+# the unordered 180-register kernel, 256 rows 18.33 -> 14.53 us, 384 rows 35.43 -> 31.57 (a1 / a2:
+# 15.56 / 15.16 at 256; ordered but uncapped 23-24: the cap's second program an SM is the gain).
+# 64-row calls take the split form either way (7.5 us; ordered and capped 9.6).
+RESIDENT_ORDERED = True
 # The long-row kernel: its passes unrolled 4 blocks, blocks of 4,096 on 16 warps. Measured on the
 # H200 at 17,408 (bench_rows.py, 2026-12-01, then the only kernel), us per call at 1 / 64 / 8,192
 # rows: rolled 8 warps 13.9 / 14.2 / 759; unrolled 4, 8 warps 13.0 / 13.4 / 638; unrolled 4,
@@ -88,6 +92,9 @@ SPLIT_WARPS = 4
 # evict-last, pass 2 evict-first and in reverse program order, so it starts on the data loaded
 # last (RECOMPUTE_L2_HINTS, RECOMPUTE_REVERSE: speed only, not bits). v is computed by the same
 # helper, elementwise ops and rounding as every other path: the resident kernel's bits.
+# Measured (H100, session 21, bench_rows.py, 27B row): 256 rows 23.7 us (1,024 on 4 warps; the
+# other chunks, warps and hints 24-26) against the resident kernel's 18.3 (14.5 ordered); 384
+# rows 37.1-44.1 against 35.4; 64 rows 8.6-10.5 against the split's 7.5. Kept off.
 RECOMPUTE_ROWS: tuple[int, int] | None = None
 RECOMPUTE_CHUNK = 1024
 RECOMPUTE_WARPS = 4

@@ -976,6 +976,16 @@ VARIANTS: dict[str, dict | None] = {
     # up projection as C) (`cutlass_gemm.SWIGLU_SWIZZLE`; "both" the default): the same bits
     "tc64inv-swiglunone": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "none"}),
     "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
+    # the CUDA default with the SwiGLU quantizer's resident kernel as before session 21: its loads
+    # unordered (ptxas issues the whole row's at once) and no register cap (`decode_quant`
+    # RESIDENT_ORDERED, RESIDENT_AHEAD, RESIDENT_MAXNREG): the same bits
+    "tc64inv-swigluunordered": _tc64inv(
+        set={
+            "engine.kernels.decode_quant.RESIDENT_ORDERED": False,
+            "engine.kernels.decode_quant.RESIDENT_AHEAD": 4,
+            "engine.kernels.decode_quant.RESIDENT_MAXNREG": None,
+        }
+    ),
     # the CUDA default with the attention's large-block tiers on a side stream, beside the split
     # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
     "tc64inv-concurrenttiers": _tc64inv(set={"engine.kernels.forest_attention.CONCURRENT_TIERS": True}),

@@ -66,7 +66,10 @@ ROW_VARIANTS: dict[str, dict[str, Any]] = {
     "n512x4 r40": {"NORM_BLOCKING": (512, 4), "RESIDENT_VALUES": 40},
     "n512x2 r80": {"NORM_BLOCKING": (512, 2), "RESIDENT_VALUES": 80},
 }
-_SWIGLU_DEFAULT = f"res {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD} (default)"
+_SWIGLU_DEFAULT = (
+    f"{'ord' if dq.RESIDENT_ORDERED else 'res'} {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD}"
+    f"{'' if dq.RESIDENT_MAXNREG is None else f' r{dq.RESIDENT_MAXNREG}'} (default)"
+)
 _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_UNROLL}"
 _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_GENERAL_ROWS} (default)"
 
@@ -104,6 +107,7 @@ def _conv(bt: int, bc: int, warps: int, bg: int) -> dict[str, Any]:
 SWIGLU_VARIANTS: dict[str, dict[str, Any]] = {
     _SWIGLU_DEFAULT: {},
     _SWIGLU_LONG: {"RESIDENT_VALUES": 0, "SPLIT_MAX_ROWS": 0},
+    "res 1024x8 a4": _resident(1024, 8, 4),  # the default until session 21
     "res 1024x8 a6 r128": _resident(1024, 8, 6, 128),
     "res 2048x16 a2": _resident(2048, 16, 2),
     "res 4096x32 a2": _resident(4096, 32, 2),
