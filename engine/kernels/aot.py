@@ -167,6 +167,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         decode_quant,
         int8_gemm,
         quantize_rows,
+        quantize_rows_by_absmax,
         rms_norm_quantize,
     )
     from engine.kernels.decode_attention import AttentionHeads, PrepInputs, attention_prep, decode_attention
@@ -259,6 +260,8 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             quantize_rows(f32(t, k), f32(k), backend="triton")
             rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")
             norm_rows(f32(t, k), f32(k), 1e-6, backend="triton")
+        # the MLP's v quantized by the absmax the gate GEMM's epilogue folds (Hopper's two-GEMM form)
+        quantize_rows_by_absmax(f32(t, inter), f32(t), backend="triton")
         norm_rows(f32(t, hqk, dk), None, 1e-6, mean=False, backend="triton")
         norm_rows(f32(t, hv, dv), f32(dv), 1e-6, backend="triton")
         # the decoder's step kernels

@@ -337,6 +337,13 @@ def swiglu_configs(name: str) -> tuple[str, str]:
     return (SWIZZLED_TILE if SWIGLU_SWIZZLE == "both" else name), SWIZZLED_TILE
 
 
+# Whether the MLP's two-GEMM SwiGLU form divides v by ffn_down's SmoothQuant divisor and folds its
+# rows' absmax in the gate GEMM's epilogue (`Library.swiglu_absmax`), leaving the quantizer a stream
+# over v (`quant.quantize_rows_by_absmax`) instead of one program holding each 17,408-wide row
+# (`int8_gemm.int8_gemm_swiglu_quantize`). The same codes and scales either way.
+SWIGLU_ABSMAX = True
+
+
 def swiglu_serves(m: int) -> bool:
     """Whether M rows take the two-GEMM SwiGLU form (where the table also serves M)."""
     return m >= SWIGLU_MIN_ROWS
@@ -485,7 +492,20 @@ class Library:
             ws.restype = ctypes.c_size_t
             ws.argtypes = [ctypes.c_int] * 3
             self._workspace_bytes[c.name] = ws
+        # the SwiGLU over the divisor with its rows' absmax (`swiglu_absmax`); a library built
+        # before it (a candidates' build, say) lacks it and the engine quantizes v itself
+        self._swiglu_absmax: dict[str, ctypes._CFuncPtr] = {}
+        for c in configs:
+            entry = getattr(self._lib, "prism_int8_gemm_swiglu_absmax_" + c.name, None)
+            if entry is not None:
+                entry.restype = ctypes.c_int
+                entry.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                self._swiglu_absmax[c.name] = entry
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
+
+    def has_swiglu_absmax(self, name: str) -> bool:
+        """Whether config `name` has the SwiGLU-over-the-divisor entry (`swiglu_absmax`)."""
+        return name in self._swiglu_absmax
 
     def _workspace(self, name: str, m: int, n: int, k: int, device: torch.device) -> int:
         """A zeroed buffer per (config, shape, device), kept: a captured graph holds its address,
@@ -524,6 +544,33 @@ class Library:
         """v = silu(g) * up, g the gate GEMM (w_gate, its w_scale) with the engine's epilogue and
         up fp32 [M, N] (the up projection's output, read as the epilogue's C), by config `name`."""
         self._call(self._swiglu[name], name, a, w_gate, a_scale, w_scale, up, v)
+
+    def swiglu_absmax(
+        self,
+        name: str,
+        a: torch.Tensor,
+        w_gate: torch.Tensor,
+        a_scale: torch.Tensor,
+        w_scale: torch.Tensor,
+        up: torch.Tensor,
+        divisor: torch.Tensor,
+        out: torch.Tensor,
+        absmax: torch.Tensor,
+    ) -> None:
+        """out = v / divisor (IEEE) with v `swiglu`'s, and absmax[m] = max |out[m, :]| (fp32 [M],
+        set by the launch: CUTLASS zeroes it on the stream first, then folds each tile's row maxima
+        in with atomic maxima, exact in any order)."""
+        m, k = a.shape
+        n = w_gate.shape[0]
+        a_scale, w_scale, divisor = a_scale.contiguous(), w_scale.contiguous(), divisor.contiguous()
+        with torch.cuda.device(a.device):
+            rc = self._swiglu_absmax[name](
+                a.data_ptr(), w_gate.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(), up.data_ptr(),
+                divisor.data_ptr(), out.data_ptr(), absmax.data_ptr(), m, n, k,
+                self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
+            )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"CUTLASS int8 GEMM {name} (SwiGLU absmax) failed ({rc}) at M={m} N={n} K={k}")
 
     def _call(
         self,

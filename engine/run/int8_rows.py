@@ -227,15 +227,21 @@ def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
 
     CUDA, gate and up stacked, and the fused form faster at this M (`kernels.swiglu_fused`): the
     gate+up GEMM computes v = silu(gate) * up in its epilogue (`kernels.int8_gemm_swiglu`, half
-    the bytes out) and v is quantized by `quantize_rows`: the same bits as the unfused path's
-    GEMM then `swiglu_quantize`. Under tensor parallelism each rank's v covers its own gate/up
-    features; gathering v is gathering gate and up then the elementwise op, so the same bits.
+    the bytes out) and v is quantized for ffn_down (`kernels.int8_gemm_swiglu_quantize`: on
+    Hopper's two-GEMM form the gate GEMM's epilogue also divides v by the SmoothQuant divisor and
+    folds its rows' absmax, so the quantizer only streams it): the same bits as the unfused
+    path's GEMM then `swiglu_quantize`. Under tensor parallelism each rank's v covers its own
+    gate/up features; gathering v is gathering gate and up then the elementwise op, so the same
+    bits (v is gathered, then `quantize_rows` finds the whole row's absmax).
     """
     down = layer["ffn_down"]
     group = input_group(layer, ("ffn_gate", "ffn_up"))
     fused = h.is_cuda and group is not None and group.splits[0] == group.splits[1]
     if fused and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
         ((lin, (q, s)),) = norm_quantize(h, layer["post_attention_norm"], eps, [group.linear])
+        if not isinstance(down, RowParallelLinear):  # v quantized where it is made
+            q, s = kernels.int8_gemm_swiglu_quantize(q, lin.qweight, s, lin.w_scale, down.smooth)
+            return gemm(q, s, down, residual=h)
         (v,) = whole_rows(down, kernels.int8_gemm_swiglu(q, lin.qweight, s, lin.w_scale))
         q, s = kernels.quantize_rows(v, down.smooth, backend="triton")
         return gemm(q, s, down, residual=h)

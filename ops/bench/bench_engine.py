@@ -976,6 +976,10 @@ VARIANTS: dict[str, dict | None] = {
     # up projection as C) (`cutlass_gemm.SWIGLU_SWIZZLE`; "both" the default): the same bits
     "tc64inv-swiglunone": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "none"}),
     "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
+    # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
+    # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
+    # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits
+    "tc64inv-noswigluabsmax": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_ABSMAX": False}),
     # the CUDA default with the SwiGLU quantizer's resident kernel as before session 21: its loads
     # unordered (ptxas issues the whole row's at once) and no register cap (`decode_quant`
     # RESIDENT_ORDERED, RESIDENT_AHEAD, RESIDENT_MAXNREG): the same bits

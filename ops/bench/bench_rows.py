@@ -70,6 +70,14 @@ _SWIGLU_DEFAULT = (
     f"{'ord' if dq.RESIDENT_ORDERED else 'res'} {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD}"
     f"{'' if dq.RESIDENT_MAXNREG is None else f' r{dq.RESIDENT_MAXNREG}'} (default)"
 )
+# `quantize_rows_by_absmax`'s (BLOCK, warps): any gives the same codes (elementwise)
+BY_ABSMAX_VARIANTS: dict[str, dict[str, Any]] = {
+    f"stream {kq.BLOCK_BY_ABSMAX}x{kq.BY_ABSMAX_WARPS} (default)": {},
+    "stream 1024x4": {"BLOCK_BY_ABSMAX": 1024, "BY_ABSMAX_WARPS": 4},
+    "stream 4096x8": {"BLOCK_BY_ABSMAX": 4096, "BY_ABSMAX_WARPS": 8},
+    "stream 2048x8": {"BLOCK_BY_ABSMAX": 2048, "BY_ABSMAX_WARPS": 8},
+    "stream 8192x8": {"BLOCK_BY_ABSMAX": 8192, "BY_ABSMAX_WARPS": 8},
+}
 _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_UNROLL}"
 _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_GENERAL_ROWS} (default)"
 
@@ -268,6 +276,12 @@ def main() -> None:
         )  # fmt: skip
         v = g.contiguous()  # as the two-GEMM form's epilogue writes it
         compare("v quant/div", m, kq, vq, lambda: kq.quantize_rows(v, sdiv), m * INTER * 5)
+        # the same codes from v / divisor and its rows' absmax, as the gate GEMM's epilogue makes
+        # them (`cutlass_gemm.SWIGLU_ABSMAX`): the quantizer a stream
+        vd = v / sdiv
+        amax = vd.abs().amax(dim=1)
+        by_absmax = list(BY_ABSMAX_VARIANTS.items())
+        compare("v by absmax", m, kq, by_absmax, lambda: kq.quantize_rows_by_absmax(vd, amax), m * INTER * 5)
         case = conv_case(m, gen)
 
         def conv() -> tuple[torch.Tensor, torch.Tensor]:

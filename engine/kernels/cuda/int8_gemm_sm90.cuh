@@ -11,6 +11,15 @@
 //
 //     v[m, n] = silu(g) * up[m, n],   g = (float(acc[m, n]) * a_scale[m]) * w_scale[n]
 //
+// A fourth divides v by the next linear's SmoothQuant divisor and folds each row's absmax into a
+// per-row buffer with atomic maxima, the two things the quantizer of ffn_down's input needs:
+//
+//     w[m, n] = v[m, n] / s[n]  (IEEE, div.rn),   absmax[m] = max over n of |w[m, n]|
+//
+// A maximum is exact in any order, so the atomics' order cannot change absmax; w is the value
+// `quantize_rows(v, s)` divides out itself. The quantizer then only streams w against its row's
+// scale (`quant.quantize_rows_by_absmax`): the same codes and scales as `quantize_rows(v, s)`.
+//
 // engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
 // builds them into one shared library and calls it through ctypes.
 #pragma once
@@ -66,8 +75,39 @@ struct Swiglu<cutlass::Array<float, N>> {
   }
 };
 
-// What the epilogue adds after the scaling: nothing, the residual (C), or the SwiGLU with C = up.
-enum class Epi { kPlain, kResidual, kSwiglu };
+// a / b correctly rounded (div.rn.f32), as `tl.math.div_rn` in the engine's quantizers: inline PTX
+// so that nvcc cannot substitute an approximate division.
+CUTLASS_DEVICE float divide_rn(float a, float b) {
+  float q;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+template <class T>
+struct DivideRn {
+  CUTLASS_DEVICE T operator()(T const& a, T const& b) const { return divide_rn(a, b); }
+};
+template <int N>
+struct DivideRn<cutlass::Array<float, N>> {
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
+                                                     cutlass::Array<float, N> const& b) const {
+    cutlass::Array<float, N> q;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) q[i] = divide_rn(a[i], b[i]);
+    return q;
+  }
+};
+
+// The row absmax's step in registers: max(running, |x|), max.f32 and abs.f32 as the Triton
+// quantizers' tl.maximum(amax, tl.abs(v)). Lanes and CTAs then combine the (non-negative) partial
+// maxima with plain maxima, the last by atomicMax on their int bits (cutlass::atomic_maximum).
+template <class T>
+struct AbsMax {
+  CUTLASS_DEVICE T operator()(T const& running, T const& x) const { return fmaxf(running, fabsf(x)); }
+};
+
+// What the epilogue adds after the scaling: nothing, the residual (C), the SwiGLU with C = up, or
+// that SwiGLU over the divisor with its rows' absmax.
+enum class Epi { kPlain, kResidual, kSwiglu, kSwigluAbsmax };
 
 // The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual, or SwiGLU with C).
 // Multiplication commutes exactly in IEEE arithmetic, so these are the reference's
@@ -82,9 +122,47 @@ struct ScaleTree {
                                  RowScaled>;
   template <template <class> class Fn>
   using WithC = fusion::Sm90EVT<fusion::Sm90Compute<Fn, float, float, kRound>, Scaled, fusion::Sm90SrcFetch<float>>;
-  using Op = cute::conditional_t<E == Epi::kPlain, Scaled,
-                                 cute::conditional_t<E == Epi::kResidual, WithC<cutlass::plus>, WithC<Swiglu>>>;
+  // w = v / s[n], and the rows' max |w| folded atomically into absmax[m] (zeroed by the kernel's
+  // initialization, CUTLASS's fill of an atomic reduction's output with its identity 0)
+  using Divided = fusion::Sm90EVT<fusion::Sm90Compute<DivideRn, float, float, kRound>, WithC<Swiglu>,
+                                  fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>>;
+  using RowAbsmax = fusion::Sm90EVT<
+      fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
+                               Tile, float, float, kRound>,
+      Divided>;
+  using Op = cute::conditional_t<
+      E == Epi::kPlain, Scaled,
+      cute::conditional_t<E == Epi::kResidual, WithC<cutlass::plus>,
+                          cute::conditional_t<E == Epi::kSwiglu, WithC<Swiglu>, RowAbsmax>>>;
 };
+
+// CUTLASS fills an atomic reduction's output with the driver's cuMemsetD*Async (cutlass/workspace.h);
+// this library links only the CUDA runtime, so these stand-ins do it through the runtime. Weak: a
+// driver already loaded for the whole process keeps its own. The fill here is always the
+// reduction's identity, 0 (any other 32/16/8-bit pattern is refused, not silently mis-set).
+extern "C" __attribute__((weak)) CUresult cuMemsetD32Async(CUdeviceptr at, unsigned int value, size_t count,
+                                                           CUstream stream) {
+  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count * 4, stream) == cudaSuccess ? CUDA_SUCCESS
+                                                                                           : CUDA_ERROR_UNKNOWN;
+}
+extern "C" __attribute__((weak)) CUresult cuMemsetD16Async(CUdeviceptr at, unsigned short value, size_t count,
+                                                           CUstream stream) {
+  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count * 2, stream) == cudaSuccess ? CUDA_SUCCESS
+                                                                                           : CUDA_ERROR_UNKNOWN;
+}
+// (and the name of a failed fill's error, which its error path asks for)
+extern "C" __attribute__((weak)) CUresult cuGetErrorString(CUresult, const char** name) {
+  if (name != nullptr) *name = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+extern "C" __attribute__((weak)) CUresult cuMemsetD8Async(CUdeviceptr at, unsigned char value, size_t count,
+                                                          CUstream stream) {
+  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count, stream) == cudaSuccess ? CUDA_SUCCESS
+                                                                                       : CUDA_ERROR_UNKNOWN;
+}
 
 // A [M, K] row-major (K contiguous), the weight [N, K] (K contiguous: column-major as K x N), y [M, N]
 // row-major; 16-byte alignment: K % 16 == 0 and N % 4 == 0 (the caller checks).
@@ -111,9 +189,10 @@ struct Int8Gemm {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+  // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise)
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
                                             const float* w_scale, const float* c, float* y, int m, int n,
-                                            int k) {
+                                            int k, const float* divisor = nullptr, float* absmax = nullptr) {
     auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, k, 1));
     auto stride_w = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, k, 1));
     auto stride_c = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, make_shape(m, n, 1));
@@ -141,6 +220,9 @@ struct Int8Gemm {
     }
     if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
+    } else if constexpr (E == Epi::kSwigluAbsmax) {
+      typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor}, {}};
+      args.epilogue.thread = {divided, {absmax, 0.0f, {}}};
     } else {
       args.epilogue.thread = {scaled, {}, {}};
     }
@@ -153,9 +235,10 @@ struct Int8Gemm {
 
   // 0 launched; 1 shape not implementable; 2 initialize failed; 3 launch failed.
   static int run(const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale,
-                 const float* c, float* y, int m, int n, int k, void* workspace, cudaStream_t stream) {
+                 const float* c, float* y, int m, int n, int k, void* workspace, cudaStream_t stream,
+                 const float* divisor = nullptr, float* absmax = nullptr) {
     Gemm gemm;
-    auto args = arguments(a, w, a_scale, w_scale, c, y, m, n, k);
+    auto args = arguments(a, w, a_scale, w_scale, c, y, m, n, k, divisor, absmax);
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return 2;
     if (gemm.run(stream) != cutlass::Status::kSuccess) return 3;
@@ -177,15 +260,19 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 #define PRISM_ARG(...) __VA_ARGS__
 
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
-// (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]) and the workspace size either needs.
+// (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]), prism_int8_gemm_swiglu_absmax_NAME
+// (v / divisor and its rows' absmax) and the workspace size any of them needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
   using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
   using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \
   using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu, ORDER>;     \
+  using NAME##_absmax =                                                                                          \
+      prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwigluAbsmax, ORDER>;           \
   extern "C" size_t prism_int8_gemm_##NAME##_workspace(int m, int n, int k) {                                   \
     size_t a = NAME##_plain::workspace_bytes(m, n, k), b = NAME##_residual::workspace_bytes(m, n, k);           \
-    size_t c = NAME##_swiglu::workspace_bytes(m, n, k);                                                          \
-    return a > b ? (a > c ? a : c) : (b > c ? b : c);                                                            \
+    size_t c = NAME##_swiglu::workspace_bytes(m, n, k), d = NAME##_absmax::workspace_bytes(m, n, k);            \
+    size_t ab = a > b ? a : b, cd = c > d ? c : d;                                                               \
+    return ab > cd ? ab : cd;                                                                                    \
   }                                                                                                              \
   extern "C" int prism_int8_gemm_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,                 \
                                         const float* w_scale, const float* residual, float* y, int m, int n,     \
@@ -197,4 +284,10 @@ using StreamK = cutlass::gemm::StreamKScheduler;
                                                const float* w_scale, const float* up, float* v, int m, int n,    \
                                                int k, void* workspace, cudaStream_t stream) {                   \
     return NAME##_swiglu::run(a, w, a_scale, w_scale, up, v, m, n, k, workspace, stream);                       \
+  }                                                                                                              \
+  extern "C" int prism_int8_gemm_swiglu_absmax_##NAME(                                                           \
+      const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale, const float* up,            \
+      const float* divisor, float* out, float* absmax, int m, int n, int k, void* workspace,                     \
+      cudaStream_t stream) {                                                                                     \
+    return NAME##_absmax::run(a, w, a_scale, w_scale, up, out, m, n, k, workspace, stream, divisor, absmax);     \
   }

@@ -426,6 +426,89 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
     assert calls == []
 
 
+def _divisor(i: int, seed: int) -> torch.Tensor:
+    """A SmoothQuant divisor of ffn_down's input: per-feature, 0.25-4, some exactly 1."""
+    gen = torch.Generator().manual_seed(seed)
+    div = torch.exp2(torch.rand(i, generator=gen) * 4 - 2)
+    div[::7] = 1.0
+    return div.cuda() if ON_HOPPER else div
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
+def test_the_swiglu_absmax_form_divides_v_and_finds_each_rows_absmax(config: str, gate_scale: float) -> None:
+    """The oracles are the SwiGLU form's v (itself the Triton fused kernel's bits, above) and
+    torch: out = v / divisor (IEEE division of two tensors) bit for bit, and absmax[m] = max |out[m]|
+    exactly, whatever the tiles and the order their atomic maxima land in; a buffer holding
+    garbage before the launch is no matter (the launch zeroes it first)."""
+    assert LIBRARY is not None and LIBRARY.has_swiglu_absmax(config)
+    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
+        a, w, a_scale, w_scale = _stacked(m, i, k, 60 + j, gate_scale)
+        div = _divisor(i, j)
+        up = torch.empty(m, i, device="cuda")
+        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
+        v = torch.empty(m, i, device="cuda")
+        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
+        out = torch.empty(m, i, device="cuda")
+        absmax = torch.full((m,), 1e30, device="cuda")
+        LIBRARY.swiglu_absmax(config, a, w[:i], a_scale, w_scale[:i], up, div, out, absmax)
+        assert torch.equal(out, v / div[None, :]), (config, m, i, k)
+        assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
+
+
+@needs_library
+@pytest.mark.parametrize("m", [257, 384, 3000])
+def test_the_mlps_quantized_v_has_quantize_rows_bits_where_the_epilogue_finds_the_absmax(
+    monkeypatch: pytest.MonkeyPatch, m: int
+) -> None:
+    """`int8_gemm_swiglu_quantize` on the two-GEMM form (the absmax in the gate GEMM's epilogue,
+    then the streamed quantizer) equals `quantize_rows(int8_gemm_swiglu(...), divisor)`, the path
+    it replaces, bit for bit (codes and scales), with the setting on and off; a row alone (M = 1,
+    Triton's fused kernel and `quantize_rows`) has the same codes as inside the batch."""
+    from engine.kernels.int8_gemm import int8_gemm_swiglu_quantize
+    from engine.kernels.quant import quantize_rows
+
+    calls: list[str] = []
+    real = cutlass_gemm.Library.swiglu_absmax
+
+    def spy(self, name, *args):  # noqa: ANN001, ANN202
+        calls.append(name)
+        return real(self, name, *args)
+
+    monkeypatch.setattr(cutlass_gemm.Library, "swiglu_absmax", spy)
+    i, k = 4352, 1024
+    a, w, a_scale, w_scale = _stacked(m, i, k, 9)
+    div = _divisor(i, 3)
+    want_q, want_s = quantize_rows(int8_gemm_swiglu(a, w, a_scale, w_scale), div, backend="triton")
+    q, scale = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
+    assert len(calls) == 1
+    assert torch.equal(scale, want_s) and torch.equal(q, want_q)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_ABSMAX", False)
+    q_off, s_off = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
+    assert len(calls) == 1 and torch.equal(q_off, q) and torch.equal(s_off, scale)
+    for row in (0, m - 1):
+        one = slice(row, row + 1)
+        alone_q, alone_s = int8_gemm_swiglu_quantize(a[one], w, a_scale[one], w_scale, div)
+        assert torch.equal(alone_q[0], q[row]) and torch.equal(alone_s[0], scale[row])
+
+
+def test_the_mlps_quantized_v_is_quantize_rows_of_v_without_the_library() -> None:
+    """Where no CUTLASS library serves (CPU here), `int8_gemm_swiglu_quantize` is the fused
+    SwiGLU then `quantize_rows`: oracle, the torch references of both."""
+    from engine.kernels.int8_gemm import int8_gemm_swiglu_quantize, int8_gemm_swiglu_reference
+    from engine.kernels.quant import quantize_rows_reference
+
+    a, w, a_scale, w_scale, _ = _operands(300, 2 * 520, 384, 11, False)
+    div = _divisor(520, 5).cpu()
+    want_q, want_s = quantize_rows_reference(int8_gemm_swiglu_reference(a, w, a_scale, w_scale), div)
+    q, scale = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
+    assert torch.equal(scale, want_s) and torch.equal(q, want_q)
+    q_none, s_none = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, None)
+    want_q, want_s = quantize_rows_reference(int8_gemm_swiglu_reference(a, w, a_scale, w_scale))
+    assert torch.equal(s_none, want_s) and torch.equal(q_none, want_q)
+
+
 def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """`swiglu_fused` (speed alone: both forms give the same bits): SWIGLU_TABLE's choice where
     Triton runs the GEMMs; where CUTLASS serves M, its two-GEMM SwiGLU form from SWIGLU_MIN_ROWS
