@@ -560,17 +560,8 @@ class Library:
         """out = v / divisor (IEEE) with v `swiglu`'s, and absmax[m] = max |out[m, :]| (fp32 [M],
         set by the launch: CUTLASS zeroes it on the stream first, then folds each tile's row maxima
         in with atomic maxima, exact in any order)."""
-        m, k = a.shape
-        n = w_gate.shape[0]
-        a_scale, w_scale, divisor = a_scale.contiguous(), w_scale.contiguous(), divisor.contiguous()
-        with torch.cuda.device(a.device):
-            rc = self._swiglu_absmax[name](
-                a.data_ptr(), w_gate.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(), up.data_ptr(),
-                divisor.data_ptr(), out.data_ptr(), absmax.data_ptr(), m, n, k,
-                self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
-            )  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"CUTLASS int8 GEMM {name} (SwiGLU absmax) failed ({rc}) at M={m} N={n} K={k}")
+        entry = self._swiglu_absmax[name]
+        self._call(entry, name, a, w_gate, a_scale, w_scale, up, out, divisor.contiguous(), absmax)
 
     def _call(
         self,
@@ -582,14 +573,17 @@ class Library:
         w_scale: torch.Tensor,
         c: torch.Tensor | None,
         y: torch.Tensor,
+        *more: torch.Tensor,
     ) -> None:
+        """One entry point: (a, w, a_scale, w_scale, c, [more: the divisor and absmax of the SwiGLU
+        over the divisor,] y, m, n, k, workspace, stream)."""
         m, k = a.shape
         n = w.shape[0]
         a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
+        operands = [a, w, a_scale, w_scale, c, *more[:1], y, *more[1:]]
         with torch.cuda.device(a.device):  # the library reads the current device (its SM count)
             rc = entry(
-                a.data_ptr(), w.data_ptr(), a_scale.data_ptr(), w_scale.data_ptr(),
-                0 if c is None else c.data_ptr(), y.data_ptr(), m, n, k,
+                *(0 if t is None else t.data_ptr() for t in operands), m, n, k,
                 self._workspace(name, m, n, k, a.device), torch.cuda.current_stream(a.device).cuda_stream,
             )  # fmt: skip
         if rc != 0:

@@ -77,7 +77,10 @@ NORM_BLOCKING: tuple[int, int] | None = None
 LONG_ROW_UNROLL = 1
 # `quantize_rows_by_absmax`: a program quantizes BLOCK_BY_ABSMAX values of one row (16 a thread on
 # BY_ABSMAX_WARPS warps: four 16-byte loads each). Any blocking gives the same codes (elementwise).
-BLOCK_BY_ABSMAX = 2048
+# H100 (bench_rows.py "v by absmax", 27B's 17,408 row, session 21): 1,024 x 4 fastest at 256 /
+# 384 / 8,192 rows, 6.5 / 8.9 / 242 us (2,048 x 4: 8.6 / 11.1 / 247; 2,048 x 8 7.5 / 10.1 / 245;
+# quantize_rows finding the absmax itself: 12.2 / 17.3 / 300).
+BLOCK_BY_ABSMAX = 1024
 BY_ABSMAX_WARPS = 4
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
@@ -247,7 +250,11 @@ def quantize_rows_reference(
     v = x.float()
     if divisor is not None:
         v = v / divisor.float()
-    amax = v.abs().amax(dim=-1)
+    return _codes_reference(v, v.abs().amax(dim=-1))
+
+
+def _codes_reference(v: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch: v's rows quantized by their absmax (scale = amax / 127, q = clamp(round(v / scale)))."""
     # divide by a tensor, not the number 127: on CUDA torch turns division by a Python scalar
     # into a multiply by its rounded reciprocal, which is off by 1 ulp for ~4% of rows
     scale = amax / torch.full_like(amax, float(INT8_MAX))
@@ -287,12 +294,9 @@ def _launch(
     m, k = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
-    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    if m == 0:
+    q, scale = _codes_for(x)
+    if not m or not k:
         return q, scale
-    if k == 0:
-        return q, scale.zero_()
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholders
     wgt = weight.contiguous() if weight is not None else scale
     norm = weight is not None
@@ -314,6 +318,15 @@ def _launch(
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale
+
+
+def _codes_for(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs (q int8 [M, K], scale fp32 [M]) of quantizing x's rows, uninitialized, except
+    that rows of no values get scale 0 (a kernel launch over K = 0 writes nothing)."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    return q, (scale if k else scale.zero_())
 
 
 def pass_blocking(k: int) -> tuple[int, int]:
@@ -385,16 +398,11 @@ def quantize_rows_by_absmax(
         )
     m, k = x.shape
     if not use_triton(backend, x):
-        scale = absmax / torch.full_like(absmax, float(INT8_MAX))
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        return torch.round(x / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+        return _codes_reference(x, absmax)
     x = x if x.stride(1) == 1 else x.contiguous()
-    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    if m == 0:
+    q, scale = _codes_for(x)
+    if not m or not k:
         return q, scale
-    if k == 0:
-        return q, scale.zero_()
     block = min(BLOCK_BY_ABSMAX, next_pow2(k))
     _by_absmax[(m, cdiv(k, block))](
         x, absmax.contiguous(), q, scale, k, x.stride(0), q.stride(0),
