@@ -869,11 +869,16 @@ def int8_gemm_swiglu_quantize(
     the gate GEMM's epilogue also divides v by the divisor and folds each row's absmax
     (`Library.swiglu_absmax`: IEEE division, then a maximum, exact in any order), so the
     quantizer only streams v / divisor against its row's scale (`quantize_rows_by_absmax`). Why:
-    `quantize_rows` holds a whole 17,408-wide fp32 row in one program (180 registers at 16 warps,
-    one program an SM), which reads v at ~2.4 TB/s at 8,192 rows; a stream reads it at the
-    bandwidth. Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
+    `quantize_rows` holds a whole 17,408-wide fp32 row in one program's registers (16 warps, one
+    program an SM), which read v at ~2.4 TB/s at 8,192 rows on an H100; the stream reads it at
+    ~2.9 (session 21). Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
     m = a.shape[0]
     n = w.shape[0] // 2 if w.dim() == 2 else 0
+    if divisor is not None and (divisor.shape != (n,) or divisor.device != a.device):
+        raise ValueError(
+            f"int8_gemm_swiglu_quantize: the divisor must be [{n}] on {a.device}, "
+            f"got {tuple(divisor.shape)} on {divisor.device}"
+        )
     cutlass = None
     if (
         backend == "auto"

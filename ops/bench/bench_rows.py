@@ -14,7 +14,9 @@ engine's captured passes): the row kernels on their long-row path too (`RESIDENT
 the row re-read in each pass, what runs past the resident kernel's registers), SwiGLU at other
 blocks / warps / loads ahead / register caps, with its loads kept in order
 (`RESIDENT_ORDERED`), and as the recompute split (`RECOMPUTE_*`: two launches, v computed again
-instead of stored), the conv at other tilings. Every variant's outputs are checked
+instead of stored), the conv at other tilings; the MLP's v (K = 17,408) quantized over the
+divisor by `quantize_rows` (which finds each row's absmax) and by `quantize_rows_by_absmax` (the
+absmax given, as the gate GEMM's epilogue makes it: "v by absmax"). Every variant's outputs are checked
 equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
 GB/s counts the bytes each kernel must read and write once (per-channel vectors, read by every
 row from L2, not counted). The last lines are a table: us per call of the default and of the

@@ -507,6 +507,8 @@ def test_the_mlps_quantized_v_is_quantize_rows_of_v_without_the_library() -> Non
     q_none, s_none = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, None)
     want_q, want_s = quantize_rows_reference(int8_gemm_swiglu_reference(a, w, a_scale, w_scale))
     assert torch.equal(s_none, want_s) and torch.equal(q_none, want_q)
+    with pytest.raises(ValueError, match=r"the divisor must be \[520\]"):
+        int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div[:-4])
 
 
 def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
