@@ -170,6 +170,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         quantize_rows_by_absmax,
         rms_norm_quantize,
     )
+    from engine.kernels import forest_attention as forest_attention_module
     from engine.kernels.decode_attention import AttentionHeads, PrepInputs, attention_prep, decode_attention
     from engine.kernels.decode_gdn import conv_step, gdn_step
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
@@ -310,6 +311,15 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             forest_attention(
                 f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots=dots
             )
+        # the output's dead rows zeroed alone (forest_attention.ZERO_DEAD_ROWS_ONLY, a candidate)
+        zero_dead = forest_attention_module.ZERO_DEAD_ROWS_ONLY
+        forest_attention_module.ZERO_DEAD_ROWS_ONLY = True
+        try:
+            forest_attention(
+                f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16"
+            )
+        finally:
+            forest_attention_module.ZERO_DEAD_ROWS_ONLY = zero_dead
         # the ancestor split (bf16 dots; on by default since 2026-12-04: forest_attention.SPLIT_BY_DEFAULT)
         forest_attention(
             f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True

@@ -129,6 +129,17 @@ SPLIT_BY_DEFAULT = True
 # (`bench_engine.py --variants tc64inv,tc64inv-concurrenttiers`): the device was withdrawn
 # before the engine run.
 CONCURRENT_TIERS = False
+# Whether `forest_attention` allocates its output uninitialized and zeroes only the rows the rows
+# table marks dead (`_zero_dead_rows_kernel`: padding rows, which no query block covers), instead
+# of zero-filling the whole output first. Why: every live row is written whole by the kernel that
+# serves its query block (the 16-row kernel, a tier, or the split's first fold), so the fill is
+# pure traffic: 201 MB a layer at 27B's 8,192 rows, 61 us on an H100, 15 layers of workload (c)
+# (session 19's profile). The same output, bit for bit, padding zeros included. Off until a GPU
+# times it (`bench_engine.py --variants tc64inv,tc64inv-attnzerodead`).
+ZERO_DEAD_ROWS_ONLY = False
+# `_zero_dead_rows_kernel`'s tile: rows a program checks, and columns it stores a step.
+ZERO_ROWS = 16
+ZERO_COLUMNS = 1024
 
 
 @dataclass(frozen=True)
@@ -739,6 +750,24 @@ def _split_kernel(
                     tl.store(ws_acc_ptr + HH + w_at, acc_hi, mask=keep[:, None])
 
 
+def _zero_dead_rows_kernel(
+    out_ptr, rows_ptr, T, W, stride_out, stride_rows,
+    LIVE: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """Program i: of rows BR i .. BR i + BR - 1, those the rows table marks dead (ROW_LIVE 0) get
+    zeros in all W columns of out; live rows are not touched (their kernels write them). LIVE:
+    the rows table's live field (ROW_LIVE)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    inside = r < T
+    live = tl.load(rows_ptr + r.to(tl.int64) * stride_rows + LIVE, mask=inside, other=1)
+    dead = inside & (live == 0)
+    at = r.to(tl.int64)[:, None] * stride_out
+    zeros = tl.zeros((BR, BW), dtype=tl.float32)
+    for c0 in range(0, W, BW):
+        cols = c0 + tl.arange(0, BW)
+        tl.store(out_ptr + at + cols[None, :], zeros, mask=dead[:, None] & (cols[None, :] < W))
+
+
 _operand = helper(_operand)  # type: ignore[assignment]
 _long_tile = helper(_long_tile)  # type: ignore[assignment]
 _attn = kernel(_attention_kernel)
@@ -746,6 +775,12 @@ _long_attn = kernel(_long_attention_kernel)
 _shadow = kernel(_shadow_kernel)
 _split_plan = kernel(_split_plan_kernel)
 _split = kernel(_split_kernel)
+_zero_dead_rows = kernel(_zero_dead_rows_kernel)
+
+
+def _output(t: int, width: int, device: torch.device) -> torch.Tensor:
+    """forest_attention's output, uninitialized (ZERO_DEAD_ROWS_ONLY: its kernels write every row)."""
+    return torch.empty(t, width, dtype=torch.float32, device=device)
 
 
 def _check_table(name: str, t: torch.Tensor, shape: tuple[int | None, ...], like: torch.Tensor) -> None:
@@ -882,9 +917,16 @@ def forest_attention(
         return forest_attention_reference(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads)
     _check_head_dim(hd)
     _check_alignment(pieces)
-    out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
-    if qblocks.shape[0] == 0 or t == 0:
-        return out
+    if qblocks.shape[0] == 0 or t == 0 or not ZERO_DEAD_ROWS_ONLY:
+        out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
+        if qblocks.shape[0] == 0 or t == 0:
+            return out
+    else:
+        out = _output(t, nh * hd, q.device)
+        _zero_dead_rows[(-(-t // ZERO_ROWS),)](
+            out, rows, t, nh * hd, out.stride(0), rows.stride(0),
+            LIVE=ROW_LIVE, BR=ZERO_ROWS, BW=ZERO_COLUMNS, num_warps=4,
+        )  # fmt: skip
     q = q.contiguous()
     tiers: tuple[LongConfig, ...] = ()
     if dots in LONG_DOTS and long is not False:

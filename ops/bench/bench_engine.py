@@ -976,6 +976,9 @@ VARIANTS: dict[str, dict | None] = {
     # up projection as C) (`cutlass_gemm.SWIGLU_SWIZZLE`; "both" the default): the same bits
     "tc64inv-swiglunone": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "none"}),
     "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
+    # the CUDA default with the attention output allocated uninitialized and only its dead rows
+    # zeroed, not zero-filled whole (`forest_attention.ZERO_DEAD_ROWS_ONLY`): the same bits
+    "tc64inv-attnzerodead": _tc64inv(set={"engine.kernels.forest_attention.ZERO_DEAD_ROWS_ONLY": True}),
     # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
     # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
     # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits

@@ -317,6 +317,58 @@ def test_attention_matches_reference_and_oracle(dev: torch.device, gen: torch.Ge
     assert out[covered].abs().amin(dim=1).gt(0).all()
 
 
+def _garbage_output(t: int, width: int, device: torch.device) -> torch.Tensor:
+    """What an uninitialized output may hold: NaN everywhere."""
+    return torch.full((t, width), float("nan"), device=device)
+
+
+@pytest.mark.parametrize(
+    ("dots", "long", "split"),
+    [
+        ("ieee", False, False),
+        ("bf16", "tiers", False),
+        ("bf16", "shipped", "wide"),
+        ("bf16", "small", "narrow"),
+        ("bf16", "small", "serial"),
+    ],
+)
+def test_only_dead_rows_zeroed_gives_the_zero_filled_outputs_bits(
+    dots: str, long: str | bool, split: str | bool, dev: torch.device, gen: torch.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """`ZERO_DEAD_ROWS_ONLY`: the output starts as garbage (NaN here, whatever the allocator
+    gives) and only the rows the table marks dead are zeroed, so every live row must be written
+    whole by the kernel serving its block (the 16-row kernel, a tier, the split's first fold).
+    The oracle is the zero-filled output: equal bit for bit, padding rows and the rows of dead
+    blocks' segments included, for the 16-row kernel alone, the tiers, and the split."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    tier = LONG[long] if isinstance(long, str) else long
+    cut = SPLITS[split] if isinstance(split, str) else split
+    zero_filled = _attend(case, lay, q, "triton", dots, tier, cut)
+    monkeypatch.setattr(fa, "ZERO_DEAD_ROWS_ONLY", True)
+    monkeypatch.setattr(fa, "_output", _garbage_output)
+    dead_zeroed = _attend(case, lay, q, "triton", dots, tier, cut)
+    assert not dead_zeroed.isnan().any()
+    assert torch.equal(dead_zeroed, zero_filled)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("segments", ["split", "tiers"])
+def test_27b_only_dead_rows_zeroed_gives_the_zero_filled_outputs_bits(
+    segments: str, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same at the 27B heads, compiled: a split question and both tiers, padding rows."""
+    run, _ = _big_case(SPLIT_BIG_SEGMENTS if segments == "split" else TIER_BIG_SEGMENTS, "bf16", gen)
+    zero_filled, _ = run([2, 0, 1], pad=8)
+    monkeypatch.setattr(fa, "ZERO_DEAD_ROWS_ONLY", True)
+    monkeypatch.setattr(fa, "_output", _garbage_output)
+    dead_zeroed, _ = run([2, 0, 1], pad=8)
+    assert not dead_zeroed.isnan().any()
+    assert torch.equal(dead_zeroed, zero_filled)
+
+
 def _to_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.bfloat16().float()  # round to nearest even, as the kernel's bf16 operands
 
