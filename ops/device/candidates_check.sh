@@ -65,8 +65,9 @@ kernels)
     tail -30 "$OUT/gdn-split.log"
     ;;
 session)
-    # SESSION_VARIANTS: what is A/B'd against the default (set it empty for the default alone)
-    SESSION_VARIANTS=${SESSION_VARIANTS-tc64inv-hostreads}
+    # SESSION_VARIANTS: what is A/B'd against the default (set it empty for the default alone;
+    # by default the candidate built last: session 21's attention output without its fill)
+    SESSION_VARIANTS=${SESSION_VARIANTS-tc64inv-attnzerodead}
     timeout 220 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
         --variants "tc64inv${SESSION_VARIANTS:+,$SESSION_VARIANTS}" \
         --json "$OUT/engine-session.json" > "$OUT/engine-session.log" 2>&1
