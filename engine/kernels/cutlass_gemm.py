@@ -566,7 +566,7 @@ class Library:
         set by the launch: CUTLASS zeroes it on the stream first, then folds each tile's row maxima
         in with atomic maxima, exact in any order)."""
         entry = self._swiglu_absmax[name]
-        self._call(entry, name, a, w_gate, a_scale, w_scale, up, out, divisor.contiguous(), absmax)
+        self._call(entry, name, a, w_gate, a_scale, w_scale, up, divisor.contiguous(), out, absmax)
 
     def _call(
         self,
@@ -576,16 +576,13 @@ class Library:
         w: torch.Tensor,
         a_scale: torch.Tensor,
         w_scale: torch.Tensor,
-        c: torch.Tensor | None,
-        y: torch.Tensor,
-        *more: torch.Tensor,
+        *rest: torch.Tensor | None,
     ) -> None:
-        """One entry point: (a, w, a_scale, w_scale, c, [more: the divisor and absmax of the SwiGLU
-        over the divisor,] y, m, n, k, workspace, stream)."""
+        """One entry point's launch: (a, w, a_scale, w_scale, *rest, m, n, k, workspace, stream),
+        `rest` the entry's other operands in its order (None: a null pointer)."""
         m, k = a.shape
         n = w.shape[0]
-        a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
-        operands = [a, w, a_scale, w_scale, c, *more[:1], y, *more[1:]]
+        operands = (a, w, a_scale.contiguous(), w_scale.contiguous(), *rest)
         with torch.cuda.device(a.device):  # the library reads the current device (its SM count)
             rc = entry(
                 *(0 if t is None else t.data_ptr() for t in operands), m, n, k,

@@ -917,10 +917,10 @@ def forest_attention(
         return forest_attention_reference(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads)
     _check_head_dim(hd)
     _check_alignment(pieces)
-    if qblocks.shape[0] == 0 or t == 0 or not ZERO_DEAD_ROWS_ONLY:
+    if qblocks.shape[0] == 0 or t == 0:
+        return torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
+    if not ZERO_DEAD_ROWS_ONLY:
         out = torch.zeros(t, nh * hd, dtype=torch.float32, device=q.device)
-        if qblocks.shape[0] == 0 or t == 0:
-            return out
     else:
         out = _output(t, nh * hd, q.device)
         _zero_dead_rows[(-(-t // ZERO_ROWS),)](

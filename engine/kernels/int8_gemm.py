@@ -879,31 +879,47 @@ def int8_gemm_swiglu_quantize(
             f"int8_gemm_swiglu_quantize: the divisor must be [{n}] on {a.device}, "
             f"got {tuple(divisor.shape)} on {divisor.device}"
         )
-    cutlass = None
-    if (
-        backend == "auto"
-        and cutlass_gemm.SWIGLU_ABSMAX
-        and divisor is not None
-        and a.is_cuda
-        and m
-        and n
-        and cutlass_gemm.swiglu_serves(m)
-        and w.shape[0] % 2 == 0
-    ):
+    if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and divisor is not None and m and n:
         _check(a, w, a_scale, w_scale, None, torch.float32)
-        cutlass = cutlass_gemm.serves(a, w[n:], None, torch.float32)
+        form = _two_gemm_form(a, w)
+        if form is not None and form[0].has_swiglu_absmax(form[2]):
+            library, up_config, gate_config = form
+            up = _up_projection(library, up_config, a, w, a_scale, w_scale)
+            divided = torch.empty_like(up)
+            absmax = torch.empty(m, dtype=torch.float32, device=a.device)
+            gate = (a, w[:n], a_scale, w_scale[:n])
+            library.swiglu_absmax(gate_config, *gate, up, divisor.float(), divided, absmax)
+            return quantize_rows_by_absmax(divided, absmax)
+    v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend=backend)
+    return quantize_rows(v, divisor, backend="triton" if v.is_cuda else backend)
+
+
+def _two_gemm_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Library, str, str] | None:
+    """(library, up config, gate config) where Hopper's two-GEMM SwiGLU form takes a's M rows times
+    the stacked weight w [2I, K] (`cutlass_gemm`'s docstring), else None."""
+    if not cutlass_gemm.swiglu_serves(a.shape[0]):
+        return None
+    cutlass = cutlass_gemm.serves(a, w[w.shape[0] // 2 :], None, torch.float32)
     library = cutlass_gemm.library() if cutlass else None
-    configs = cutlass_gemm.swiglu_configs(cutlass) if cutlass else None
-    if configs is None or library is None or not library.has_swiglu_absmax(configs[1]):
-        v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend=backend)
-        return quantize_rows(v, divisor, backend="triton" if v.is_cuda else backend)
-    up_config, gate_config = configs
-    up = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    library.gemm(up_config, a, w[n:], a_scale, w_scale[n:], None, up)
-    divided = torch.empty_like(up)
-    absmax = torch.empty(m, dtype=torch.float32, device=a.device)
-    library.swiglu_absmax(gate_config, a, w[:n], a_scale, w_scale[:n], up, divisor.float(), divided, absmax)
-    return quantize_rows_by_absmax(divided, absmax)
+    if cutlass is None or library is None:
+        return None
+    return (library, *cutlass_gemm.swiglu_configs(cutlass))
+
+
+def _up_projection(
+    library: cutlass_gemm.Library,
+    config: str,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+) -> torch.Tensor:
+    """The two-GEMM form's first GEMM: up fp32 [M, I] over the up rows of the stacked w, the C the
+    gate GEMM's SwiGLU epilogue reads."""
+    n = w.shape[0] // 2
+    up = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
+    library.gemm(config, a, w[n:], a_scale, w_scale[n:], None, up)
+    return up
 
 
 def int8_gemm_swiglu_reference(
@@ -1099,14 +1115,11 @@ def int8_gemm_swiglu(
         return int8_gemm_swiglu_reference(a, w, a_scale, w_scale)
     if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
-    gate_w, up_w = w[:n], w[n:]
-    served = config is None and backend == "auto" and cutlass_gemm.swiglu_serves(m)
-    if served and (cutlass := cutlass_gemm.serves(a, up_w, None, torch.float32)):
-        # two GEMMs on Hopper (`cutlass_gemm`'s docstring): up, then the gate with SwiGLU epilogue
-        library = cutlass_gemm.library()
-        up_config, gate_config = cutlass_gemm.swiglu_configs(cutlass)
-        up = torch.empty(m, n, dtype=torch.float32, device=a.device)
-        library.gemm(up_config, a, up_w, a_scale, w_scale[n:], None, up)
+    gate_w = w[:n]
+    form = _two_gemm_form(a, w) if config is None and backend == "auto" else None
+    if form is not None:  # two GEMMs on Hopper: up, then the gate with the SwiGLU epilogue
+        library, up_config, gate_config = form
+        up = _up_projection(library, up_config, a, w, a_scale, w_scale)
         v = torch.empty_like(up)
         library.swiglu(gate_config, a, gate_w, a_scale, w_scale[:n], up, v)
         return v

@@ -239,11 +239,11 @@ def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     fused = h.is_cuda and group is not None and group.splits[0] == group.splits[1]
     if fused and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
         ((lin, (q, s)),) = norm_quantize(h, layer["post_attention_norm"], eps, [group.linear])
-        if not isinstance(down, RowParallelLinear):  # v quantized where it is made
+        if isinstance(down, RowParallelLinear):  # v gathered whole first
+            (v,) = whole_rows(down, kernels.int8_gemm_swiglu(q, lin.qweight, s, lin.w_scale))
+            q, s = kernels.quantize_rows(v, down.smooth, backend="triton")
+        else:  # v quantized where it is made
             q, s = kernels.int8_gemm_swiglu_quantize(q, lin.qweight, s, lin.w_scale, down.smooth)
-            return gemm(q, s, down, residual=h)
-        (v,) = whole_rows(down, kernels.int8_gemm_swiglu(q, lin.qweight, s, lin.w_scale))
-        q, s = kernels.quantize_rows(v, down.smooth, backend="triton")
         return gemm(q, s, down, residual=h)
     gate, up = grouped_projections(h, layer["post_attention_norm"], eps, layer, ("ffn_gate", "ffn_up"))
     gate, up = whole_rows(down, gate, up)
