@@ -281,6 +281,11 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         q = attention_prep(prep, base, drows, dpieces, heads)
         decode_attention(f32(t, nh, hd), qg, base, drows, dpieces, num_kv_heads=nkv)
         gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
+        gated_form, decode_quant.GATED_FORM = decode_quant.GATED_FORM, "blocks"  # the candidate form too
+        try:
+            gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
+        finally:
+            decode_quant.GATED_FORM = gated_form
         swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
         split_rows, decode_quant.SPLIT_MAX_ROWS = decode_quant.SPLIT_MAX_ROWS, t  # its split form too
         try:

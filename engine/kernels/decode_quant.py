@@ -69,6 +69,28 @@ LONG_ROW_WARPS = 16
 # 8,192 rows, 11.9 -> 9.0 at 256; 16 warps 247 / 11.0. The same bits at all three there (each
 # head's 128 values are summed inside one warp); the tests hold every count to the reference.
 GATED_WARPS = 4
+# The gated norm's layout of a row. "padded" holds it as one [next_pow2(HV), dv] tile on
+# GATED_WARPS (27B: 64 x 128 for 48 heads, a quarter of the lanes masked but computed, 64 values
+# of o and 64 of z a thread; z loaded after the sums). "blocks" holds it as cdiv(HV,
+# GATED_BLOCK_HEADS) tiles of [GATED_BLOCK_HEADS, dv] on GATED_BLOCK_WARPS (27B: 3 tiles of 16
+# heads x 128, 48 values of o and of z a thread), every tile of o and z loaded before the first
+# sum, as the resident norm kernel does (`quant._quant_resident_kernel`: 3.3 TB/s at 8,192 rows
+# of 5,120 on the H200, where the padded form moves its 452 MB in 178 us, 2.5 TB/s). The rest
+# is elementwise and an exact absmax, so the bits rest on each head's sum of squares, whose order
+# follows from the tile's layout: at dv 128 both forms lay a head over 8 lanes of 16 values
+# (sizePerThread [1, 16], threadsPerWarp [4, 8]) wherever a tile holds at least 16 values a
+# thread (GATED_BLOCK_HEADS >= 4 x warps): the padded form's bits, checked on the sm_90 layouts
+# (`test_kernel_decode.py`) and on the GPU. Fewer values a thread (8 heads on 8 warps: 4 values
+# a lane over 32 lanes, the resident norm's loads) is another order: other bits, still one rule
+# for every batch. Built on the CPU, not yet timed: `bench_rows.py` "gated+quant" times them.
+GATED_FORMS = ("padded", "blocks")
+GATED_FORM = "padded"
+GATED_BLOCK_HEADS = 16
+GATED_BLOCK_WARPS = 4
+# The blocks form loads z's tiles with o's, before the sums (sm_90, triton 3.9, 27B: 167
+# registers, 3 programs an SM; the padded form 127, 4), or, False, each tile's z where the gate
+# is applied (fewer registers, a second round trip): the same values and ops either way.
+GATED_Z_AHEAD = True
 # Calls of at most SPLIT_MAX_ROWS rows (the decoder's) run the split form: a row cut into chunks
 # of SPLIT_CHUNK, one program each, in two launches (v and each chunk's absmax, then the row's
 # scale and the chunk's codes), so a decode row is read by 17 programs instead of walked through
@@ -125,6 +147,57 @@ def _gated_norm_quant_kernel(
     r = tl.math.div_rn(y, tl.full((HP, DV), 1.0, tl.float32) * safe)
     tl.store(q_ptr + row * HV * DV + idx, _round_int8(r, ON_GPU), mask=m)
     tl.store(s_ptr + row, scale)
+
+
+def _gated_norm_blocks_kernel(
+    o_ptr, z_ptr, w_ptr, div_ptr, q_ptr, s_ptr, stride_z, eps,
+    HV: tl.constexpr, HB: tl.constexpr, NB: tl.constexpr, DV: tl.constexpr, HAS_DIV: tl.constexpr,
+    Z_AHEAD: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """The "blocks" form of `_gated_norm_quant_kernel` (`GATED_FORM`): one row as NB tiles of
+    [HB heads, DV], the heads past HV masked. All tiles of o (and with Z_AHEAD of z) are loaded
+    first, every load in flight at once, and kept in registers; then per tile the heads' norms,
+    the gate and the divisor, in the padded kernel's operations and order; then the row's absmax
+    and codes."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, HB)
+    offs_d = tl.arange(0, DV)
+    idx = offs_h[:, None] * DV + offs_d[None, :]
+    w = tl.load(w_ptr + offs_d).to(tl.float32)[None, :]
+    os = ()
+    zs = ()
+    for b in tl.static_range(NB):
+        m = (b * HB + offs_h[:, None] < HV) & (offs_d[None, :] < DV)
+        os = os + (tl.load(o_ptr + row * HV * DV + b * HB * DV + idx, mask=m, other=0.0),)
+        if Z_AHEAD:
+            zs = zs + (_gate_tile(z_ptr, row, stride_z, b * HB * DV, idx, m),)
+    ys = ()
+    amax = tl.zeros((HB, DV), dtype=tl.float32)
+    for b in tl.static_range(NB):
+        m = (b * HB + offs_h[:, None] < HV) & (offs_d[None, :] < DV)
+        o = os[b]
+        ms = tl.math.div_rn(tl.sum(o * o, axis=1), tl.full((HB,), DV, tl.float32))
+        inv = tl.math.rsqrt(ms + eps)
+        y = (o * inv[:, None]) * w
+        z = zs[b] if Z_AHEAD else _gate_tile(z_ptr, row, stride_z, b * HB * DV, idx, m)
+        y = y * (z / (1.0 + tl.exp(-z)))
+        if HAS_DIV:
+            y = tl.math.div_rn(y, tl.load(div_ptr + b * HB * DV + idx, mask=m, other=1.0).to(tl.float32))
+        y = tl.where(m, y, 0.0)
+        amax = tl.maximum(amax, tl.abs(y))
+        ys = ys + (y,)
+    scale = tl.math.div_rn(tl.max(tl.max(amax, axis=1), axis=0), 127.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    for b in tl.static_range(NB):
+        m = (b * HB + offs_h[:, None] < HV) & (offs_d[None, :] < DV)
+        r = tl.math.div_rn(ys[b], tl.full((HB, DV), 1.0, tl.float32) * safe)
+        tl.store(q_ptr + row * HV * DV + b * HB * DV + idx, _round_int8(r, ON_GPU), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def _gate_tile(z_ptr, row, stride_z, at, idx, m):
+    """The gate z's tile at column `at` of a row, fp32."""
+    return tl.load(z_ptr + row * stride_z + at + idx, mask=m, other=0.0).to(tl.float32)
 
 
 def _swiglu_resident_kernel(
@@ -380,6 +453,8 @@ _swiglu_chunk_values = helper(_swiglu_chunk_values)  # type: ignore[assignment]
 _swiglu_resident_ordered = helper(_swiglu_resident_ordered)  # type: ignore[assignment]
 _after = helper(_after)  # type: ignore[assignment]
 _gated = kernel(_gated_norm_quant_kernel)
+_gate_tile = helper(_gate_tile)  # type: ignore[assignment]
+_gated_blocks = kernel(_gated_norm_blocks_kernel)
 _swiglu_resident = kernel(_swiglu_resident_kernel)
 _swiglu_long_row = kernel(_swiglu_long_row_kernel)
 _swiglu_chunk = kernel(_swiglu_chunk_kernel)
@@ -414,11 +489,20 @@ def gated_norm_quantize(
     z = z if z.stride(1) == 1 else z.contiguous()
     q = torch.empty(b, hv * dv, dtype=torch.int8, device=o.device)
     scale = torch.empty(b, dtype=torch.float32, device=o.device)
-    hp = next_pow2(hv)
+    if GATED_FORM not in GATED_FORMS:
+        raise ValueError(f"GATED_FORM must be one of {GATED_FORMS}, got {GATED_FORM!r}")
+    args = (o, z, weight.contiguous(), divisor.contiguous() if divisor is not None else scale, q, scale)
+    if GATED_FORM == "blocks":
+        hb = min(next_pow2(GATED_BLOCK_HEADS), next_pow2(hv))
+        _gated_blocks[(b,)](
+            *args, z.stride(0), float(eps),
+            HV=hv, HB=hb, NB=cdiv(hv, hb), DV=dv, HAS_DIV=divisor is not None, Z_AHEAD=GATED_Z_AHEAD,
+            num_warps=GATED_BLOCK_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+        return q, scale
     _gated[(b,)](
-        o, z, weight.contiguous(), divisor.contiguous() if divisor is not None else scale, q, scale,
-        z.stride(0), float(eps),
-        HV=hv, HP=hp, DV=dv, HAS_DIV=divisor is not None,
+        *args, z.stride(0), float(eps),
+        HV=hv, HP=next_pow2(hv), DV=dv, HAS_DIV=divisor is not None,
         num_warps=GATED_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q, scale

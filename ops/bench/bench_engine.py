@@ -979,6 +979,17 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention output allocated uninitialized and only its dead rows
     # zeroed, not zero-filled whole (`forest_attention.ZERO_DEAD_ROWS_ONLY`): the same bits
     "tc64inv-attnzerodead": _tc64inv(set={"engine.kernels.forest_attention.ZERO_DEAD_ROWS_ONLY": True}),
+    # the CUDA default with the GDN output gate's row held as tiles of 16 heads, all of o and z
+    # loaded before the sums (`decode_quant.GATED_FORM` "blocks"): the padded form's bits; and as
+    # tiles of 8 heads on 8 warps (4 values a lane, the resident norm's loads): other bits
+    "tc64inv-gatedblocks": _tc64inv(set={"engine.kernels.decode_quant.GATED_FORM": "blocks"}),
+    "tc64inv-gatedblocks8": _tc64inv(
+        set={
+            "engine.kernels.decode_quant.GATED_FORM": "blocks",
+            "engine.kernels.decode_quant.GATED_BLOCK_HEADS": 8,
+            "engine.kernels.decode_quant.GATED_BLOCK_WARPS": 8,
+        }
+    ),
     # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
     # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
     # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits

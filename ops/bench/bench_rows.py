@@ -160,10 +160,22 @@ V_QUANT_VARIANTS: dict[str, dict[str, Any]] = {
     "long-row": {"RESIDENT_VALUES": 0},
 }
 # the GDN output gate (48 heads x 128 at 27B): per-head sums, so another warp count may move bits
+# ("blocks": tiles of 16 heads on 4 warps keep the padded form's bits; 8 heads on 8 or 4 warps,
+# 4 or 8 values a lane, sum in another order)
 GATED_VARIANTS: dict[str, dict[str, Any]] = {
-    "8 warps (default)": {},
-    "4 warps": {"GATED_WARPS": 4},
-    "16 warps": {"GATED_WARPS": 16},
+    "padded 4 warps (default)": {},
+    "padded 8 warps": {"GATED_WARPS": 8},
+    "blocks 16x4": {"GATED_FORM": "blocks", "GATED_BLOCK_HEADS": 16, "GATED_BLOCK_WARPS": 4},
+    "blocks 16x4 z late": {
+        "GATED_FORM": "blocks",
+        "GATED_BLOCK_HEADS": 16,
+        "GATED_BLOCK_WARPS": 4,
+        "GATED_Z_AHEAD": False,
+    },
+    "blocks 8x2": {"GATED_FORM": "blocks", "GATED_BLOCK_HEADS": 8, "GATED_BLOCK_WARPS": 2},
+    "blocks 8x8": {"GATED_FORM": "blocks", "GATED_BLOCK_HEADS": 8, "GATED_BLOCK_WARPS": 8},
+    "blocks 8x4": {"GATED_FORM": "blocks", "GATED_BLOCK_HEADS": 8, "GATED_BLOCK_WARPS": 4},
+    "blocks 16x8": {"GATED_FORM": "blocks", "GATED_BLOCK_HEADS": 16, "GATED_BLOCK_WARPS": 8},
 }
 QUICK = {"swiglu": 3, "conv": 3}  # --quick: the default and the next two variants
 

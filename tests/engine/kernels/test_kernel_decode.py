@@ -244,6 +244,140 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
         assert torch.equal(g1[0], g_all[r]) and torch.equal(gs1[0], gs_all[r])
 
 
+def _gated_case(
+    b: int, hv: int, dv: int, dev: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o [b, hv, dv] (row 1 zero: scale 0), z a column slice of a wider GEMM output (as the
+    engine's), the norm's weight and a SmoothQuant divisor."""
+    o = (torch.randn(b, hv, dv, generator=gen) * 3).to(dev)
+    o[1] = 0.0
+    z = (torch.randn(b, hv * dv + 24, generator=gen) * 2).to(dev)[:, 8 : 8 + hv * dv]
+    w = (torch.rand(dv, generator=gen) + 0.5).to(dev)
+    div = (torch.rand(hv * dv, generator=gen) + 0.5).to(dev)
+    return o, z, w, div
+
+
+# The gated norm's "blocks" form (`decode_quant.GATED_FORM`): (hv, dv, heads a tile, warps). Tiles
+# of at least 16 values a thread lay a 128-wide head over 8 lanes of 16 values, as the padded
+# form does (`test_gated_norm_forms_sum_in_one_layout`), so on the GPU too they give its bits;
+# the interpreter has no layouts, so there every setting must.
+_GATED_BLOCKS = [
+    (48, 128, dict(GATED_BLOCK_HEADS=16, GATED_BLOCK_WARPS=4)),  # 27B: 3 tiles of 16 heads (the default)
+    (48, 128, dict(GATED_BLOCK_HEADS=16, GATED_BLOCK_WARPS=4, GATED_Z_AHEAD=False)),  # z loaded late
+    (32, 128, dict(GATED_BLOCK_HEADS=16, GATED_BLOCK_WARPS=4)),  # 4B and 9B: 2 tiles
+    (48, 128, dict(GATED_BLOCK_HEADS=8, GATED_BLOCK_WARPS=2)),  # 6 tiles of 8 heads, 16 values a thread
+    (12, 16, dict(GATED_BLOCK_HEADS=8, GATED_BLOCK_WARPS=1)),  # the last tile ragged (heads 12..15 masked)
+    (3, 8, dict(GATED_BLOCK_HEADS=2, GATED_BLOCK_WARPS=1, GATED_Z_AHEAD=False)),
+]
+
+
+@pytest.mark.parametrize(("hv", "dv", "setting"), _GATED_BLOCKS)
+def test_gated_norm_blocks_give_the_padded_bits(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, hv: int, dv: int, setting: dict
+) -> None:
+    """The row as tiles of heads, all of o (and z) loaded first, gives the padded tile's codes
+    and scales, with and without a divisor, a zero row among them, and a row alone its bits in
+    the batch."""
+    import engine.kernels.decode_quant as dq
+
+    o, z, w, div = _gated_case(64 if dev.type == "cuda" else 3, hv, dv, dev, gen)
+    for divisor in (None, div):
+        monkeypatch.setattr(dq, "GATED_FORM", "padded")
+        want = dq.gated_norm_quantize(o, z, w, divisor, 1e-6)
+        monkeypatch.setattr(dq, "GATED_FORM", "blocks")
+        for name, value in setting.items():
+            monkeypatch.setattr(dq, name, value)
+        got = dq.gated_norm_quantize(o, z, w, divisor, 1e-6)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(got[1][1], torch.zeros((), device=dev))  # the zero row
+        alone = dq.gated_norm_quantize(o[2:3], z[2:3], w, divisor, 1e-6)
+        assert torch.equal(alone[0][0], got[0][2]) and torch.equal(alone[1][0], got[1][2])
+
+
+@pytest.mark.parametrize(("heads", "warps"), [(8, 8), (8, 4), (16, 8), (64, 4)])
+def test_gated_norm_block_settings_match_reference(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, heads: int, warps: int
+) -> None:
+    """The blocks form at the 27B row under settings that may lay a head's sum out otherwise
+    (fewer than 16 values a thread; a tile wider than the row): the torch reference's values to
+    rounding, and one rule for every batch (a row alone its bits in the batch)."""
+    import engine.kernels.decode_quant as dq
+
+    o, z, w, div = _gated_case(64 if dev.type == "cuda" else 3, 48, 128, dev, gen)
+    monkeypatch.setattr(dq, "GATED_FORM", "blocks")
+    monkeypatch.setattr(dq, "GATED_BLOCK_HEADS", heads)
+    monkeypatch.setattr(dq, "GATED_BLOCK_WARPS", warps)
+    q, s = dq.gated_norm_quantize(o, z, w, div, 1e-6)
+    q_ref, s_ref = dq.gated_norm_quantize(o, z, w, div, 1e-6, backend="torch")
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+    # the kernel's float ops agree to rounding, so a value on a rounding boundary may differ by 1
+    assert (q.int() - q_ref.int()).abs().max() <= 1
+    assert (q != q_ref).float().mean() < 0.01
+    for r in (0, 1, q.shape[0] - 1):
+        q1, s1 = dq.gated_norm_quantize(o[r : r + 1], z[r : r + 1], w, div, 1e-6)
+        assert torch.equal(q1[0], q[r]) and torch.equal(s1[0], s[r])
+
+
+_GATED_LAYOUTS = r"""
+import sys
+import torch
+import engine.kernels.decode_quant as dq
+from engine.kernels.aot import compile_launch, record
+
+dq.GATED_FORM = sys.argv[1]
+dq.GATED_BLOCK_HEADS, dq.GATED_BLOCK_WARPS = int(sys.argv[2]), int(sys.argv[3])
+with record() as launches:
+    for hv in (48, 32):  # 27B; 4B and 9B
+        o, z = torch.zeros(4, hv, 128), torch.zeros(4, hv * 128)
+        dq.gated_norm_quantize(o, z, torch.zeros(128), torch.zeros(hv * 128), 1e-6, backend="triton")
+for launch in launches:
+    compile_launch(launch)
+"""
+
+
+@pytest.mark.slow
+def test_gated_norm_forms_sum_in_one_layout(tmp_path) -> None:  # noqa: ANN001
+    """Compiled for sm_90 (no GPU needed) at the released head counts, the padded form and the
+    blocks form at its default and at 8 heads on 2 warps sum each head's squares over tiles laid
+    out alike along the head (the same values a thread and lanes a head, one warp a head), so on
+    the GPU too they sum in one order: the same bits (`test_gated_norm_blocks_give_the_padded_bits`
+    checks them there). 8 heads on 8 warps holds 4 values a thread: another order."""
+    pytest.importorskip("triton.backends.nvidia")
+    import re
+
+    import engine.kernels.decode_quant as dq
+    from tests.engine.kernels.layouts import compile_script, sum_layouts
+
+    def along_head(layout: str) -> tuple[str, ...]:
+        """The layout's parameters along the head (dim 1, the reduced one), and its order."""
+        found = [
+            re.search(rf"{key} = \[\d+, (\d+)\]", layout)
+            for key in ("sizePerThread", "threadsPerWarp", "warpsPerCTA")
+        ]
+        order = re.search(r"order = \[\d+, \d+\]", layout)
+        assert all(found) and order, layout
+        return (*(m.group(1) for m in found if m), order.group(0))
+
+    settings = {
+        "padded": ("padded", dq.GATED_BLOCK_HEADS, dq.GATED_BLOCK_WARPS),
+        "blocks": ("blocks", dq.GATED_BLOCK_HEADS, dq.GATED_BLOCK_WARPS),
+        "blocks 8x2": ("blocks", 8, 2),
+        "blocks 8x8": ("blocks", 8, 8),
+    }
+    got = {}
+    for name, (form, heads, warps) in settings.items():
+        cache = tmp_path / name.replace(" ", "_")
+        compile_script(_GATED_LAYOUTS, [form, str(heads), str(warps)], cache)
+        sums = [(shape, layout) for _, shape, layout in sum_layouts(cache)]
+        assert sums and all(shape.endswith("x128xf32") for shape, _ in sums), sums
+        got[name] = {along_head(layout) for _, layout in sums}
+    assert len(got["padded"]) == 1, got  # one layout along the head at both head counts
+    assert got["blocks"] == got["padded"] and got["blocks 8x2"] == got["padded"], got
+    ((size, lanes, warps_along, _),) = got["padded"]
+    assert int(size) * int(lanes) == 128 and warps_along == "1", got  # a head inside one warp
+    assert got["blocks 8x8"] != got["padded"], got
+
+
 # The resident kernel with its loads kept in order (RESIDENT_ORDERED) and the recompute split
 # (RECOMPUTE_*), at the knob settings bench_rows.py times: (K, settings); every one must give the
 # default's bits. K = 3,272 = 3 x 1,024 + 200 (ragged last block; 7 blocks of 512, 2 of 2,048);
