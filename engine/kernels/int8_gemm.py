@@ -872,8 +872,9 @@ def int8_gemm_swiglu_quantize(
     `quantize_rows` holds a whole 17,408-wide fp32 row in one program's registers (16 warps, one
     program an SM), which read v at ~2.4 TB/s at 8,192 rows on an H100; the stream reads it at
     ~2.9 (session 21). Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
+    _check_stacked(w)
     m = a.shape[0]
-    n = w.shape[0] // 2 if w.dim() == 2 else 0
+    n = w.shape[0] // 2
     if divisor is not None and (divisor.shape != (n,) or divisor.device != a.device):
         raise ValueError(
             f"int8_gemm_swiglu_quantize: the divisor must be [{n}] on {a.device}, "
@@ -892,6 +893,12 @@ def int8_gemm_swiglu_quantize(
             return quantize_rows_by_absmax(divided, absmax)
     v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend=backend)
     return quantize_rows(v, divisor, backend="triton" if v.is_cuda else backend)
+
+
+def _check_stacked(w: torch.Tensor) -> None:
+    """w must be the MLP's stacked [gate; up] weight: two halves of I rows each."""
+    if w.dim() != 2 or w.shape[0] % 2:
+        raise ValueError(f"int8_gemm_swiglu needs a stacked [gate; up] weight [2I, K], got {tuple(w.shape)}")
 
 
 def _two_gemm_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Library, str, str] | None:
@@ -1106,8 +1113,7 @@ def int8_gemm_swiglu(
     same bits).
     CPU without backend="triton": torch ops (to rounding: `int8_gemm_swiglu_reference`).
     """
-    if w.dim() != 2 or w.shape[0] % 2:
-        raise ValueError(f"int8_gemm_swiglu needs a stacked [gate; up] weight [2I, K], got {tuple(w.shape)}")
+    _check_stacked(w)
     _check(a, w, a_scale, w_scale, None, torch.float32)
     m, k = a.shape
     n = w.shape[0] // 2

@@ -24,6 +24,7 @@ from engine.kernels.int8_gemm import (
     int8_gemm,
     int8_gemm_reference,
     int8_gemm_swiglu,
+    int8_gemm_swiglu_quantize,
     int8_gemm_swiglu_reference,
     swiglu_config_for,
 )
@@ -126,8 +127,13 @@ def test_swiglu_table_is_fixed_by_m() -> None:
 def test_bad_inputs_are_named(dev: torch.device) -> None:
     a = torch.zeros(4, 32, dtype=torch.int8, device=dev)
     s4 = torch.ones(4, device=dev)
+    odd = torch.zeros(7, 32, dtype=torch.int8, device=dev)
     with pytest.raises(ValueError, match="stacked"):
-        int8_gemm_swiglu(a, torch.zeros(7, 32, dtype=torch.int8, device=dev), s4, torch.ones(7, device=dev))
+        int8_gemm_swiglu(a, odd, s4, torch.ones(7, device=dev))
+    # the quantizing entry too (on Hopper it may take the two-GEMM form, which would split 7 rows
+    # into halves of 3 and 4): the same error before any launch
+    with pytest.raises(ValueError, match="stacked"):
+        int8_gemm_swiglu_quantize(a, odd, s4, torch.ones(7, device=dev), torch.ones(3, device=dev))
     w = torch.zeros(8, 32, dtype=torch.int8, device=dev)
     with pytest.raises(ValueError, match="tile configs"):
         int8_gemm_swiglu(
