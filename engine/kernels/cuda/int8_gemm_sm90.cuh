@@ -58,23 +58,6 @@ CUTLASS_DEVICE float swiglu_value(float g, float u) {
   return v;
 }
 
-// The visitor tree's compute function for (g, u) fragments (Sm90Compute instantiates it at float
-// for its argument type and at Array<float, N> for the fragments it visits).
-template <class T>
-struct Swiglu {
-  CUTLASS_DEVICE T operator()(T const& g, T const& u) const { return swiglu_value(g, u); }
-};
-template <int N>
-struct Swiglu<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& g,
-                                                     cutlass::Array<float, N> const& u) const {
-    cutlass::Array<float, N> v;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) v[i] = swiglu_value(g[i], u[i]);
-    return v;
-  }
-};
-
 // a / b correctly rounded (div.rn.f32), as `tl.math.div_rn` in the engine's quantizers: inline PTX
 // so that nvcc cannot substitute an approximate division.
 CUTLASS_DEVICE float divide_rn(float a, float b) {
@@ -82,20 +65,30 @@ CUTLASS_DEVICE float divide_rn(float a, float b) {
   asm("div.rn.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
   return q;
 }
+
+// A binary fp32 function as a visitor tree's compute function: Sm90Compute instantiates it at float
+// for its argument type and at Array<float, N> for the fragments it visits, element by element.
+template <float (*Fn)(float, float)>
+struct Elementwise {
+  template <class T>
+  struct Op {
+    CUTLASS_DEVICE T operator()(T const& a, T const& b) const { return Fn(a, b); }
+  };
+  template <int N>
+  struct Op<cutlass::Array<float, N>> {
+    CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
+                                                       cutlass::Array<float, N> const& b) const {
+      cutlass::Array<float, N> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) out[i] = Fn(a[i], b[i]);
+      return out;
+    }
+  };
+};
 template <class T>
-struct DivideRn {
-  CUTLASS_DEVICE T operator()(T const& a, T const& b) const { return divide_rn(a, b); }
-};
-template <int N>
-struct DivideRn<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                     cutlass::Array<float, N> const& b) const {
-    cutlass::Array<float, N> q;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) q[i] = divide_rn(a[i], b[i]);
-    return q;
-  }
-};
+using Swiglu = typename Elementwise<swiglu_value>::template Op<T>;  // (g, u) -> silu(g) * u
+template <class T>
+using DivideRn = typename Elementwise<divide_rn>::template Op<T>;  // (v, s) -> v / s
 
 // The row absmax's step in registers: max(running, |x|), max.f32 and abs.f32 as the Triton
 // quantizers' tl.maximum(amax, tl.abs(v)). Lanes and CTAs then combine the (non-negative) partial
