@@ -146,7 +146,8 @@ class Stages:
         closing = tuple(self.prompts.think_close_ids)
         steps: Steps
         if self.runner.path.decoder:
-            steps = DecoderSteps(self.runner.decoder)
+            dc = self.decision_config
+            steps = DecoderSteps(self.runner.decoder, dc.thought_top_k if dc.thought_temperature > 0 else 0)
         else:
             steps = ForestSteps(self._run, len(closing))
         rules = ThoughtRules(

@@ -110,7 +110,7 @@ def think(
             feeds: dict[int, tuple[int, ...]] = {}
             if drawing:
                 tokens = sample_tokens(
-                    torch.stack([t.logits for t in drawing]),
+                    [t.logits for t in drawing],  # rows, as they came: a step's own top-k travels with them
                     [uniform(rules.key(t.q), len(t.q.thought_ids)) for t in drawing],
                     temperature=dc.thought_temperature,
                     top_p=dc.thought_top_p,
@@ -183,12 +183,16 @@ class ForestSteps:
 
 
 class DecoderSteps:
-    """Thought steps on `engine.run.decoder` (one token per thought per step)."""
+    """Thought steps on `engine.run.decoder` (one token per thought per step). With the sampler's
+    top_k (0 < top_k < vocabulary) the steps also make its top-k numbers in their graphs
+    (`Decoder.draw_top_k`), which `sample_tokens` finds with the rows."""
 
     chunk = 1
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, top_k: int = 0) -> None:
         self.decoder = decoder
+        if 0 < top_k < decoder.config.vocab_size:
+            decoder.draw_top_k(top_k)
 
     def limit(self, capacity: int) -> int:
         return self.decoder.max_live(capacity)

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from engine.kernels.attached import block_rows
+
 MAX_LETTERS = 26  # A..Z, each a single token in the Qwen3.5 vocabulary
 GROUP_SIZE = 25  # options per first-round group (StartLux)
 FINALISTS_PER_GROUP = 3  # each group's top 3 go on (StartLux)
@@ -360,31 +362,16 @@ def _fold_spans(
     return [(*_fold_flat(parts, lo, hi), letters[k0:k1]) for lo, hi, k0, k1 in spans]
 
 
-def _block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
-    """(block, each row's index in it) where every row is a whole row of one contiguous 2-D fp32
-    tensor (the views a pass's logits give), else None."""
-    block = rows[0]._base
-    if block is None or block.dim() != 2 or block.dtype != torch.float32 or not block.is_contiguous():
-        return None
-    width = block.shape[1]
-    index = []
-    for x in rows:
-        at = x.storage_offset() - block.storage_offset()
-        if x._base is not block or x.dim() != 1 or x.numel() != width or x.stride(0) != 1 or at % width:
-            return None
-        index.append(at // width)
-    return block, index
-
-
 def _pass_masses(
     block: torch.Tensor, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
 ) -> list[tuple[float, float, list[float]]] | None:
     """`_device_masses` of rows of a block whose pass made their numbers itself (the one-pass
     body's `PassReads`: the same partials program and gather, run inside the pass's graph and
     copied back with it), folded here; None when it did not, or a later pass overwrote them."""
-    from engine.kernels.vocab_mass import attached_reads
+    from engine.kernels.attached import attached
+    from engine.kernels.vocab_mass import ReadsTicket
 
-    ticket = attached_reads(block)
+    ticket = attached(block, ReadsTicket)
     values = None if ticket is None else ticket.values(index, letter_ids)
     if values is None:
         return None
@@ -437,7 +424,7 @@ def _device_masses(
     from engine.kernels.vocab_mass import CHUNK, FIELDS, vocab_partials
 
     device = rows[0].device
-    found = _block_rows(rows)
+    found = block_rows(rows)
     if found is not None and (made := _pass_masses(*found, letter_ids)) is not None:
         return made
     if block and found is not None:

@@ -21,20 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.kernels import top_k as top_k_kernels
-from engine.kernels._triton import Backend, use_triton
-
-# How `sample_tokens` finds each row's k largest logits on the logits' device: "torch" (two
-# `torch.topk` stages, then a comparison and a sum over the rows for the count at the cut, and a
-# cat: ~1 ms of GPU time per step at 64 rows of the 27B's vocabulary on an H200) or "kernel"
-# (`engine.kernels.top_k`: two small Triton kernels that write the same packed rows directly).
-# Both give the same tokens bit for bit; "kernel" is off until it is timed on an H200
-# (ops/bench/bench_engine.py's variant "tc64inv-topkkernel").
-TOP_K_FORMS = ("torch", "kernel")
-TOP_K_FORM = "torch"
-# The kernel form's backend: "auto" runs it on CUDA logits only (elsewhere the torch form runs);
-# tests set "triton" to run it through Triton's interpreter on CPU.
-_TOP_K_BACKEND: Backend = "auto"
+from engine.kernels.top_k import packed_top_k, step_top_k_rows
 
 THOUGHT_KEY_VERSION = b"prism-thought-v2"  # v1 hashed (seed, event id, question id, step)
 
@@ -77,104 +64,84 @@ def sample_token(logits: torch.Tensor, u: float, *, temperature: float, top_p: f
 
 
 def sample_tokens(
-    logits: torch.Tensor, us: Sequence[float], *, temperature: float, top_p: float, top_k: int
+    logits: torch.Tensor | Sequence[torch.Tensor],
+    us: Sequence[float],
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
 ) -> list[int]:
-    """`sample_token` for every row of logits [n, vocab] (any device) with its own uniform us[row].
+    """`sample_token` for every row of logits ([n, vocab], or n rows [vocab], any device) with its
+    own uniform us[row].
 
     Returns exactly the tokens `sample_token` returns row by row, without sorting any full row:
-    with top-k on, each row's k largest are found on the logits' device (`TOP_K_FORM`: two
-    `torch.topk` stages, or the `engine.kernels.top_k` kernels), and one copy brings them to the
-    host with, per row, how many logits reach the k-th largest and how many are NaN (a row with
-    NaN raises ValueError: its order, hence its token, would mean nothing). Where that
-    count is k (the usual case) those k are the row's candidates; where a tie straddles the cut
-    (more logits equal the k-th), every logit >= it is fetched for that row, so the cut keeps
-    the lowest ids exactly as the full sort does. The host orders the candidates (logit
-    descending, id ascending) and draws in float64. With top-k off (0, or at least the
-    vocabulary) each row falls back to `sample_token`. Everything is per row: a row's token
-    never depends on the others.
+    with top-k on, each row's k largest are found on the logits' device
+    (`engine.kernels.top_k.packed_top_k`), and one copy brings them to the host with, per row, how
+    many logits reach the k-th largest and how many are NaN (a row with NaN raises ValueError: its
+    order, hence its token, would mean nothing). Rows of a decode step's logits whose step made
+    those numbers in its graph (`engine.kernels.top_k.StepTopK`) take them from there and launch
+    nothing. Where that count is k (the usual case) those k are the row's candidates; where a tie
+    straddles the cut (more logits equal the k-th), every logit >= it is fetched for that row, so
+    the cut keeps the lowest ids exactly as the full sort does. The host orders the candidates
+    (logit descending, id ascending) and draws in float64. With top-k off (0, or at least the
+    vocabulary) each row falls back to `sample_token`. Everything is per row: a row's token never
+    depends on the others.
     """
-    if logits.dim() != 2 or logits.shape[0] != len(us):
-        raise ValueError(f"need logits [n, vocab] and n uniforms, got {tuple(logits.shape)} and {len(us)}")
+    rows = list(logits)
+    if any(x.dim() != 1 for x in rows) or len(rows) != len(us) or len({x.numel() for x in rows}) > 1:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else [tuple(x.shape) for x in rows]
+        raise ValueError(
+            f"need logits [n, vocab] (or n rows of one vocabulary) and n uniforms, got {shape} and {len(us)}"
+        )
     for u in us:
         _check_uniform(u)
-    n, vocab = logits.shape
+    n = len(rows)
     if n == 0:
         return []
+    vocab = rows[0].numel()
+
+    def stacked(index: Sequence[int]) -> torch.Tensor:
+        if isinstance(logits, torch.Tensor) and len(index) == n:
+            return logits.detach()
+        return torch.stack([rows[r].detach() for r in index])
+
     if temperature <= 0.0:
-        return [int(t) for t in torch.argmax(logits.detach(), dim=-1).tolist()]  # first maxima
+        return [int(t) for t in torch.argmax(stacked(range(n)), dim=-1).tolist()]  # first maxima
     if top_k <= 0 or top_k >= vocab:
         return [
-            sample_token(logits[r], u, temperature=temperature, top_p=top_p, top_k=top_k)
-            for r, u in enumerate(us)
+            sample_token(x, u, temperature=temperature, top_p=top_p, top_k=top_k)
+            for x, u in zip(rows, us, strict=True)
         ]
-    x = logits.detach().float()
-    # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
-    packed = _packed_top_k(x, top_k).cpu()
-    rows_ids = packed[:, :top_k].tolist()
-    rows_values = packed[:, top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
-    reaches = packed[:, 2 * top_k].tolist()
-    for r, nan in enumerate(packed[:, 2 * top_k + 1].tolist()):
+    packed = step_top_k_rows(rows, top_k)
+    missing = [r for r in range(n) if packed[r] is None]
+    if missing:  # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
+        made = packed_top_k(stacked(missing).float(), top_k).cpu()
+        for j, r in enumerate(missing):
+            packed[r] = made[j]
+    tokens: list[int] = []
+    for r, u in enumerate(us):
+        row = packed[r]
+        assert row is not None
+        nan = int(row[2 * top_k + 1])
         if nan:
             raise ValueError(
                 f"row {r} of the logits holds {nan} NaN value(s) (a broken forward pass): no token "
                 "can be drawn from it"
             )
-    tokens: list[int] = []
-    for r, u in enumerate(us):
-        vals, idx = rows_values[r], rows_ids[r]  # top-k's order: values descending
-        if reaches[r] != top_k or any(a == b for a, b in zip(vals, vals[1:], strict=False)):
-            if reaches[r] == top_k:
+        idx = row[:top_k].tolist()  # top-k's order: values descending
+        vals = row[top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
+        reaches = int(row[2 * top_k])
+        if reaches != top_k or any(a == b for a, b in zip(vals, vals[1:], strict=False)):
+            if reaches == top_k:
                 pairs = list(zip(vals, idx, strict=True))  # equal values: put them in id order
             else:  # a tie across the cut: all the tied logits, so the lowest ids stay
-                row = x[r]
-                where = (row >= vals[-1]).nonzero()[:, 0]  # vals[-1]: the k-th's fp32 value, exact
-                pairs = list(zip(row[where].double().tolist(), where.tolist(), strict=True))
+                x = rows[r].detach().float()
+                where = (x >= vals[-1]).nonzero()[:, 0]  # vals[-1]: the k-th's fp32 value, exact
+                pairs = list(zip(x[where].double().tolist(), where.tolist(), strict=True))
             pairs.sort(key=lambda pair: (-pair[0], pair[1]))
             vals, idx = [v for v, _ in pairs[:top_k]], [i for _, i in pairs[:top_k]]
         tokens.append(_draw(vals, idx, u, temperature=temperature, top_p=top_p))
     return tokens
-
-
-def _packed_top_k(x: torch.Tensor, k: int) -> torch.Tensor:
-    """int64 [n, 2k + 2] on x's device, per row: the ids of its k largest logits, their fp32 bits
-    (sign-extended), reach (how many logits are >= the k-th largest) and its NaN count.
-
-    The kernel form writes it in one pass (ids in stable-sort order); the torch form builds it
-    from `_top_k` (any order among ties: the caller orders them). A shape the kernel does not
-    take (`top_k.fits`) runs the torch form.
-    """
-    if TOP_K_FORM not in TOP_K_FORMS:
-        raise ValueError(f"TOP_K_FORM must be one of {TOP_K_FORMS}, got {TOP_K_FORM!r}")
-    if TOP_K_FORM == "kernel" and use_triton(_TOP_K_BACKEND, x) and top_k_kernels.fits(x.shape[1], k):
-        return top_k_kernels.row_top_k(x, k, backend=_TOP_K_BACKEND)
-    values, ids = _top_k(x, k)  # the k largest per row (their order among ties: any)
-    reach = (x >= values[:, -1:]).sum(dim=-1, keepdim=True)  # logits >= the k-th largest
-    nan = torch.isnan(x).sum(dim=-1, keepdim=True)
-    return torch.cat([ids, values.view(torch.int32).long(), reach, nan], dim=1)
-
-
-TOPK_SEGMENTS = 64  # a row's top-k is found per segment, then among the segments' winners
-
-
-def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest values of each row of x [n, vocab] and their ids, in two stages.
-
-    Why: `torch.topk` walks a 248,320-long row with one thread block (0.16 ms for one row on an
-    H200); split into TOPK_SEGMENTS segments the first stage runs one block each, and the
-    second picks among n x segments x k candidates. The k largest of a row are among the k
-    largest of its segments, so the values are exactly the one-stage values (which of several
-    equal values is returned may differ: the caller counts the ties at the cut itself). A
-    vocabulary the segments do not divide, or segments shorter than k, take the one stage.
-    """
-    n, vocab = x.shape
-    segments = TOPK_SEGMENTS
-    if vocab % segments or vocab // segments < k:
-        return torch.topk(x, k, dim=-1)
-    width = vocab // segments
-    seg_values, seg_ids = torch.topk(x.reshape(n, segments, width), k, dim=-1)  # [n, segments, k]
-    offsets = torch.arange(0, vocab, width, device=x.device).view(1, segments, 1)
-    values, pick = torch.topk(seg_values.view(n, segments * k), k, dim=-1)
-    return values, (seg_ids + offsets).view(n, segments * k).gather(1, pick)
 
 
 def _check_uniform(u: float) -> None:

@@ -1,4 +1,5 @@
-"""Each logits row's k largest values, their ids and the count at the cut, in two small kernels.
+"""Each logits row's k largest values, their ids and the count at the cut, in two small kernels;
+and the thought sampler's device part built on them (`packed_top_k`, `StepTopK`).
 
 Why: the thought sampler (`engine.decide.sampling.sample_tokens`) needs, per row, the k largest
 logits, their ids and `reach`, the count of logits >= the k-th largest (a tie straddling the cut
@@ -46,11 +47,14 @@ vocabulary CHUNK does not divide is masked by index.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from engine.kernels._triton import Backend, cdiv, kernel, next_pow2, use_triton
+from engine.kernels.attached import attached, row_of
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -219,3 +223,136 @@ def unpack(packed: torch.Tensor, k: int) -> TopK:
     """The fields of `row_top_k`'s packed rows (on the packed tensor's device)."""
     values = packed[:, k : 2 * k].to(torch.int32).view(torch.float32)
     return TopK(values, packed[:, :k], packed[:, 2 * k], packed[:, 2 * k + 1])
+
+
+# ------------------------------------------------------------------------ the sampler's device part
+# How `packed_top_k` finds each row's k largest logits on the logits' device: "torch" (two
+# `torch.topk` stages, then a comparison and a sum over the rows for the count at the cut, and a
+# cat: ~1 ms of GPU time per step at 64 rows of the 27B's vocabulary on an H200) or "kernel"
+# (`row_top_k`: this module's two small Triton kernels, which write the same packed rows directly).
+# Both give the same tokens bit for bit; "kernel" is off until it is timed on an H200
+# (ops/bench/bench_engine.py's variant "tc64inv-topkkernel").
+TOP_K_FORMS = ("torch", "kernel")
+TOP_K_FORM = "torch"
+# The kernel form's backend: "auto" runs it on CUDA logits only (elsewhere the torch form runs);
+# tests set "triton" to run it through Triton's interpreter on CPU.
+_TOP_K_BACKEND: Backend = "auto"
+
+
+def packed_top_k(x: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [n, 2k + 2] on x's device, per row: the ids of its k largest logits, their fp32 bits
+    (sign-extended), reach (how many logits are >= the k-th largest) and its NaN count.
+
+    The kernel form writes it in one pass (ids in stable-sort order); the torch form builds it
+    from `_top_k` (any order among ties: the caller orders them). A shape the kernel does not
+    take (`fits`) runs the torch form.
+    """
+    if TOP_K_FORM not in TOP_K_FORMS:
+        raise ValueError(f"TOP_K_FORM must be one of {TOP_K_FORMS}, got {TOP_K_FORM!r}")
+    if TOP_K_FORM == "kernel" and use_triton(_TOP_K_BACKEND, x) and fits(x.shape[1], k):
+        return row_top_k(x, k, backend=_TOP_K_BACKEND)
+    values, ids = _top_k(x, k)  # the k largest per row (their order among ties: any)
+    reach = (x >= values[:, -1:]).sum(dim=-1, keepdim=True)  # logits >= the k-th largest
+    nan = torch.isnan(x).sum(dim=-1, keepdim=True)
+    return torch.cat([ids, values.view(torch.int32).long(), reach, nan], dim=1)
+
+
+TOPK_SEGMENTS = 64  # a row's top-k is found per segment, then among the segments' winners
+
+
+def _top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of x [n, vocab] and their ids, in two stages.
+
+    Why: `torch.topk` walks a 248,320-long row with one thread block (0.16 ms for one row on an
+    H200); split into TOPK_SEGMENTS segments the first stage runs one block each, and the
+    second picks among n x segments x k candidates. The k largest of a row are among the k
+    largest of its segments, so the values are exactly the one-stage values (which of several
+    equal values is returned may differ: the caller counts the ties at the cut itself). A
+    vocabulary the segments do not divide, or segments shorter than k, take the one stage.
+    """
+    n, vocab = x.shape
+    segments = TOPK_SEGMENTS
+    if vocab % segments or vocab // segments < k:
+        return torch.topk(x, k, dim=-1)
+    width = vocab // segments
+    seg_values, seg_ids = torch.topk(x.reshape(n, segments, width), k, dim=-1)  # [n, segments, k]
+    offsets = torch.arange(0, vocab, width, device=x.device).view(1, segments, 1)
+    values, pick = torch.topk(seg_values.view(n, segments * k), k, dim=-1)
+    return values, (seg_ids + offsets).view(n, segments * k).gather(1, pick)
+
+
+class StepTopK:
+    """A decode step's sampler numbers made inside the step's CUDA graph, beside its logits.
+
+    Why: after a graphed step, the sampler's device part (`packed_top_k`: the two top-k stages,
+    the counts at the cut, a cat: about ten launches) and its copy back ran on the host with the
+    GPU idle, ~1 ms a step at 64 rows on the device machines (`bench_engine.py --decode-profile`,
+    session 15: "sampler 1.02 ms outside the graph"; a launch there costs 60-110 us). `compute`
+    (captured with the step) runs the same `packed_top_k` over the step's logits and copies its
+    rows into a pinned host twin; `issue` (after each launch) returns the ticket the step's logits
+    carry (`engine.kernels.attached`), where `engine.decide.sampling.sample_tokens` finds each
+    row's numbers. The same function on the same logits: the same numbers, so the same tokens.
+
+    A later launch of the same step overwrites the host twin: a ticket of an earlier generation
+    gives nothing (`rows` returns None) and the sampler computes the numbers itself, as before.
+    """
+
+    def __init__(self, rows: int, k: int, device: torch.device) -> None:
+        if rows < 1 or k < 1:
+            raise ValueError(f"need rows >= 1 and k >= 1, got {rows}, {k}")
+        self.k = k
+        pinned = device.type == "cuda"
+        self._host = torch.zeros(rows, 2 * k + 2, dtype=torch.int64, pin_memory=pinned)
+        self._copied = torch.cuda.Event() if pinned else None
+        self.generation = 0
+
+    def compute(self, logits: torch.Tensor) -> None:
+        """`packed_top_k` of logits [n <= rows, vocab] fp32 into the host twin's first n rows
+        (capturable)."""
+        made = packed_top_k(logits.detach().float(), self.k)
+        self._host[: made.shape[0]].copy_(made, non_blocking=self._copied is not None)
+
+    def issue(self) -> StepTopKTicket:
+        """After a launch of the step (replay or eager) on the current stream: its ticket."""
+        self.generation += 1
+        if self._copied is not None:
+            self._copied.record()
+        return StepTopKTicket(self, self.generation)
+
+    def rows(self, generation: int) -> torch.Tensor | None:
+        """The host rows [rows, 2k + 2] of launch `generation` (waits for its copy), or None when
+        a later launch overwrote them."""
+        if generation != self.generation:
+            return None
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host
+
+
+@dataclass(frozen=True, eq=False)
+class StepTopKTicket:
+    """One launch's claim on a `StepTopK` (`StepTopK.rows` of that generation)."""
+
+    top_k: StepTopK
+    generation: int
+
+    def rows(self) -> torch.Tensor | None:
+        return self.top_k.rows(self.generation)
+
+
+def step_top_k_rows(rows: Sequence[torch.Tensor], k: int) -> list[torch.Tensor | None]:
+    """Per row, its `packed_top_k` row where it is a row of a block whose step made them for
+    this k (`StepTopK`, still current), else None."""
+    found: list[torch.Tensor | None] = [None] * len(rows)
+    hosts: dict[int, torch.Tensor | None] = {}
+    for r, x in enumerate(rows):
+        block = x._base
+        if block is None:
+            continue
+        if id(block) not in hosts:
+            ticket = attached(block, StepTopKTicket)
+            hosts[id(block)] = ticket.rows() if ticket is not None and ticket.top_k.k == k else None
+        host, i = hosts[id(block)], row_of(x, block)
+        if host is not None and i is not None and i < host.shape[0]:
+            found[r] = host[i]
+    return found

@@ -22,7 +22,6 @@ already exact (max is associative; counts are small integers).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -216,21 +215,3 @@ class ReadsTicket:
         self, index: Sequence[int], letter_ids: Sequence[Sequence[int]]
     ) -> list[tuple[list[float], list[float]]] | None:
         return self.reads.values(self.generation, index, letter_ids)
-
-
-# A pass's logits block -> the ticket of the read-out numbers its pass made. The rows travel
-# through the engine as plain views of the block (`block[i]`); a read-out finds the block from
-# them (`engine.decide.readout`). Keyed by id, checked by identity, dropped when the block dies.
-_ATTACHED: dict[int, tuple[weakref.ref[torch.Tensor], ReadsTicket]] = {}
-
-
-def attach_reads(block: torch.Tensor, ticket: ReadsTicket) -> None:
-    """Let read-outs of `block`'s rows take `ticket`'s numbers (while they are current)."""
-    key = id(block)
-    _ATTACHED[key] = (weakref.ref(block, lambda _, key=key: _ATTACHED.pop(key, None)), ticket)
-
-
-def attached_reads(block: torch.Tensor) -> ReadsTicket | None:
-    """The ticket `attach_reads` gave `block`, or None."""
-    found = _ATTACHED.get(id(block))
-    return found[1] if found is not None and found[0]() is block else None

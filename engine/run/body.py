@@ -45,6 +45,7 @@ import numpy as np
 import structlog
 import torch
 
+from engine.kernels.attached import attach
 from engine.kernels.decode_attention import PrepInputs, decode_attention
 from engine.kernels.decode_rows import LIVE, PIECE_FIELDS, THOUGHT_LEN, element_offset
 from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
@@ -88,7 +89,7 @@ from engine.kernels.forest_tables import (
     SEG_STATE_OUT,
     SEG_TOK_LO,
 )
-from engine.kernels.vocab_mass import PassReads, attach_reads
+from engine.kernels.vocab_mass import PassReads
 from engine.model.weights import Weights
 from engine.run.executor import ForestCounters, ForestOutput
 from engine.run.forest import Forest, SegmentState
@@ -956,7 +957,7 @@ class ForestBody(Int8Layers):
         self.passes += 1
         out = logits[: plan.reads.numel()].clone()
         if bucket.read_out is not None:
-            attach_reads(out, bucket.read_out.issue())
+            attach(out, bucket.read_out.issue())
         return out
 
     # ------------------------------------------------------------------------------ the pass

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
+from engine.kernels.attached import attach
 from engine.kernels.decode_attention import PrepInputs, attention_prep, decode_attention
 from engine.kernels.decode_gdn import CONV_WIDTH, conv_step, gdn_step
 from engine.kernels.decode_rows import (
@@ -47,6 +48,7 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
+from engine.kernels.top_k import StepTopK
 from engine.model.weights import Weights
 from engine.run.forest import SegmentState
 from engine.run.graphs import fit
@@ -56,6 +58,11 @@ from engine.run.rope import rope_rows
 log = structlog.get_logger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Whether buckets make the thought sampler's top-k numbers inside the step (`Decoder.draw_top_k`,
+# `engine.kernels.top_k.StepTopK`): the same numbers, so the same tokens, without ~ten launches
+# and a copy after every step. Built on the CPU (session 22), not yet timed on a GPU: off until
+# `bench_engine.py --variants tc64inv,tc64inv-steptopk --decode-only` says it pays.
+TOP_K_IN_STEP = False
 MAX_PIECES = 4  # system root, evidence, question, own thought
 FIRST_CAPACITY = 64  # thought K/V rows allocated at start; buffers double up to the capacity
 
@@ -93,6 +100,7 @@ class _Bucket:
     pieces: torch.Tensor  # [n_attn, B, P, 4] int64
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
+    top_k: StepTopK | None = None  # the sampler's numbers made in the step (`Decoder.draw_top_k`)
     members: tuple | None = None  # (id, version) of the sequences whose pieces are loaded
     held: list[DecodeSequence] = field(default_factory=list)
 
@@ -122,7 +130,18 @@ class Decoder(Int8Layers):
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
         self._pad = self._new_sequence([], 0, 1)
         self._bucket_cache: dict[int, _Bucket] = {}
+        self._top_k: int | None = None
         self.steps = 0
+
+    def draw_top_k(self, k: int | None) -> None:
+        """From now on, buckets made (and captured) also make the thought sampler's top-k
+        numbers for this k inside each step (`engine.kernels.top_k.StepTopK`: the same numbers
+        the sampler would compute after the step, without its launches); None: they do not.
+        Set it before the first step (`engine.thoughts.DecoderSteps` does, from the decision
+        config); a bucket made before keeps what it was made with. Only where TOP_K_IN_STEP is on."""
+        if k is not None and k < 1:
+            raise ValueError(f"k must be >= 1 or None, got {k}")
+        self._top_k = k
 
     # ------------------------------------------------------------------------------ sequences
     def start(self, state: SegmentState, capacity: int) -> DecodeSequence:
@@ -260,7 +279,10 @@ class Decoder(Int8Layers):
             seq.length += 1
             seq.position += 1
         self.steps += 1
-        return logits[:n].clone()
+        out = logits[:n].clone()
+        if bucket.top_k is not None:
+            attach(out, bucket.top_k.issue())
+        return out
 
     def _bucket(self, size: int) -> _Bucket:
         if size not in self._bucket_cache:
@@ -272,6 +294,7 @@ class Decoder(Int8Layers):
                 pieces=torch.zeros(
                     len(self.attn_layers), size, self.max_pieces, PIECE_FIELDS, dtype=torch.int64, device=dev
                 ),
+                top_k=StepTopK(size, self._top_k, dev) if self._top_k and TOP_K_IN_STEP else None,
             )
         return self._bucket_cache[size]
 
@@ -300,8 +323,12 @@ class Decoder(Int8Layers):
 
     # ------------------------------------------------------------------------------ the step
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        """The layer stack (`engine.run.layers`) for the bucket's rows: logits fp32 [B, vocab]."""
-        return self._stack(bucket.rows[:, TOKEN], bucket)
+        """The layer stack (`engine.run.layers`) for the bucket's rows: logits fp32 [B, vocab] (and
+        the sampler's top-k numbers of them, where the bucket makes them)."""
+        logits = self._stack(bucket.rows[:, TOKEN], bucket)
+        if bucket.top_k is not None:
+            bucket.top_k.compute(logits)
+        return logits
 
     def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:
         conv = conv_step(x.qkv, layer["ssm_conv1d"], self.base, bucket.rows, j * self.tail_size)

@@ -253,6 +253,7 @@ class Bench:
         if self._decoder is None:
             dots = self.body.attention_dots if self.body is not None else "ieee"
             self._decoder = Decoder(self.weights, graphs=self.graphs, attention_dots=dots)
+            self._decoder.draw_top_k(20)  # the sampler's k below (made in the step where TOP_K_IN_STEP)
         return self._decoder
 
 
@@ -1010,9 +1011,15 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the GDN prep's invert form in three kernels (scores and A, the
     # inverse, w and u: `forest_gdn.TC_INVERT_SPLIT`, "invert_split"): the same bits
     "tc64inv-invertsplit": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True}),
-    # the CUDA default with the sampler's top-k as two Triton kernels (`sampling.TOP_K_FORM`):
+    # the CUDA default with the sampler's top-k numbers made inside the decode step's graph
+    # (`decoder.TOP_K_IN_STEP`): the same tokens
+    "tc64inv-steptopk": _tc64inv(set={"engine.run.decoder.TOP_K_IN_STEP": True}),
+    "tc64inv-steptopkkernel": _tc64inv(
+        set={"engine.run.decoder.TOP_K_IN_STEP": True, "engine.kernels.top_k.TOP_K_FORM": "kernel"}
+    ),
+    # the CUDA default with the sampler's top-k as two Triton kernels (`top_k.TOP_K_FORM`):
     # the same tokens
-    "tc64inv-topkkernel": _tc64inv(set={"engine.decide.sampling.TOP_K_FORM": "kernel"}),
+    "tc64inv-topkkernel": _tc64inv(set={"engine.kernels.top_k.TOP_K_FORM": "kernel"}),
     # the CUDA default without 64-row CUTLASS tiles as a narrow choice (`cutlass_gemm.HALF_ROW_TILES`,
     # on since session 17: buckets of 192 and 320 rows compute less padding): same bits
     "tc64inv-nohalfrowtiles": _tc64inv(set={"engine.kernels.cutlass_gemm.HALF_ROW_TILES": False}),

@@ -7,6 +7,7 @@
 #   STAGE=kernels bash ops/device/candidates_check.sh  # CUTLASS tiles, SwiGLU rows, GDN split (~7 min)
 #   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
 #   STAGE=session bash ops/device/candidates_check.sh  # the engine's variants, then the whole CUDA set (~9 min)
+#   STAGE=rows    bash ops/device/candidates_check.sh  # the row kernels' candidates at 256 / 8,192 rows (~1 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -19,7 +20,7 @@
 # set) and one `bench_engine.py --shape 27B --variants tc64inv` at that same commit.
 # Candidates: forest_attention.CONCURRENT_TIERS (the large-block tiers on a side stream),
 # forest_gdn.TC_INVERT_SPLIT (the invert prep in three kernels), decode_quant.RESIDENT_ORDERED /
-# RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), sampling.TOP_K_FORM
+# RECOMPUTE_ROWS (the SwiGLU quantizer's ordered loads and recompute split), top_k.TOP_K_FORM
 # "kernel" (the sampler's top-k in two Triton kernels), decode_gdn.BLOCK_V / NUM_WARPS (the
 # decoder's GDN step), the CUTLASS tiles in clusters of two along M and with 256-deep K steps,
 # 64-row tiles as a narrow choice (cutlass_gemm.HALF_ROW_TILES, on since session 17), and
@@ -48,6 +49,8 @@ decode)
     # the default's step profile at 1 and 64 sequences (the last one, session 15's, ran the
     # fp32-dot body path), then DECODE_VARIANTS if named (session 17: topkkernel +1%, gdnstepv64
     # +5.7% at 64 and -2.8% at one sequence, other bits)
+    # (session 22 built the sampler's top-k inside the step's graph: steptopk, steptopkkernel)
+    DECODE_VARIANTS=${DECODE_VARIANTS-tc64inv-steptopk,tc64inv-steptopkkernel,tc64inv-gdnstepv64}
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --decode-only \
         --variants "tc64inv${DECODE_VARIANTS:+,$DECODE_VARIANTS}" --decode-profile "$OUT/decprof" \
         --json "$OUT/decode-candidates.json" > "$OUT/decode-candidates.log" 2>&1
@@ -66,7 +69,8 @@ kernels)
     ;;
 session)
     # SESSION_VARIANTS: what is A/B'd against the default (set it empty for the default alone;
-    # by default the candidate built last: session 21's attention output without its fill)
+    # by default session 21's attention output without its fill; session 22's gated-norm forms are
+    # timed as kernels by STAGE=rows, bit-identical to the default by test)
     SESSION_VARIANTS=${SESSION_VARIANTS-tc64inv-attnzerodead}
     timeout 220 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks --wall-split \
         --variants "tc64inv${SESSION_VARIANTS:+,$SESSION_VARIANTS}" \
@@ -74,6 +78,13 @@ session)
     echo "bench rc=$?"
     grep -E "^(---|a_one|a_timed|b_three|b_readme|c_one|d_64|a_wall_split |b_wall_split )" "$OUT/engine-session.log" | cut -c1-1200
     JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-300} bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    ;;
+rows)
+    # session 22's gated-norm forms (tiles of heads, o and z loaded before the sums) beside the
+    # padded default, and the streamed v quantizer, at the (a)/(b) and (c) row counts
+    timeout 240 python3 ops/bench/bench_rows.py --kernels "gated+quant,v by absmax" --rows 256,8192,64 \
+        --budget-s 200 --out "$OUT/rows-gated.json" > "$OUT/rows-gated.log" 2>&1
+    tail -30 "$OUT/rows-gated.log"
     ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
@@ -84,5 +95,5 @@ tests)
         tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
         tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
     ;;
-*) echo "STAGE must be engine, decode, kernels, tests or session"; exit 2 ;;
+*) echo "STAGE must be engine, decode, kernels, rows, tests or session"; exit 2 ;;
 esac

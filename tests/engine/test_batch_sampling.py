@@ -88,7 +88,7 @@ def test_batched_sampler_checks_its_inputs() -> None:
 
 @pytest.mark.parametrize("vocab", [4096, 4100, 640])  # two stages; 64 segments do not divide; 10 < k
 def test_two_stage_top_k_finds_the_one_stage_values(vocab: int) -> None:
-    from engine.decide.sampling import _top_k
+    from engine.kernels.top_k import _top_k
 
     gen = torch.Generator().manual_seed(vocab)
     x = torch.round(torch.randn(9, vocab, generator=gen) * 4) / 4  # ties everywhere

@@ -59,9 +59,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_image_is_a_clear_error(
-    engine: Engine, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_hostile_image_is_a_clear_error(engine: Engine, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     make, message = HOSTILE[name]
     data = make()
     assert len(data) < 1 << 20  # each is small on the wire: the danger is in what it claims

@@ -351,12 +351,14 @@ def test_deep_nesting_is_refused_cleanly() -> None:
 
 
 _json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**60), 2**60), st.text(alphabet=":a\"\\é\n", max_size=6)
+    st.none(), st.booleans(), st.integers(-(2**60), 2**60), st.text(alphabet=':a"\\é\n', max_size=6)
 )
 _json_tree = st.recursive(
     _json_leaf,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.lists(st.tuples(st.text(alphabet=":ab", max_size=3), inner), max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(st.tuples(st.text(alphabet=":ab", max_size=3), inner), max_size=4)
+    ),
     max_leaves=12,
 )
 

@@ -13,7 +13,8 @@ import torch
 
 from engine.decide.readout import _device_masses, read_letters_many
 from engine.engine import Engine
-from engine.kernels.vocab_mass import attached_reads
+from engine.kernels.attached import attached
+from engine.kernels.vocab_mass import ReadsTicket
 from engine.run import body as body_module
 from engine.run.body import ForestBody
 from engine.run.executor import run_forest
@@ -217,8 +218,8 @@ def test_read_outs_fold_the_numbers_their_pass_made(engine: Engine) -> None:
     g = torch.Generator().manual_seed(11)
     out, _, _ = _run(body, _request(g, engine.root, 40, [7, 9]))
     block, plain = out.logits, out.logits.clone()
-    ticket = attached_reads(block)
-    assert ticket is not None and attached_reads(plain) is None
+    ticket = attached(block, ReadsTicket)
+    assert ticket is not None and attached(plain, ReadsTicket) is None
     ids = [letters[:4], letters[:26:5]]
     want = _device_masses([plain[1], plain[0]], ids)
     assert ticket.values([1, 0], ids) is not None

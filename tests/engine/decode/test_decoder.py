@@ -121,3 +121,42 @@ def test_thought_buffers_grow_in_place_and_stop_at_the_capacity(
     decoder.step([full], [5])
     with pytest.raises(ValueError, match="full"):
         decoder.step([full], [6])
+
+
+@pytest.mark.parametrize("graphs", [False, True] if DEVICE == "cuda" else [False])
+def test_a_step_makes_its_samplers_numbers_and_the_draws_stay(
+    engine: Engine, prompts: list[SegmentState], monkeypatch: pytest.MonkeyPatch, graphs: bool
+) -> None:
+    """With `TOP_K_IN_STEP` a step's logits carry the sampler's top-k numbers made in the step (in
+    its CUDA graph where it has one): `sample_tokens` takes them, launches no top-k of its own, and
+    draws what it draws from a plain copy of the same logits (which carries nothing), for the
+    whole block or rows of it in any order. Numbers for another k, or of an earlier step of the
+    same bucket (its host buffer since overwritten), are not used: those draws compute their own."""
+    import engine.decide.sampling as sampling
+    import engine.run.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "TOP_K_IN_STEP", True)
+    decoder = Decoder(engine.weights, graphs=graphs)
+    decoder.draw_top_k(5)
+    picked = [0, 5, 9]
+    seqs = [decoder.start(prompts[i], capacity=STEPS) for i in picked]
+    us = [0.1, 0.5, 0.9]
+    setting = dict(temperature=1.0, top_p=0.95, top_k=5)
+    calls: list[int] = []
+    real = sampling.packed_top_k
+    monkeypatch.setattr(sampling, "packed_top_k", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    first = decoder.step(seqs, [_tokens(i)[0] for i in picked])
+    want = sampling.sample_tokens(first.clone(), us, **setting)
+    assert len(calls) == 1  # the copy carries nothing: computed
+    assert sampling.sample_tokens(first, us, **setting) == want
+    assert sampling.sample_tokens([first[2], first[0]], [us[2], us[0]], **setting) == [want[2], want[0]]
+    assert len(calls) == 1  # both from the step's own numbers
+    other_k = dict(setting, top_k=4)
+    assert sampling.sample_tokens(first, us, **other_k) == sampling.sample_tokens(
+        first.clone(), us, **other_k
+    )
+    assert len(calls) == 3
+    second = decoder.step(seqs, [_tokens(i)[1] for i in picked])  # the same bucket again
+    assert sampling.sample_tokens(first, us, **setting) == want and len(calls) == 4  # stale: computed
+    want_second = sampling.sample_tokens(second.clone(), us, **setting)
+    assert sampling.sample_tokens(second, us, **setting) == want_second and len(calls) == 5

@@ -57,3 +57,32 @@ def test_decoder_thoughts_equal_the_forest_thoughts(
             thought_tokens.append(dt.thought_tokens)
     assert thought_tokens[:2] == [1, 1]  # budget 1: cut, then closed
     assert all(0 < t <= 5 for t in thought_tokens[2:])
+
+
+def test_thoughts_from_the_steps_own_top_k_are_the_same_thoughts(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the sampler's top-k numbers made in each decoder step (`decoder.TOP_K_IN_STEP`, set
+    up by `DecoderSteps` from the decision config) the thoughts, their cuts and both read-outs
+    are the ones the sampler makes when it computes the numbers after each step; and it computed
+    them only for each thought's first draw, whose logits come from the forest read-out."""
+    from decode_engines import same_weights
+
+    import engine.decide.sampling as sampling
+    import engine.run.decoder as decoder_module
+
+    requests = [
+        _req("a", "api latency 900ms on checkout, db-3 cpu 95%", budget=1),
+        _req("b", "disk 97% on db-3", budget=5, seed=9),
+    ]
+    plain = same_weights(engine, decoder=True).decide(requests)
+    monkeypatch.setattr(decoder_module, "TOP_K_IN_STEP", True)
+    rows: list[int] = []
+    real = sampling.packed_top_k
+    monkeypatch.setattr(sampling, "packed_top_k", lambda x, k: rows.append(x.shape[0]) or real(x, k))
+    stepped = same_weights(engine, decoder=True)
+    got = stepped.decide(requests)
+    assert [r.traces for r in got] == [r.traces for r in plain]
+    buckets = stepped.runner.decoder._bucket_cache.values()
+    assert buckets and all(b.top_k is not None for b in buckets)
+    assert sum(rows) == 4  # two questions a request, each thought's first draw

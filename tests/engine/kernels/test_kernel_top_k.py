@@ -181,8 +181,8 @@ def _sample_rows(n: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.fixture
 def kernel_form(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler's kernel form, run through the interpreter on CPU, with a small chunk."""
-    monkeypatch.setattr(sampling, "TOP_K_FORM", "kernel")
-    monkeypatch.setattr(sampling, "_TOP_K_BACKEND", "triton")
+    monkeypatch.setattr(top_k_kernels, "TOP_K_FORM", "kernel")
+    monkeypatch.setattr(top_k_kernels, "_TOP_K_BACKEND", "triton")
     monkeypatch.setattr(top_k_kernels, "CHUNK", SAMPLE_CHUNK)
 
 
@@ -201,8 +201,8 @@ def test_the_kernel_form_draws_the_torch_forms_tokens(
     us[3], us[5] = 0.0, 1.0 - 2.0**-53
     want = sampling.sample_tokens(logits, us, **setting)
     assert want == [sampling.sample_token(logits[r], u, **setting) for r, u in enumerate(us)]
-    monkeypatch.setattr(sampling, "TOP_K_FORM", "kernel")
-    monkeypatch.setattr(sampling, "_TOP_K_BACKEND", "triton")
+    monkeypatch.setattr(top_k_kernels, "TOP_K_FORM", "kernel")
+    monkeypatch.setattr(top_k_kernels, "_TOP_K_BACKEND", "triton")
     monkeypatch.setattr(top_k_kernels, "CHUNK", SAMPLE_CHUNK)
     calls: list[int] = []
     real = top_k_kernels.row_top_k
@@ -211,12 +211,41 @@ def test_the_kernel_form_draws_the_torch_forms_tokens(
     assert calls  # the kernel form ran
 
 
-@pytest.mark.parametrize("form", sampling.TOP_K_FORMS)
+@pytest.mark.parametrize("form", top_k_kernels.TOP_K_FORMS)
 def test_nan_logits_are_refused_in_both_forms(
     form: str, dev: torch.device, gen: torch.Generator, kernel_form: None
 ) -> None:
-    sampling.TOP_K_FORM = form  # the fixture's monkeypatch restores it
+    top_k_kernels.TOP_K_FORM = form  # the fixture's monkeypatch restores it
     logits = _sample_rows(5, gen).to(dev)
     logits[2, 700] = float("nan")
     with pytest.raises(ValueError, match=r"row 2 of the logits holds 1 NaN"):
         sampling.sample_tokens(logits, [0.5] * 5, temperature=0.6, top_p=0.95, top_k=20)
+
+
+def test_a_step_top_k_gives_the_packed_rows_of_its_launch_until_the_next(
+    dev: torch.device, gen: torch.Generator
+) -> None:
+    """`StepTopK`: what `compute` made, read back through the launch's ticket, equals
+    `packed_top_k` of the same logits (ties at the cut included); a later launch makes the earlier
+    ticket give nothing, and the sampler finds the rows of a block that carries a ticket."""
+    from engine.kernels.attached import attach
+
+    logits = _sample_rows(6, gen).to(dev)
+    step = top_k_kernels.StepTopK(8, 20, logits.device)
+    step.compute(logits)
+    first = step.issue()
+    want = top_k_kernels.packed_top_k(logits, 20).cpu()
+    got = first.rows()
+    assert got is not None and torch.equal(got[:6], want)
+    block = logits.clone()
+    attach(block, first)
+    rows = top_k_kernels.step_top_k_rows([block[4], block[1], logits[1]], 20)
+    assert torch.equal(rows[0], want[4]) and torch.equal(rows[1], want[1]) and rows[2] is None
+    assert top_k_kernels.step_top_k_rows([block[4]], 19) == [None]  # numbers made for another k
+    step.compute(logits.flip(0))
+    second = step.issue()
+    assert first.rows() is None and top_k_kernels.step_top_k_rows([block[4]], 20) == [None]
+    again = second.rows()
+    assert again is not None and torch.equal(again[:6], want.flip(0))
+    with pytest.raises(ValueError, match="rows >= 1"):
+        top_k_kernels.StepTopK(0, 20, logits.device)

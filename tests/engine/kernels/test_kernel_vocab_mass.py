@@ -11,7 +11,6 @@ import torch
 from engine.decide import readout
 from engine.decide.readout import (
     DEVICE_READS,
-    _block_rows,
     _device_mass,
     _device_masses,
     _host_mass,
@@ -20,12 +19,12 @@ from engine.decide.readout import (
     read_letters,
     read_letters_many,
 )
+from engine.kernels.attached import attach, attached, block_rows
 from engine.kernels.vocab_mass import (
     CHUNK,
     FIELDS,
     PassReads,
-    attach_reads,
-    attached_reads,
+    ReadsTicket,
     vocab_partials,
     vocab_partials_reference,
     vocab_partials_rows,
@@ -168,7 +167,7 @@ def test_rows_of_one_block_read_in_one_launch_give_the_same_values(
     block[2] = _row(gen, dev)
     rows = [block[2], block[0], block[3], block[2]]
     ids = [[17, 100, 2 * CHUNK + 5, V - 1], [0], [3, 2 * CHUNK + 4], list(range(26))]
-    found = _block_rows(rows)
+    found = block_rows(rows)
     assert found is not None and found[0] is block and found[1] == [2, 0, 3, 2]
     assert _device_masses(rows, ids, block=True) == _device_masses(rows, ids)
     other = _row(gen, dev)
@@ -180,7 +179,7 @@ def test_rows_of_one_block_read_in_one_launch_give_the_same_values(
         [block.double()[0]],  # not fp32
         [other],  # no block at all
     ):
-        assert _block_rows(not_one_block) is None
+        assert block_rows(not_one_block) is None
     mixed = [block[1], other]
     assert _device_masses(mixed, ids[:2], block=True) == _device_masses(mixed, ids[:2])
 
@@ -256,8 +255,8 @@ def test_rows_of_a_block_with_its_pass_numbers_read_them_and_launch_nothing(
     want = _device_masses([plain[2], plain[0]], ids)
     reads = PassReads(3, V, range(120), dev)
     reads.compute(block)
-    attach_reads(block, reads.issue())
-    assert attached_reads(block) is not None and attached_reads(plain) is None
+    attach(block, reads.issue())
+    assert attached(block, ReadsTicket) is not None and attached(plain, ReadsTicket) is None
 
     def no_kernel(*args: object, **kwargs: object) -> None:
         raise AssertionError("a read-out with its pass's numbers launched the partials kernel")
