@@ -329,6 +329,25 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         forest_attention(
             f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
         )
+        # bf16 queries from the prep (forest_attention.QUERIES_BF16, a candidate): the prep's
+        # rounding store, and every bf16-dot kernel reading them
+        q16 = forest_attention_prep(prep, base, frows, segs, fpieces, heads, q_dtype=torch.bfloat16)
+        forest_attention(
+            q16, qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
+        )
+        # the large-block tiers only launch for calls of at least their min_length rows: a call that
+        # long (the tables are all padding; nothing is touched) compiles every shipped tier, with
+        # fp32 queries (staged through q16 where the tier says) and with bf16 ones
+        t_long = max(cfg.min_length for form in LONG_FORMS for cfg in long_configs(hd, "bf16", form))
+        lrows = torch.zeros(t_long, ROW_FIELDS, dtype=torch.int64)
+        lblocks = torch.zeros(t_long // 16 + 4, QBLOCK_FIELDS, dtype=torch.int64)
+        lqg = f32(t_long, nh * 2 * hd)
+        for q_long in (f32(t_long, nh, hd), torch.empty(t_long, nh, hd, dtype=torch.bfloat16)):
+            for form in LONG_FORMS:
+                forest_attention(
+                    q_long, lqg, base, lrows, segs, fpieces, lblocks, num_kv_heads=nkv, dots="bf16",
+                    long=long_configs(hd, "bf16", form),
+                )  # fmt: skip
         # every form of the large-block tiers (forest_attention.LONG_FORMS; one is LONG_FORM)
         for form in LONG_FORMS:
             forest_attention(

@@ -145,7 +145,7 @@ def _prep_kernel(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, rows_ptr, pieces_ptr, q_out_ptr,
     stride_qg, stride_k, stride_v, eps,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr,
-    PACKED: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
+    PACKED: tl.constexpr, ALIGN: tl.constexpr, QBF16: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (row, head j) over `_prep_head`; the two row layouts differ only in where a row's
     piece table and own position are. A decode row (PACKED 0) has a table of its own and writes at
@@ -163,7 +163,7 @@ def _prep_kernel(
         table = row
     _prep_head(
         qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, pieces_ptr + table * P * 4, q_out_ptr,
-        stride_qg, stride_k, stride_v, eps, row, j, index, live, NH, HD, RD, P, ALIGN,
+        stride_qg, stride_k, stride_v, eps, row, j, index, live, NH, HD, RD, P, ALIGN, QBF16, ON_GPU,
     )  # fmt: skip
 
 
@@ -171,11 +171,13 @@ def _prep_head(
     qg_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, rope_ptr, base_ptr, row_pieces, q_out_ptr,
     stride_qg, stride_k, stride_v, eps, row, j, index, live,
     NH: tl.constexpr, HD: tl.constexpr, RD: tl.constexpr, P: tl.constexpr, ALIGN: tl.constexpr,
+    QBF16: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Head j of a row (j < NH: a query head, else KV head j - NH): RMSNorm and RoPE; a query
-    head goes to q_out, a KV head's k and v to position `index` of the row's own piece (the
-    last of its P piece records at row_pieces) when the row is live. The decode prep and the
-    forest prep differ only in where a row's pieces and own position come from."""
+    head goes to q_out (QBF16: rounded to bf16 as `_bf16_operand` rounds it, into a bf16 q_out),
+    a KV head's k and v to position `index` of the row's own piece (the last of its P piece
+    records at row_pieces) when the row is live. The decode prep and the forest prep differ
+    only in where a row's pieces and own position come from."""
     offs = tl.arange(0, HD)
     is_q = j < NH
     if is_q:
@@ -186,7 +188,11 @@ def _prep_head(
         w_ptr = kn_ptr
     out = _norm_rope(src, w_ptr, rope_ptr + row * 2 * RD, eps, HD, RD)
     if is_q:
-        tl.store(q_out_ptr + (row * NH + j) * HD + offs, out)
+        if QBF16:  # noqa: SIM108 - a constexpr branch
+            q = _bf16_operand(out, ON_GPU)  # the interpreter's bf16 store truncates: store a rounded value
+        else:
+            q = out
+        tl.store(q_out_ptr + (row * NH + j) * HD + offs, q)
     else:
         kv = j - NH
         own = row_pieces + (P - 1) * 4  # piece record: k_off, v_off, length, rows_per_head
@@ -495,6 +501,7 @@ def launch_prep(
     *,
     packed: bool,
     part: str = "all",
+    q_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Run the prep kernel over decode rows (`engine.kernels.decode_rows`) or packed forest rows
     (`engine.kernels.forest_tables`, `packed`) and return the normed, rotated queries.
@@ -514,7 +521,9 @@ def launch_prep(
     if hd & (hd - 1) or rd % 2 or rd > hd:
         raise ValueError(f"the kernel needs a power-of-two head_dim and an even rope_dims <= it: {hd}, {rd}")
     device = x.k.device if part == "keys" else x.qg.device
-    q_out = torch.empty(n, 0 if part == "keys" else nh, hd, dtype=torch.float32, device=device)
+    if q_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"q_dtype must be float32 or bfloat16, got {q_dtype}")
+    q_out = torch.empty(n, 0 if part == "keys" else nh, hd, dtype=q_dtype, device=device)
     if n == 0:
         return q_out
     grid_heads = {"all": nh + nkv, "queries": nh, "keys": nkv}[part]
@@ -524,6 +533,7 @@ def launch_prep(
         qg, x.k, x.v, x.q_norm.contiguous(), x.k_norm.contiguous(), x.rope.contiguous(), base, rows, pieces,
         q_out, qg.stride(0), x.k.stride(0), x.v.stride(0), float(eps),
         NH=kernel_nh, NKV=nkv, HD=hd, RD=rd, P=pieces.shape[1], PACKED=packed, ALIGN=PIECE_ALIGN,
+        QBF16=q_dtype == torch.bfloat16,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return q_out

@@ -137,6 +137,12 @@ CONCURRENT_TIERS = False
 # (session 19's profile). The same output, bit for bit, padding zeros included. Off until a GPU
 # times it (`bench_engine.py --variants tc64inv,tc64inv-attnzerodead`).
 ZERO_DEAD_ROWS_ONLY = False
+# Whether the body's attention layers under bf16 dots take their queries as bf16 from the prep
+# (`forest_attention_prep(q_dtype=torch.bfloat16)`): every kernel here rounds a query to bf16 before
+# its first product anyway, so the prep storing the rounded value gives the same bits, and at 8k
+# tokens a 27B layer writes and reads 100 MB of queries less (201 MB fp32) and skips the q16
+# staging copy (another 100 MB). Built on the CPU (session 22), not yet timed: off.
+QUERIES_BF16 = False
 # `_zero_dead_rows_kernel`'s tile: rows a program checks, and columns it stores a step.
 ZERO_ROWS = 16
 ZERO_COLUMNS = 1024
@@ -364,6 +370,7 @@ def _attention_kernel(
     rows = tok_lo + local
     offs_d = tl.arange(0, HD)
     q = tl.load(q_ptr + (rows[:, None] * NH + h) * HD + offs_d[None, :], mask=valid[:, None], other=0.0)
+    q = q.to(tl.float32)  # bf16 queries (`QUERIES_BF16`) are already rounded: exact either way
     kvh = h // G
 
     m = tl.full((BM,), float("-inf"), tl.float32)
@@ -515,8 +522,8 @@ def _long_attention_kernel(
     rows = tok_lo + local
     offs_d = tl.arange(0, HH)
     q_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
-    q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
-    q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+    q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0).to(tl.float32), DOTS, ON_GPU)
+    q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0).to(tl.float32), DOTS, ON_GPU)
     if Q16:  # through the block's own rows of a bf16 copy: loaded, the operands stay in shared memory
         tl.store(q16_ptr + q_at, q_lo, mask=valid[:, None])
         tl.store(q16_ptr + HH + q_at, q_hi, mask=valid[:, None])
@@ -688,8 +695,12 @@ def _split_kernel(
         s_hi = tl.minimum(s_hi, used)  # a unit past them has nothing to do (none of it is read)
         if s_lo < s_hi:  # an idle unit loads nothing
             q_at = ((tok_lo + local)[:, None] * NH + heads[:, None]) * HD + offs_d[None, :]
-            q_lo = _operand(tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
-            q_hi = _operand(tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0), DOTS, ON_GPU)
+            q_lo = _operand(
+                tl.load(q_ptr + q_at, mask=valid[:, None], other=0.0).to(tl.float32), DOTS, ON_GPU
+            )
+            q_hi = _operand(
+                tl.load(q_ptr + HH + q_at, mask=valid[:, None], other=0.0).to(tl.float32), DOTS, ON_GPU
+            )
             for s in range(s_lo, s_hi):
                 lo = s * tiles // used
                 hi = (s + 1) * tiles // used
@@ -836,10 +847,12 @@ def forest_attention_prep(
     heads: AttentionHeads,
     *,
     part: str = "all",
+    q_dtype: torch.dtype = torch.float32,
     backend: Backend = "triton",
 ) -> torch.Tensor:
-    """Normed, rotated queries fp32 [T, nh, hd]; stores each live row's key and value in its
-    segment's own K/V block (the last piece of `pieces[seg]`) at the row's local index.
+    """Normed, rotated queries [T, nh, hd] (fp32, or rounded to bf16 for bf16 dots: `q_dtype`,
+    `QUERIES_BF16`); stores each live row's key and value in its segment's own K/V block (the last
+    piece of `pieces[seg]`) at the row's local index.
 
     rows [T, 4], segs [S, 8] and one attention layer's pieces [S, P, 4] as in
     `engine.kernels.forest_tables`; `x` as in `PrepInputs`. `part` (`PREP_PARTS`): "queries"
@@ -865,11 +878,11 @@ def forest_attention_prep(
     if base.dtype != torch.float32:
         raise ValueError(f"base must be fp32, got {base.dtype}")
     if not use_triton(backend, like):
-        return forest_attention_prep_reference(x, base, rows, segs, pieces, heads, part)
+        return forest_attention_prep_reference(x, base, rows, segs, pieces, heads, part).to(q_dtype)
     _check_head_dim(heads.head_dim)
     if part == "queries":  # placeholders for the never-read k / v pointers: the query rows
         x = x._replace(k=x.qg, v=x.qg)
-    return launch_prep(x, base, rows, pieces, heads, packed=True, part=part)
+    return launch_prep(x, base, rows, pieces, heads, packed=True, part=part, q_dtype=q_dtype)
 
 
 def forest_attention(
@@ -904,8 +917,10 @@ def forest_attention(
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
-    if q.dim() != 3 or q.dtype != torch.float32:
-        raise ValueError(f"q must be fp32 [T, nh, hd], got {q.dtype} {tuple(q.shape)}")
+    if q.dim() != 3 or q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"q must be fp32 or bf16 [T, nh, hd], got {q.dtype} {tuple(q.shape)}")
+    if q.dtype == torch.bfloat16 and dots != "bf16":
+        raise ValueError(f"bf16 queries are for bf16 dots only (they round q to bf16), got dots={dots!r}")
     t, nh, hd = q.shape
     _check_tables(rows, segs, pieces, qblocks, t, q)
     _check_qg(qg, t, nh, hd)
@@ -914,7 +929,7 @@ def forest_attention(
     if base.dtype != torch.float32:
         raise ValueError(f"base must be fp32, got {base.dtype}")
     if not use_triton(backend, q):
-        return forest_attention_reference(q, qg, base, rows, segs, pieces, qblocks, num_kv_heads)
+        return forest_attention_reference(q.float(), qg, base, rows, segs, pieces, qblocks, num_kv_heads)
     _check_head_dim(hd)
     _check_alignment(pieces)
     if qblocks.shape[0] == 0 or t == 0:
@@ -954,7 +969,8 @@ def forest_attention(
         # transient bf16 copies of the long segments' own K/V (storage stays fp32)
         k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
         v16 = torch.empty_like(k16)
-    if tiers and dots == "bf16" and any(c.q16 for c in tiers):
+    staged = q.dtype == torch.float32  # bf16 queries are loaded as the staged copy would be
+    if tiers and dots == "bf16" and staged and any(c.q16 for c in tiers):
         q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
     main = torch.cuda.current_stream(q.device) if q.is_cuda else None
     side = _tier_stream(q.device) if tiers and main is not None and CONCURRENT_TIERS else None
@@ -970,9 +986,9 @@ def forest_attention(
             kv16 = dots == "bf16" and cfg.bf16_kv
             _long_attn[(nh, qblocks.shape[0])](
                 q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
-                q16 if cfg.q16 and dots == "bf16" else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
+                q16 if q16 is not base and cfg.q16 else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
                 BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
-                LONG_MAX=cfg.max_length, KV16=kv16, Q16=cfg.q16 and dots == "bf16", ALIGN=PIECE_ALIGN,
+                LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16, ALIGN=PIECE_ALIGN,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
             )  # fmt: skip
     rank = ws_ml = ws_acc = ml = out  # not read without a split

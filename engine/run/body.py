@@ -45,6 +45,7 @@ import numpy as np
 import structlog
 import torch
 
+from engine.kernels import forest_attention as forest_attention_module
 from engine.kernels.attached import attach
 from engine.kernels.decode_attention import PrepInputs, decode_attention
 from engine.kernels.decode_rows import LIVE, PIECE_FIELDS, THOUGHT_LEN, element_offset
@@ -1019,7 +1020,11 @@ class ForestBody(Int8Layers):
 
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
         prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
-        q = forest_attention_prep(prep, self.base, bucket.rows, bucket.segs, pieces, self.attention_heads)
+        bf16 = self.attention_dots == "bf16" and forest_attention_module.QUERIES_BF16
+        q = forest_attention_prep(
+            prep, self.base, bucket.rows, bucket.segs, pieces, self.attention_heads,
+            q_dtype=torch.bfloat16 if bf16 else torch.float32,
+        )  # fmt: skip
         return forest_attention(
             q, x.qg, self.base, bucket.rows, bucket.segs, pieces, bucket.qblocks,
             num_kv_heads=self.config.num_kv_heads, dots=self.attention_dots,

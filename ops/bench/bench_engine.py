@@ -991,6 +991,9 @@ VARIANTS: dict[str, dict | None] = {
             "engine.kernels.decode_quant.GATED_BLOCK_WARPS": 8,
         }
     ),
+    # the CUDA default with the attention's queries stored in bf16 by the prep (every bf16-dot
+    # kernel rounds them so anyway; no q16 staging): the same bits
+    "tc64inv-qbf16": _tc64inv(set={"engine.kernels.forest_attention.QUERIES_BF16": True}),
     # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
     # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
     # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits

@@ -235,3 +235,23 @@ def test_read_outs_fold_the_numbers_their_pass_made(engine: Engine) -> None:
     _run(body, _request(g, engine.root, 40, [7, 9]))  # the same bucket, launched again
     assert ticket.values([1, 0], ids) is None
     assert _device_masses([block[1], block[0]], ids) == want
+
+
+def test_bf16_queries_from_the_prep_give_the_bits_of_fp32_ones(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`forest_attention.QUERIES_BF16` (bf16 dots round every query before its first product, so
+    the prep may store them rounded): the same logits, K/V and states as fp32 queries, for a pass
+    with long segments (the large-block tiers) and questions after them."""
+    from engine.kernels import forest_attention as fa
+
+    settings = dict(BODY_SETTINGS["chunk-64"])
+    g = torch.Generator().manual_seed(8)
+    segs, where = _pack([_request(g, engine.root, 90, [3, 7]), _request(g, engine.root, 40, [5])])
+    results = []
+    for bf16 in (False, True):
+        monkeypatch.setattr(fa, "QUERIES_BF16", bf16)
+        body = ForestBody(engine.weights, **settings)
+        results.append([_result(*_run(body, segs), w, segs) for w in where])
+    for a, b in zip(*results, strict=True):
+        _assert_same_bits(a, b)

@@ -450,6 +450,34 @@ def test_q16_and_tiers_move_only_what_they_should(dev: torch.device, gen: torch.
         assert torch.equal(tiers[rows], want[rows]), s
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bf16_queries_give_the_bits_of_fp32_ones(
+    backend: str, dev: torch.device, gen: torch.Generator
+) -> None:
+    """The prep's bf16 queries are its fp32 queries rounded to nearest even (`_bf16_operand`'s
+    rounding, here and compiled); under bf16 dots every attention kernel (the 16-row one, the
+    large-block tiers with and without q16, the ancestor split) gives them the fp32 queries'
+    bits, since it rounds each query so before its first product. Other dots refuse them."""
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    x = PrepInputs(*lay.inputs(), case.q_norm, case.k_norm, lay.rope)
+    prep = dict(rows=lay.rows, segs=lay.segs, pieces=lay.pieces, heads=HEADS, backend=backend)
+    q32 = forest_attention_prep(x, case.pool.base, **prep)
+    q16 = forest_attention_prep(x, case.pool.base, q_dtype=torch.bfloat16, **prep)
+    assert q16.dtype == torch.bfloat16 and torch.equal(q16, q32.bfloat16())
+    if backend == "torch":
+        return
+    for long in ("small", "q16", "tiers"):
+        for split in (False, True):
+            want = _attend(case, lay, q32, "triton", "bf16", LONG[long], split)
+            assert torch.equal(_attend(case, lay, q16, "triton", "bf16", LONG[long], split), want), (
+                long,
+                split,
+            )
+    with pytest.raises(ValueError, match="bf16 queries are for bf16 dots"):
+        _attend(case, lay, q16, "triton", "ieee")
+
+
 def test_long_config_is_checked() -> None:
     with pytest.raises(ValueError, match="block_m must be a multiple"):
         LongConfig(block_m=48, block_l=32, num_warps=4, min_length=64)
@@ -820,7 +848,9 @@ def _big_case(
     q_all = torch.randn(t_max, BIG_NH, BIG_HD, generator=gen).bfloat16().float().to(dev)
     qg_all = torch.randn(t_max, BIG_NH * 2 * BIG_HD, generator=gen).to(dev)
 
-    def run(members: list[int], pad: int, **kw: object) -> tuple[torch.Tensor, dict[int, int]]:
+    def run(
+        members: list[int], pad: int, q_dtype: torch.dtype = torch.float32, **kw: object
+    ) -> tuple[torch.Tensor, dict[int, int]]:
         rows, segs, pieces, qblocks, row_of = _big_tables(members, kv, dev, pad, segments)
         t = rows.shape[0]
         q, qg = q_all[:t].clone(), qg_all[:t].clone()
@@ -829,7 +859,7 @@ def _big_case(
             src = sum(m for m, _ in segments[:s])
             q[r : r + n], qg[r : r + n] = q_all[src : src + n], qg_all[src : src + n]
         out = forest_attention(
-            q, qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots=dots, **kw
+            q.to(q_dtype), qg, base, rows, segs, pieces, qblocks, num_kv_heads=BIG_NKV, dots=dots, **kw
         )
         return out, row_of
 
@@ -926,6 +956,18 @@ def test_27b_tiers_q16_and_short_split_alone_equal_packed_and_within_bound(
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed - want).abs().max()
     assert err <= bound + 1e-5, f"{variant}: {err:.3g} over {bound:.3g}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+@pytest.mark.parametrize("variant", ["tiered", "q16", "tiered_short_split"])
+def test_27b_bf16_queries_give_the_bits_of_fp32_ones(variant: str, gen: torch.Generator) -> None:
+    """Compiled at the 27B heads (the shipped long tier stages its queries through q16): bf16
+    queries, which skip that staging, give the fp32 queries' bits in every kernel."""
+    kw = BIG_VARIANTS[variant]
+    run, _ = _big_case(TIER_BIG_SEGMENTS, "bf16", gen)
+    want, _ = run([2, 0, 1], pad=8, **kw)
+    got, _ = run([2, 0, 1], pad=8, q_dtype=torch.bfloat16, **kw)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
