@@ -112,27 +112,29 @@ def sample_tokens(
             sample_token(x, u, temperature=temperature, top_p=top_p, top_k=top_k)
             for x, u in zip(rows, us, strict=True)
         ]
-    packed = step_top_k_rows(rows, top_k)
-    missing = [r for r in range(n) if packed[r] is None]
+    packed, missing = step_top_k_rows(rows, top_k)  # the numbers a decode step made in its graph
     if missing:  # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
         made = packed_top_k(stacked(missing).float(), top_k).cpu()
-        for j, r in enumerate(missing):
-            packed[r] = made[j]
-    tokens: list[int] = []
-    for r, u in enumerate(us):
-        row = packed[r]
-        assert row is not None
-        nan = int(row[2 * top_k + 1])
+        if packed is None:
+            packed = made
+        else:
+            packed[missing] = made
+    assert packed is not None
+    # bulk conversions, not per-row ones: at 64 rows a step, per-row tensor ops cost the host ms
+    rows_ids = packed[:, :top_k].tolist()
+    rows_values = packed[:, top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
+    reaches = packed[:, 2 * top_k].tolist()
+    for r, nan in enumerate(packed[:, 2 * top_k + 1].tolist()):
         if nan:
             raise ValueError(
                 f"row {r} of the logits holds {nan} NaN value(s) (a broken forward pass): no token "
                 "can be drawn from it"
             )
-        idx = row[:top_k].tolist()  # top-k's order: values descending
-        vals = row[top_k : 2 * top_k].to(torch.int32).view(torch.float32).double().tolist()
-        reaches = int(row[2 * top_k])
-        if reaches != top_k or any(a == b for a, b in zip(vals, vals[1:], strict=False)):
-            if reaches == top_k:
+    tokens: list[int] = []
+    for r, u in enumerate(us):
+        vals, idx = rows_values[r], rows_ids[r]  # top-k's order: values descending
+        if reaches[r] != top_k or any(a == b for a, b in zip(vals, vals[1:], strict=False)):
+            if reaches[r] == top_k:
                 pairs = list(zip(vals, idx, strict=True))  # equal values: put them in id order
             else:  # a tie across the cut: all the tied logits, so the lowest ids stay
                 x = rows[r].detach().float()

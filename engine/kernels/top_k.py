@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.kernels._triton import Backend, cdiv, kernel, next_pow2, use_triton
-from engine.kernels.attached import attached, row_of
+from engine.kernels.attached import attached
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -340,19 +340,41 @@ class StepTopKTicket:
         return self.top_k.rows(self.generation)
 
 
-def step_top_k_rows(rows: Sequence[torch.Tensor], k: int) -> list[torch.Tensor | None]:
-    """Per row, its `packed_top_k` row where it is a row of a block whose step made them for
-    this k (`StepTopK`, still current), else None."""
-    found: list[torch.Tensor | None] = [None] * len(rows)
-    hosts: dict[int, torch.Tensor | None] = {}
+def step_top_k_rows(rows: Sequence[torch.Tensor], k: int) -> tuple[torch.Tensor | None, list[int]]:
+    """`packed_top_k` rows for `rows` that decode steps made for this k (`StepTopK`, still current):
+    (a host int64 [n, 2k + 2] holding them, zeros elsewhere, or None where no row has them; the
+    positions of the rows it does not hold). Rows are grouped by the block they are views of, so
+    the common step - every row a row of one step's logits, in order - costs a few attribute
+    reads a row and returns the host buffer's own rows."""
+    n = len(rows)
+    groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
     for r, x in enumerate(rows):
         block = x._base
-        if block is None:
+        if block is not None:
+            groups.setdefault(id(block), (block, []))[1].append(r)
+    table: torch.Tensor | None = None
+    held = [False] * n
+    for block, members in groups.values():
+        ticket = attached(block, StepTopKTicket)
+        if ticket is None or ticket.top_k.k != k or block.dim() != 2 or not block.is_contiguous():
             continue
-        if id(block) not in hosts:
-            ticket = attached(block, StepTopKTicket)
-            hosts[id(block)] = ticket.rows() if ticket is not None and ticket.top_k.k == k else None
-        host, i = hosts[id(block)], row_of(x, block)
-        if host is not None and i is not None and i < host.shape[0]:
-            found[r] = host[i]
-    return found
+        host = ticket.rows()
+        if host is None:
+            continue
+        width, lo = block.shape[1], block.storage_offset()
+        index, where = [], []
+        for r in members:
+            x = rows[r]
+            at = x.storage_offset() - lo
+            if x.shape == (width,) and x.stride() == (1,) and at % width == 0 and at // width < host.shape[0]:
+                index.append(at // width)
+                where.append(r)
+        if len(where) == n and index == list(range(n)):
+            return host[:n], []
+        if where:
+            if table is None:
+                table = torch.zeros(n, 2 * k + 2, dtype=torch.int64)
+            table[where] = host[index]
+            for r in where:
+                held[r] = True
+    return table, [r for r in range(n) if not held[r]]

@@ -239,12 +239,16 @@ def test_a_step_top_k_gives_the_packed_rows_of_its_launch_until_the_next(
     assert got is not None and torch.equal(got[:6], want)
     block = logits.clone()
     attach(block, first)
-    rows = top_k_kernels.step_top_k_rows([block[4], block[1], logits[1]], 20)
-    assert torch.equal(rows[0], want[4]) and torch.equal(rows[1], want[1]) and rows[2] is None
-    assert top_k_kernels.step_top_k_rows([block[4]], 19) == [None]  # numbers made for another k
+    table, missing = top_k_kernels.step_top_k_rows([block[4], block[1], logits[1]], 20)
+    assert table is not None and missing == [2]
+    assert torch.equal(table[0], want[4]) and torch.equal(table[1], want[1]) and not table[2].any()
+    in_order, none = top_k_kernels.step_top_k_rows(list(block), 20)  # the whole step: its own rows
+    assert none == [] and in_order is not None and torch.equal(in_order, want)
+    assert top_k_kernels.step_top_k_rows([block[4]], 19) == (None, [0])  # made for another k
+    assert top_k_kernels.step_top_k_rows([block[1][:5]], 20) == (None, [0])  # not a whole row
     step.compute(logits.flip(0))
     second = step.issue()
-    assert first.rows() is None and top_k_kernels.step_top_k_rows([block[4]], 20) == [None]
+    assert first.rows() is None and top_k_kernels.step_top_k_rows([block[4]], 20) == (None, [0])
     again = second.rows()
     assert again is not None and torch.equal(again[:6], want.flip(0))
     with pytest.raises(ValueError, match="rows >= 1"):
