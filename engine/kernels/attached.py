@@ -3,7 +3,7 @@
 A captured pass can end with a few more nodes that turn its output (a logits block) into the small
 numbers a later step needs, copied into pinned host memory with the pass: the read-outs' partials
 and letters (`engine.kernels.vocab_mass.PassReads`), the sampler's top-k candidates
-(`engine.decide.sampling.StepTopK`). After each launch the pass attaches its ticket to the block
+(`engine.kernels.top_k.StepTopK`). After each launch the pass attaches its ticket to the block
 it returns; the rows then travel through the engine as plain views of the block (`block[i]`), and
 whoever consumes them finds the block and the ticket again here, instead of launching kernels
 after the pass. A ticket knows whether a later launch overwrote its numbers.
@@ -45,17 +45,20 @@ def attached(block: torch.Tensor, kind: type[T]) -> T | None:
     return found[1].get(kind)
 
 
-def row_of(row: torch.Tensor, block: torch.Tensor) -> int | None:
-    """The index of `row` in `block` where it is a whole row of it (a view `block[i]` of a
-    contiguous 2-D block that is a tensor of its own, not a view: a view's rows name its base),
-    else None."""
-    if row._base is not block or block.dim() != 2 or not block.is_contiguous():
-        return None
-    width = block.shape[1]
-    at = row.storage_offset() - block.storage_offset()
-    if row.dim() != 1 or row.numel() != width or row.stride(0) != 1 or at % width:
-        return None
-    return at // width
+def rows_in(block: torch.Tensor, rows: Sequence[torch.Tensor]) -> list[int | None]:
+    """Per row, its index in `block` where it is a whole row of it (a view `block[i]`), else None;
+    all None unless `block` is a contiguous 2-D tensor of its own (a view's rows name its base).
+    The block is checked once, each row with a few attribute reads (a sampler calls this for
+    every row of every decode step)."""
+    if block.dim() != 2 or not block.is_contiguous():
+        return [None] * len(rows)
+    width, lo = block.shape[1], block.storage_offset()
+    found: list[int | None] = []
+    for x in rows:
+        at = x.storage_offset() - lo
+        whole = x._base is block and x.shape == (width,) and x.stride() == (1,) and at % width == 0
+        found.append(at // width if whole else None)
+    return found
 
 
 def block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
@@ -64,7 +67,7 @@ def block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] |
     block = rows[0]._base if rows else None
     if block is None or block.dtype != torch.float32:
         return None
-    index = [row_of(x, block) for x in rows]
+    index = rows_in(block, rows)
     if any(i is None for i in index):
         return None
     return block, index  # type: ignore[return-value]

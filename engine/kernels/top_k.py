@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.kernels._triton import Backend, cdiv, kernel, next_pow2, use_triton
-from engine.kernels.attached import attached
+from engine.kernels.attached import attached, rows_in
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -356,18 +356,15 @@ def step_top_k_rows(rows: Sequence[torch.Tensor], k: int) -> tuple[torch.Tensor 
     held = [False] * n
     for block, members in groups.values():
         ticket = attached(block, StepTopKTicket)
-        if ticket is None or ticket.top_k.k != k or block.dim() != 2 or not block.is_contiguous():
+        if ticket is None or ticket.top_k.k != k:
             continue
         host = ticket.rows()
         if host is None:
             continue
-        width, lo = block.shape[1], block.storage_offset()
         index, where = [], []
-        for r in members:
-            x = rows[r]
-            at = x.storage_offset() - lo
-            if x.shape == (width,) and x.stride() == (1,) and at % width == 0 and at // width < host.shape[0]:
-                index.append(at // width)
+        for r, i in zip(members, rows_in(block, [rows[r] for r in members]), strict=True):
+            if i is not None and i < host.shape[0]:
+                index.append(i)
                 where.append(r)
         if len(where) == n and index == list(range(n)):
             return host[:n], []

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 import engine.kernels.attached as attached_module
-from engine.kernels.attached import attach, attached, block_rows, row_of
+from engine.kernels.attached import attach, attached, block_rows, rows_in
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,15 @@ def test_a_block_keeps_one_ticket_of_each_type_while_it_lives() -> None:
 
 def test_rows_are_found_in_their_block() -> None:
     block = torch.arange(24.0).view(4, 6).clone()  # a tensor of its own, as a pass returns its logits
-    assert [row_of(block[i], block) for i in (2, 0, 3)] == [2, 0, 3]
-    assert row_of(block[1][:5], block) is None  # part of a row
-    assert row_of(block[:, 1], block) is None  # a column
-    assert row_of(torch.zeros(6), block) is None  # another tensor
+    assert rows_in(block, [block[2], block[0], block[3]]) == [2, 0, 3]
+    assert rows_in(block, [block[1][:5], block[:, 1], torch.zeros(6)]) == [
+        None,
+        None,
+        None,
+    ]  # part, column, other
     wide = torch.zeros(4, 7)
-    assert row_of(wide[:, :6][1], wide[:, :6]) is None  # a view (not contiguous) is no block
-    assert row_of(block.view(2, 12)[1], block.view(2, 12)) is None  # nor is any other view
+    assert rows_in(wide[:, :6], [wide[:, :6][1]]) == [None]  # a view (not contiguous) is no block
+    assert rows_in(block.view(2, 12), [block.view(2, 12)[1]]) == [None]  # nor is any other view
     assert block_rows([block[3], block[1], block[3]]) == (block, [3, 1, 3])
     assert block_rows([block[3], torch.zeros(6)]) is None
     assert block_rows([block.double()[0]]) is None  # not fp32
