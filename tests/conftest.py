@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,23 @@ torch.set_num_threads(int(os.environ.get("PRISM_TEST_THREADS", "1")))
 # count; this profile only removes the clock.
 settings.register_profile("prism", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("prism")
+
+# ---- a module's own files, gone when its tests are done ----
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Path]:
+    """A folder for a module's fixtures (its own model, projector, config) that is removed when the
+    module's last test is done. tmp_path_factory's folders live to the end of the session: a dozen
+    modules' ~50-140 MB models kept ~1.5 GB on disk to the last test, and a CI machine with little
+    free disk ran out mid-suite (ENOSPC in tests/serve, 2026-12-05). What fails stays readable in
+    the failing test's own tmp_path (kept by tmp_path_retention_policy = "failed")."""
+    root = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
 
 # ---- generated models: one file per distinct key per session ----
 

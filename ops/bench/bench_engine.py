@@ -994,6 +994,15 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention's queries stored in bf16 by the prep (every bf16-dot
     # kernel rounds them so anyway; no q16 staging): the same bits
     "tc64inv-qbf16": _tc64inv(set={"engine.kernels.forest_attention.QUERIES_BF16": True}),
+    # sessions 21 and 22's same-bits prefill candidates together (zeroed dead rows only, bf16
+    # queries, the gated norm in tiles of 16 heads): what flipping all three would give
+    "tc64inv-prefill22": _tc64inv(
+        set={
+            "engine.kernels.forest_attention.ZERO_DEAD_ROWS_ONLY": True,
+            "engine.kernels.forest_attention.QUERIES_BF16": True,
+            "engine.kernels.decode_quant.GATED_FORM": "blocks",
+        }
+    ),
     # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
     # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
     # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits

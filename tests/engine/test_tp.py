@@ -114,7 +114,7 @@ def test_tensor_parallel_refuses_the_float_paths(q8_model: Path) -> None:
 
 
 @pytest.mark.slow
-def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_four_gloo_ranks_equal_two_and_one(tmp_path: Path) -> None:
     """4-way tensor parallelism on CPU (a tiny model with heads that split 4 ways): 1 = 4 ranks.
 
     1 = 2 ranks is test_two_ranks_decide_the_bits_of_one_process (with thoughts and the cache);
@@ -126,7 +126,7 @@ def test_four_gloo_ranks_equal_two_and_one(tmp_path_factory: pytest.TempPathFact
     dims = dims_config(
         "tiny", linear_num_key_heads=4, linear_num_value_heads=8, num_attention_heads=8, num_kv_heads=4
     )
-    path = make_model(tmp_path_factory.mktemp("tp4") / "tiny4-q8.gguf", "Q8_0", dims, 3, False, 4)
+    path = make_model(tmp_path / "tiny4-q8.gguf", "Q8_0", dims, 3, False, 4)
     requests = _requests(seed=5)[:12]
     bits = {}
     for tp in (1, 4):

@@ -98,9 +98,9 @@ def hf_vl(vision_weights):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory, vision_weights) -> Path:
+def model_dir(module_tmp_path: Path, vision_weights) -> Path:
     """A tiny F32 model with its projector beside it, named as llama.cpp names them."""
-    root = tmp_path_factory.mktemp("vision_model")
+    root = module_tmp_path
     make_model(root / "tiny-F32.gguf", "F32", "tiny", SEED)
     write_mmproj(root / "mmproj-tiny-F32.gguf", vision_weights)
     return root

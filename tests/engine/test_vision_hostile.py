@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image, ImageFile
@@ -24,8 +25,8 @@ QUESTIONS = {"q": {"type": "noul", "instructions": "Is the service down?"}}
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    root = tmp_path_factory.mktemp("vision_hostile")
+def engine(module_tmp_path: Path) -> Engine:
+    root = module_tmp_path
     model = make_model(root / "tiny.gguf", "F32", "tiny", 0)
     make_mmproj(root / "mmproj-tiny.gguf", DIMS["tiny"], 0)
     return Engine.load(model, precision="fp32", decision_config=DecisionConfig(gate=0.0))

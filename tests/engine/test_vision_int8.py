@@ -36,8 +36,8 @@ def _req(event_id: str, state: str, images: list[bytes], seed: int = 0) -> Decid
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    root = tmp_path_factory.mktemp("vision_int8")
+def engine(module_tmp_path: Path) -> Engine:
+    root = module_tmp_path
     model = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny", 0, outliers=4)
     make_mmproj(root / "mmproj-tiny.gguf", DIMS["tiny"], 0)
     return Engine.load(

@@ -41,8 +41,8 @@ GATE, BUDGET = 0.0, 3
 
 
 @pytest.fixture(scope="module")
-def vision_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("pipeline-vision")
+def vision_files(module_tmp_path: Path) -> tuple[Path, Path]:
+    root = module_tmp_path
     model = make_model(root / "tiny-q8_0.gguf", "Q8_0", "tiny", 0)
     # not named mmproj-*: the worker must take it from --mmproj, not find it
     return model, make_mmproj(root / "projector.gguf", DIMS["tiny"], 0)

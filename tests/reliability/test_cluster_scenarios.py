@@ -14,6 +14,7 @@ own topics and group. Numbers of full runs are in ops/bench/RESULTS.md.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +28,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=3)
+def cluster(module_tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(module_tmp_path, nodes=3)
     c.start()
     try:
         yield c

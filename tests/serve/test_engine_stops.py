@@ -24,8 +24,8 @@ QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": CRITERI
 
 
 @pytest.fixture(scope="module")
-def int8_engine(tmp_path_factory: pytest.TempPathFactory, gguf_model: Callable[..., Path]) -> Engine:
-    root = tmp_path_factory.mktemp("stops_model")  # the session's model, beside a config of its own
+def int8_engine(module_tmp_path: Path, gguf_model: Callable[..., Path]) -> Engine:
+    root = module_tmp_path  # the session's model, beside a config of its own
     path = Path(shutil.copyfile(gguf_model("Q8_0", "tiny"), root / "tiny-Q8_0.gguf"))
     (root / "decision_config.json").write_text(json.dumps({"thought_budget": 12}))
     return Engine.load(path, precision="int8")

@@ -26,8 +26,8 @@ QUESTIONS = {
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("serve_vision")
+def model_path(module_tmp_path: Path) -> Path:
+    root = module_tmp_path
     path = make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny")
     make_mmproj(root / "mmproj-tiny-F32.gguf", DIMS["tiny"], 0)
     (root / "decision_config.json").write_text(json.dumps({"thought_budget": 4}))

@@ -132,10 +132,10 @@ def test_split_read_attention_keeps_the_states_and_the_answers(
 
 
 @pytest.fixture(scope="module")
-def deltanet_last(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+def deltanet_last(module_tmp_path: Path) -> Engine:
     """A tiny int8 model of 5 layers: 3 DeltaNet, 1 attention, and a DeltaNet layer last."""
     config = dims_config("tiny", num_layers=5)
-    path = make_model(Path(tmp_path_factory.mktemp("gdn_last")) / "m.gguf", "Q8_0", config, 2, False, 4)
+    path = make_model(module_tmp_path / "m.gguf", "Q8_0", config, 2, False, 4)
     return Engine.load(path, device=DEVICE, precision="int8", cache_bytes=0, body=False)
 
 

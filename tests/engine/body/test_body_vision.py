@@ -33,8 +33,8 @@ def _req(event_id: str, state: str, images: list[bytes]) -> DecideRequest:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("body_vision")
+def model(module_tmp_path: Path) -> Path:
+    root = module_tmp_path
     make_mmproj(root / "mmproj-tiny.gguf", DIMS["tiny"], 0)
     return make_model(root / "tiny-Q8_0.gguf", "Q8_0", "tiny", 0, outliers=4)
 
