@@ -47,7 +47,7 @@ import importlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -394,7 +394,10 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     show(f"e_profile_{sequences}_load_ms", 1e3 * (time.perf_counter() - t0) / 16)
     seqs = [eager.start(st, 24) for st in out.states]
     eager.step(seqs, tokens)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with (
+        gemm_ranges() as weights_seen,
+        profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+    ):
         for _ in range(4):
             eager.step(seqs, tokens)
         sync()
@@ -402,9 +405,61 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     table = events.table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60)
     show(f"e_profile_{sequences}_gpu_busy_ms_per_step", sum(e.self_device_time_total for e in events) / 4e3)
     print(table, flush=True)
+    # each GEMM shape's GPU time inside the real step (its range's kernels), its weight's bytes
+    # over that time, and the weight's layout: what bench_cutlass.py's cold, fresh weights give
+    # for the same shape is the comparison
+    for e in sorted(events, key=lambda e: e.key):
+        if e.key.startswith("gemm "):
+            us = e.device_time_total / e.count
+            n, k = weights_seen[e.key]["n"], weights_seen[e.key]["k"]
+            show(
+                f"e_profile_{sequences}_{e.key.replace(' ', '_')}",
+                {"us": round(us, 2), "calls_per_step": e.count / 4, "tb_per_s": round(n * k / us / 1e6, 3)}
+                | weights_seen[e.key],
+            )
     if path:
         with open(f"{path}.{sequences}.txt", "w") as f:
             f.write(table)
+
+
+@contextlib.contextmanager
+def gemm_ranges() -> Iterator[dict[str, dict]]:
+    """While open, every `engine.kernels.int8_gemm` / `int8_gemm_swiglu_quantize` call runs inside
+    a profiler range named by its shape ("gemm M=.. N=.. K=.." and "+res" / "swiglu+quant"), so
+    a profile charges each shape its kernels' GPU time; yields {range: the weight's layout}."""
+    from engine import kernels
+
+    seen: dict[str, dict] = {}
+    saved = {name: getattr(kernels, name) for name in ("int8_gemm", "int8_gemm_swiglu_quantize")}
+
+    def ranged(name: str, fn: Callable) -> Callable:
+        def call(a: torch.Tensor, w: torch.Tensor, *rest: object, **kw: object) -> object:
+            extra = "+res" if name == "int8_gemm" and len(rest) > 2 and rest[2] is not None else ""
+            key = f"gemm M={a.shape[0]} N={w.shape[0]} K={w.shape[1]}{extra}" + (
+                " swiglu+quant" if name != "int8_gemm" else ""
+            )
+            seen.setdefault(
+                key,
+                {
+                    "n": w.shape[0],
+                    "k": w.shape[1],
+                    "contiguous": w.is_contiguous(),
+                    "stride": list(w.stride()),
+                    "ptr_mod_256": w.data_ptr() % 256,
+                },
+            )
+            with torch.profiler.record_function(key):
+                return fn(a, w, *rest, **kw)
+
+        return call
+
+    for name, fn in saved.items():
+        setattr(kernels, name, ranged(name, fn))
+    try:
+        yield seen
+    finally:
+        for name, fn in saved.items():
+            setattr(kernels, name, fn)
 
 
 # (f) a thinking request end to end, as engine.stages.Stages._decide_stages / _think run it on CUDA int8:
