@@ -1104,12 +1104,20 @@ VARIANTS: dict[str, dict | None] = {
 
 
 def variant_settings(args: argparse.Namespace) -> list[tuple[str, dict | None]]:
+    """(label, settings) per run. A name may repeat: its later runs are labelled "name#2", ...
+    Why: in one process the runs after the first were ~0.5 ms slower at (a) and (b) whatever they
+    changed (session 23, H100), so a list that ends with the default again ("tc64inv,X,tc64inv")
+    brackets that drift and a variant is read against both of the default's runs."""
     if args.variants:
         names = args.variants.split(",")
         unknown = [n for n in names if n not in VARIANTS]
         if unknown:
             raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-        return [(n, VARIANTS[n]) for n in names]
+        runs: list[tuple[str, dict | None]] = []
+        for i, n in enumerate(names):
+            repeat = names[: i + 1].count(n)
+            runs.append((n if repeat == 1 else f"{n}#{repeat}", VARIANTS[n]))
+        return runs
     if args.levels:
         return [("levels", None)]
     settings = {"gdn_chunk": args.gdn_chunk, "gdn_dots": args.gdn_dots, "attention_dots": args.attention_dots}

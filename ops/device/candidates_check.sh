@@ -8,6 +8,7 @@
 #   STAGE=tests   bash ops/device/candidates_check.sh  # CUDA bit tests of the candidates alone (~3 min)
 #   STAGE=session bash ops/device/candidates_check.sh  # the engine's variants, then the whole CUDA set (~9 min)
 #   STAGE=rows    bash ops/device/candidates_check.sh  # the row kernels' candidates at 256 / 8,192 rows (~1 min)
+#   STAGE=gemm64  bash ops/device/candidates_check.sh  # decode GEMMs by shape in the step vs alone (~4 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -86,6 +87,18 @@ rows)
         --budget-s 200 --out "$OUT/rows-gated.json" > "$OUT/rows-gated.log" 2>&1
     tail -30 "$OUT/rows-gated.log"
     ;;
+gemm64)
+    # session 23's open question: the 64-sequence decode step's GEMMs take 10.8 ms (H100 profile)
+    # where bench_cutlass's cold-weight sums for the same configs say ~7.4. The step profile now
+    # charges each GEMM shape its time inside the real step (`e_profile_64_gemm_M=64_N=.._K=..`,
+    # with its weight's TB/s and layout); bench_cutlass --m 64 gives the same shapes alone.
+    timeout 300 python3 ops/bench/bench_engine.py --shape 27B --decode-only --variants tc64inv \
+        --decode-profile "$OUT/decprof" --json "$OUT/decode-gemms.json" > "$OUT/decode-gemms.log" 2>&1
+    grep -E "^(e_decode|e_profile_(1|64)_(graph_step|gpu_busy|gemm))" "$OUT/decode-gemms.log" | cut -c1-260
+    timeout 200 python3 ops/bench/bench_cutlass.py --m 64 --json "$OUT/cutlass64.json" \
+        > "$OUT/cutlass64.log" 2>&1
+    tail -30 "$OUT/cutlass64.log" | cut -c1-250
+    ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
         -k "27b_tiers_beside or swiglu or invert or settings_match_reference or top_k" \
@@ -95,5 +108,5 @@ tests)
         tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
         tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
     ;;
-*) echo "STAGE must be engine, decode, kernels, rows, tests or session"; exit 2 ;;
+*) echo "STAGE must be engine, decode, kernels, rows, gemm64, tests or session"; exit 2 ;;
 esac

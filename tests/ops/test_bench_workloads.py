@@ -79,3 +79,44 @@ def test_the_bench_runs_the_readme_workload_as_one_forest() -> None:
     lengths = [len(segment.tokens) for segment in forest.segments]
     assert lengths == [bench_engine.README_EVIDENCE_TOKENS, *bench_engine.README_QUESTION_TOKENS]
     assert forest.parents.tolist() == [-1, 0, 0, 0] and len(forest.read_segments) == 3
+
+
+def test_a_repeated_variant_runs_again_under_its_own_label() -> None:
+    """ "tc64inv,tc64inv-qbf16,tc64inv" brackets the in-process drift: three runs, the last one
+    labelled apart (results are keyed by label, so it must not overwrite the first)."""
+    import argparse
+
+    args = argparse.Namespace(variants="tc64inv,tc64inv-qbf16,tc64inv,tc64inv")
+    runs = bench_engine.variant_settings(args)
+    assert [label for label, _ in runs] == ["tc64inv", "tc64inv-qbf16", "tc64inv#2", "tc64inv#3"]
+    assert runs[2][1] == runs[0][1] == bench_engine.VARIANTS["tc64inv"]
+    with pytest.raises(SystemExit, match="unknown variants"):
+        bench_engine.variant_settings(argparse.Namespace(variants="tc64inv,nope"))
+
+
+def test_gemm_ranges_name_each_gemm_by_its_shape_and_put_the_kernels_back() -> None:
+    """The decode profile's per-shape GEMM ranges: a call inside is recorded under its shape (and
+    "+res" where a residual is added), its weight's layout noted; outside, the kernels are the
+    module's own functions again and the result is the plain call's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import kernels
+
+    before = kernels.int8_gemm
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (4, 64), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=g)
+    scales = torch.rand(4, generator=g) + 0.5, torch.rand(32, generator=g) + 0.5
+    residual = torch.randn(4, 32, generator=g)
+    with bench_engine.gemm_ranges() as seen, profile(activities=[ProfilerActivity.CPU]) as prof:
+        inside = kernels.int8_gemm(a, w, *scales, residual)
+        kernels.int8_gemm(a, w[:16], *scales[:1], scales[1][:16])
+    assert kernels.int8_gemm is before
+    assert torch.equal(inside, before(a, w, *scales, residual))
+    assert set(seen) == {"gemm M=4 N=32 K=64+res", "gemm M=4 N=16 K=64"}
+    assert seen["gemm M=4 N=32 K=64+res"] | {"ptr_mod_256": 0} == {
+        "n": 32, "k": 64, "contiguous": True, "stride": [64, 1], "ptr_mod_256": 0,
+    }  # fmt: skip
+    ranges = {e.key: e.count for e in prof.key_averages() if e.key.startswith("gemm ")}
+    assert ranges == {"gemm M=4 N=32 K=64+res": 1, "gemm M=4 N=16 K=64": 1}
