@@ -410,12 +410,11 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     # for the same shape is the comparison
     for e in sorted(events, key=lambda e: e.key):
         if e.key.startswith("gemm "):
-            us = e.device_time_total / e.count
-            n, k = weights_seen[e.key]["n"], weights_seen[e.key]["k"]
+            us, weight = e.device_time_total / e.count, weights_seen[e.key]
+            rate = round(weight["n"] * weight["k"] / us / 1e6, 3)  # weight bytes per us -> TB/s
             show(
                 f"e_profile_{sequences}_{e.key.replace(' ', '_')}",
-                {"us": round(us, 2), "calls_per_step": e.count / 4, "tb_per_s": round(n * k / us / 1e6, 3)}
-                | weights_seen[e.key],
+                {"us": round(us, 2), "calls_per_step": e.count / 4, "tb_per_s": rate} | weight,
             )
     if path:
         with open(f"{path}.{sequences}.txt", "w") as f:
@@ -424,30 +423,27 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
 
 @contextlib.contextmanager
 def gemm_ranges() -> Iterator[dict[str, dict]]:
-    """While open, every `engine.kernels.int8_gemm` / `int8_gemm_swiglu_quantize` call runs inside
-    a profiler range named by its shape ("gemm M=.. N=.. K=.." and "+res" / "swiglu+quant"), so
-    a profile charges each shape its kernels' GPU time; yields {range: the weight's layout}."""
+    """While open, every call of the engine's GEMM entry points (`engine.kernels.int8_gemm`,
+    `int8_gemm_swiglu`, `int8_gemm_swiglu_quantize`: every int8 linear a pass or step launches)
+    runs inside a profiler range named by its shape ("gemm M=.. N=.. K=..", then "+res" where a
+    residual is added, " swiglu" / " swiglu+quant" for the MLP's fused forms), so a profile
+    charges each shape its kernels' GPU time; yields {range: the weight's layout}."""
     from engine import kernels
 
+    suffixes = {"int8_gemm": "", "int8_gemm_swiglu": " swiglu", "int8_gemm_swiglu_quantize": " swiglu+quant"}
+    saved = {name: getattr(kernels, name) for name in suffixes}
     seen: dict[str, dict] = {}
-    saved = {name: getattr(kernels, name) for name in ("int8_gemm", "int8_gemm_swiglu_quantize")}
 
     def ranged(name: str, fn: Callable) -> Callable:
         def call(a: torch.Tensor, w: torch.Tensor, *rest: object, **kw: object) -> object:
-            extra = "+res" if name == "int8_gemm" and len(rest) > 2 and rest[2] is not None else ""
-            key = f"gemm M={a.shape[0]} N={w.shape[0]} K={w.shape[1]}{extra}" + (
-                " swiglu+quant" if name != "int8_gemm" else ""
-            )
-            seen.setdefault(
-                key,
-                {
-                    "n": w.shape[0],
-                    "k": w.shape[1],
-                    "contiguous": w.is_contiguous(),
-                    "stride": list(w.stride()),
-                    "ptr_mod_256": w.data_ptr() % 256,
-                },
-            )
+            res = "+res" if name == "int8_gemm" and len(rest) > 2 and rest[2] is not None else ""
+            key = f"gemm M={a.shape[0]} N={w.shape[0]} K={w.shape[1]}{res}{suffixes[name]}"
+            layout = {
+                "contiguous": w.is_contiguous(),
+                "stride": list(w.stride()),
+                "ptr_mod_256": w.data_ptr() % 256,
+            }
+            seen.setdefault(key, {"n": w.shape[0], "k": w.shape[1]} | layout)
             with torch.profiler.record_function(key):
                 return fn(a, w, *rest, **kw)
 

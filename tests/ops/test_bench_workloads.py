@@ -103,7 +103,7 @@ def test_gemm_ranges_name_each_gemm_by_its_shape_and_put_the_kernels_back() -> N
 
     from engine import kernels
 
-    before = kernels.int8_gemm
+    before, before_swiglu = kernels.int8_gemm, kernels.int8_gemm_swiglu
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (4, 64), dtype=torch.int8, generator=g)
     w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=g)
@@ -112,7 +112,7 @@ def test_gemm_ranges_name_each_gemm_by_its_shape_and_put_the_kernels_back() -> N
     with bench_engine.gemm_ranges() as seen, profile(activities=[ProfilerActivity.CPU]) as prof:
         inside = kernels.int8_gemm(a, w, *scales, residual)
         kernels.int8_gemm(a, w[:16], *scales[:1], scales[1][:16])
-    assert kernels.int8_gemm is before
+    assert kernels.int8_gemm is before and kernels.int8_gemm_swiglu is before_swiglu
     assert torch.equal(inside, before(a, w, *scales, residual))
     assert set(seen) == {"gemm M=4 N=32 K=64+res", "gemm M=4 N=16 K=64"}
     assert seen["gemm M=4 N=32 K=64+res"] | {"ptr_mod_256": 0} == {
