@@ -1339,15 +1339,6 @@ TC_INVERT_SPLIT_MIN_ROWS = 0
 # the split form's warps: (scores, inverse, w and u); prep_warps, when given, replaces the first
 # (why 4 each: `_invert_split`)
 TC_INVERT_SPLIT_WARPS = (4, 4, 4)
-# A register cap for the fused invert kernel's compiled build (ptxas `maxnreg`; None: its own
-# choice). Why it may pay: at the 27B heads the bf16 build holds 235 registers a thread on
-# 4 warps, so two programs share an SM; each program is a chain of ~16 dependent tensor-core
-# products between its loads and stores, and with 8 warps an SM the loads of one program do
-# not hide the other's chain (the prep streams ~800 MB a layer at 8k at ~1.3-1.7 TB/s, a third
-# of the bandwidth). At 168 three programs fit (triton 3.6, sm_90: 320 B a thread spilled to
-# local memory, which L1 serves). The same instructions in the same order, only other
-# registers: the same bits (a CUDA test compares every prep tensor with and without a cap).
-TC_INVERT_MAXNREG: int | None = None
 # The invert kernel's compiled build for heads whose sizes are not multiples of 64 (w and u in
 # 16-column blocks: the tiny test heads) faulted with an illegal address on the H200
 # (2026-12-02, bf16, dk = dv = 16; the 27B heads, 64-column blocks, ran and matched the blocks
@@ -1681,8 +1672,6 @@ def _tc_prep(
         return prep
     else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
         launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
-        if TC_INVERT_MAXNREG is not None:
-            extra["maxnreg"] = TC_INVERT_MAXNREG
     launch(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
         prep.w, prep.u, prep.qg if store_q else prep.w, prep.kd if store_k else prep.w, prep.scores, prep.gam,

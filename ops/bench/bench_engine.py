@@ -1087,11 +1087,6 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the GDN prep's invert form in three kernels (scores and A, the
     # inverse, w and u: `forest_gdn.TC_INVERT_SPLIT`, "invert_split"): the same bits
     "tc64inv-invertsplit": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True}),
-    # the CUDA default with the fused GDN invert prep under a ptxas register cap
-    # (`forest_gdn.TC_INVERT_MAXNREG`: 235 registers uncapped, two programs an SM; three at 168,
-    # four at 128, with spills): the same bits
-    "tc64inv-invreg168": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_MAXNREG": 168}),
-    "tc64inv-invreg128": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_MAXNREG": 128}),
     # the CUDA default with the sampler's top-k numbers made inside the decode step's graph
     # (`decoder.TOP_K_IN_STEP`): the same tokens
     "tc64inv-steptopk": _tc64inv(set={"engine.run.decoder.TOP_K_IN_STEP": True}),

@@ -38,12 +38,10 @@ kernel (stored decays, the memset), "inv3 wu8" with its w, u kernel on 8 warps
 (`TC_INVERT_SPLIT_WARPS`, set for that row only). The third closing table puts them beside the
 fused row: prep alone and the layer in ms, whether every tensor of the prep is the fused
 prep's bits (made once more outside the timing, all rows live here), and whether the layer's
-outputs and final states are the fused row's bits. The same table holds the fused kernel under a
-ptxas register cap ("inv r168", "inv r128": `TC_INVERT_MAXNREG`, three or four programs an SM
-instead of two). Only those rows (and token, the reference):
+outputs and final states are the fused row's bits. Only those rows (and token, the reference):
 
     PYTHONPATH=. python3 ops/bench/bench_gdn.py --no-fla \
-        --paths "split bf16 inv,split bf16 inv3,split bf16 inv r168,split bf16 inv r128"
+        --paths "split bf16 inv,split bf16 inv3,split bf16 inv3 wu8"
 """
 
 # Every closure below is timed inside the loop iteration that made it, so late binding is moot.
@@ -94,14 +92,11 @@ BREAKDOWN = (
     "split bf16 inv rcq",
     "split bf16 inv3",
     "split bf16 inv3 wu8",
-    "split bf16 inv r168",
-    "split bf16 inv r128",
 )
 OLD, NEW = "blocks", "invert"  # the prep forms compared in the closing table
 DECAYED = ("split bf16 inv", "split bf16 inv rc", "split bf16 inv rcq")  # old, new, half: second table
 OLD_BUILD = "inv old build"  # --old-module: the kernels before TC_DECAYED_FORMS, the old way
-# the invert prep's same-bits variants, against DECAYED[0] (the fused kernel): third table
-SPLIT = ("split bf16 inv3", "split bf16 inv3 wu8", "split bf16 inv r168", "split bf16 inv r128")
+SPLIT = ("split bf16 inv3", "split bf16 inv3 wu8")  # "invert_split", against DECAYED[0]: third table
 # path: (chunk, dots, prep options); "split bf16" is what forest_gdn_prep(chunk=64) did by default
 # when the "invert" form was written (the prep form and the decayed form are named, so the rows
 # keep their meaning). "memset": the layer zeroes `o` first (the body before the outputs launch
@@ -126,42 +121,26 @@ PATHS = {
     "split BV32 s3": (TC_CHUNK, "bf16", dict(STORED, walk_stages=3)),
     "split tf32": (TC_CHUNK, "tf32", dict(STORED, prep_form=OLD)),
     "split tf32 inv": (TC_CHUNK, "tf32", dict(STORED, prep_form=NEW)),
-    # the invert prep in three kernels; "settings": forest_gdn's module settings for the row
+    # the invert prep in three kernels ("split_warps": TC_INVERT_SPLIT_WARPS for the row)
     "split bf16 inv3": (TC_CHUNK, "bf16", dict(STORED, prep_form="invert_split")),
-    "split bf16 inv3 wu8": (
-        TC_CHUNK,
-        "bf16",
-        dict(STORED, prep_form="invert_split", settings={"TC_INVERT_SPLIT_WARPS": (4, 4, 8)}),
-    ),
-    # the fused invert kernel under a ptxas register cap (TC_INVERT_MAXNREG): 3 / 4 programs an SM
-    **{
-        f"split bf16 inv r{cap}": (
-            TC_CHUNK,
-            "bf16",
-            dict(STORED, prep_form=NEW, settings={"TC_INVERT_MAXNREG": cap}),
-        )
-        for cap in (168, 128)
-    },
+    "split bf16 inv3 wu8": (TC_CHUNK, "bf16", dict(STORED, prep_form="invert_split", split_warps=(4, 4, 8))),
 }
 PREP_TENSORS = ("w", "u", "qg", "kd", "scores", "gam", "q_norm", "k_norm", "gam_last")
 
 
-def with_settings(fn: Callable[[], object], settings: dict[str, object] | None) -> Callable[[], None]:
-    """fn with `forest_gdn`'s module settings (name: value, e.g. TC_INVERT_SPLIT_WARPS) set while
-    it runs (None: as they are); the launches read them when made, so a graph captured inside
-    keeps them."""
-    if not settings:
+def split_warps(fn: Callable[[], object], warps: tuple[int, int, int] | None) -> Callable[[], None]:
+    """fn with `forest_gdn.TC_INVERT_SPLIT_WARPS` set to `warps` while it runs (None: as it is);
+    the launches read it when made, so a graph captured inside keeps those warps."""
+    if warps is None:
         return fn
 
     def run() -> None:
-        before = {name: getattr(forest_gdn_module, name) for name in settings}
-        for name, value in settings.items():
-            setattr(forest_gdn_module, name, value)
+        before = forest_gdn_module.TC_INVERT_SPLIT_WARPS
+        forest_gdn_module.TC_INVERT_SPLIT_WARPS = warps
         try:
             fn()
         finally:
-            for name, value in before.items():
-                setattr(forest_gdn_module, name, value)
+            forest_gdn_module.TC_INVERT_SPLIT_WARPS = before
 
     return run
 
@@ -289,13 +268,12 @@ def decayed_table(results: list[dict]) -> None:
 
 
 def split_table(results: list[dict]) -> None:
-    """The invert prep's same-bits variants beside the fused kernel (bf16 split walk, stored
-    decays): in three kernels, and the fused kernel under register caps. Prep alone and the
-    layer in ms, and whether the prep's tensors and the layer's outputs and final states are the
-    fused row's bits."""
+    """The invert prep fused and in three kernels side by side (bf16 split walk, stored decays):
+    prep alone and the layer in ms, and whether the prep's tensors and the layer's outputs and
+    final states are the fused row's bits."""
     got = {(r["forest"], r["path"]): r for r in results}
     fused = DECAYED[0]
-    print(f"\ninvert prep fused ({fused!r}) vs its variants; ms/layer; same bits as the fused row's")
+    print(f"\ninvert prep fused ({fused!r}) vs in three kernels; ms/layer; same bits as the fused row's")
     print(f"{'forest':<14} {'path':<20} {'prep':>8} {'layer':>8} {'prep bits':>10} {'layer bits':>10}")
     for name in FORESTS:
         for path in (fused, *SPLIT):
@@ -357,8 +335,8 @@ def main() -> None:
         ref_o = ref_state = None
         for path, (chunk, dots, options) in paths.items():
             out = torch.zeros(t, HV, DV, device=dev)
-            opts = {k: v for k, v in options.items() if k not in ("memset", "settings")}
-            settings = options.get("settings")
+            opts = {k: v for k, v in options.items() if k not in ("memset", "split_warps")}
+            warps = options.get("split_warps")
             memset = bool(options.get("memset"))
             prep_fn, gdn_fn, outputs_fn = builds["old" if path == OLD_BUILD else "new"]
             rows_kw = {} if memset else dict(rows=rows)  # the old build's outputs take no rows
@@ -378,7 +356,7 @@ def main() -> None:
                     )  # fmt: skip
                 outputs_fn(prep, segs, out, **rows_kw)
 
-            ms = timed(with_settings(layer, settings), args.reps)
+            ms = timed(split_warps(layer, warps), args.reps)
             o, state = out[live], base.clone()
             if ref_o is None:
                 ref_o, ref_state = o, state
@@ -400,7 +378,7 @@ def main() -> None:
                     args_ = (conv, b_raw, a_raw, ssm_a, dt, segs, qblocks)
                     made_prep.append(prep_fn(*args_, **heads, chunk=chunk, dots=dots, **opts))
 
-                with_settings(make, settings)()
+                split_warps(make, warps)()
                 fused = prep_fn(
                     conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, **heads, chunk=chunk, dots=dots,
                     **dict(opts, prep_form=NEW),
@@ -445,7 +423,7 @@ def main() -> None:
                     "outputs": lambda: outputs_fn(prep, segs, out, **rows_kw),
                 }
                 for part, fn in parts.items():
-                    ms = timed(with_settings(fn, settings), args.reps)
+                    ms = timed(split_warps(fn, warps), args.reps)
                     print(f"{name:<14} {'  ' + part:<18} {ms:>9.4f}", flush=True)
                     results.append(dict(forest=name, path=f"{path}: {part}", ms=ms))
         made.append((name, spec, t, levels, conv, b_raw, a_raw, ssm_a, dt, ref_o))

@@ -9,7 +9,6 @@
 #   STAGE=session bash ops/device/candidates_check.sh  # the engine's variants, then the whole CUDA set (~9 min)
 #   STAGE=rows    bash ops/device/candidates_check.sh  # the row kernels' candidates at 256 / 8,192 rows (~1 min)
 #   STAGE=gemm64  bash ops/device/candidates_check.sh  # decode GEMMs by shape in the step vs alone (~4 min)
-#   STAGE=prepcap bash ops/device/candidates_check.sh  # the GDN invert prep under register caps (~7 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -100,21 +99,6 @@ gemm64)
         > "$OUT/cutlass64.log" 2>&1
     tail -30 "$OUT/cutlass64.log" | cut -c1-250
     ;;
-prepcap)
-    # session 24: the fused GDN invert prep (235 registers, two programs an SM, ~1.3-1.7 TB/s)
-    # under ptxas caps of 168 / 128 (forest_gdn.TC_INVERT_MAXNREG): its bit test, the layer and
-    # prep alone by bench_gdn, then (c) in the engine bracketed by the default on both sides
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs -k "register_cap" \
-        $K/test_kernel_forest_gdn.py 2>&1 | tee "$OUT/pytest_prepcap.log" | tail -3
-    timeout 150 python3 ops/bench/bench_gdn.py --no-fla --reps 30 --out "$OUT/gdn-prepcap.json" \
-        --paths "split bf16 inv,split bf16 inv r168,split bf16 inv r128" > "$OUT/gdn-prepcap.log" 2>&1
-    tail -12 "$OUT/gdn-prepcap.log"
-    timeout 300 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-        --variants "tc64inv,tc64inv-invreg168,tc64inv-invreg128,tc64inv" \
-        --json "$OUT/engine-prepcap.json" > "$OUT/engine-prepcap.log" 2>&1
-    echo "bench rc=$?"
-    grep -E "^(---|a_one|b_readme|c_one|d_64)" "$OUT/engine-prepcap.log" | cut -c1-400
-    ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
         -k "27b_tiers_beside or swiglu or invert or settings_match_reference or top_k" \
@@ -124,5 +108,5 @@ tests)
         tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
         tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
     ;;
-*) echo "STAGE must be engine, decode, kernels, rows, gemm64, prepcap, tests or session"; exit 2 ;;
+*) echo "STAGE must be engine, decode, kernels, rows, gemm64, tests or session"; exit 2 ;;
 esac

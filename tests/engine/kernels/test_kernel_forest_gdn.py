@@ -1019,31 +1019,6 @@ def test_tc_invert_split_equals_the_fused_invert(
         assert fused.w[live].abs().max() > 0
 
 
-@pytest.mark.parametrize("cap", [168, 128])
-def test_tc_invert_register_cap_keeps_the_bits(
-    cap: int, dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """TC_INVERT_MAXNREG (a ptxas register cap for the fused invert kernel) changes where
-    values live, not which operations run: every tensor of the prep is the uncapped build's,
-    bit for bit, NaN where neither wrote (a root and its child with partial chunks, padding
-    rows). On CUDA at the 27B heads (the compiled builds: 235 registers uncapped, spills under
-    the caps); on the CPU the interpreter takes the setting and ignores it."""
-    hqk, hv, dk, dv = heads = TC_HEADS["27B" if dev.type == "cuda" else "tiny"]
-    inputs, segs, _, _ = _two_levels(dev, gen, heads)
-    monkeypatch.setattr(forest_gdn_module, "torch", _NanEmpty())
-    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots="bf16")
-    preps = []
-    for setting in (None, cap):
-        monkeypatch.setattr(forest_gdn_module, "TC_INVERT_MAXNREG", setting)
-        prep = forest_gdn_prep(*inputs, segs, _qblocks(segs), **kw, prep_form="invert", decayed="stored")
-        preps.append(prep)
-    free, capped = preps
-    assert capped.prep_form == "invert"
-    for name in PREP_FIELDS:
-        assert torch.equal(_bits(getattr(capped, name)), _bits(getattr(free, name))), name
-    assert free.w.nan_to_num().abs().max() > 0
-
-
 def test_tc_invert_split_setting_runs_the_split_form(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
