@@ -197,6 +197,12 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     CutlassConfig(64, 64, 128, "pingpong"),
     CutlassConfig(64, 96, 128, "pingpong"),
     CutlassConfig(64, 64, 256, "pingpong"),
+    # Narrower 64-row tiles for the decoder's narrow outputs (session 24): at M 64 a 5,120-wide
+    # output (the GDN and attention output projections, MLP down) is 80 tiles of 64x64 for 132 SMs,
+    # and in the H100's 64-sequence step those linears read their weights at 1.7 (K 6,144) and
+    # 2.4 TB/s (K 17,408) against 2.5-2.9 for the wide ones; 64x40 makes 128 tiles, 64x32 160
+    CutlassConfig(64, 40, 256, "pingpong"),
+    CutlassConfig(64, 32, 256, "pingpong"),
     # The tile order at large M (session 15): swizzles and rasters for the 8,192-row GEMMs
     # (128x128 unclustered in swizzles of 8 kept: SWIZZLED_TILE; the swizzled clusters and the
     # 128x256 tiles lost)

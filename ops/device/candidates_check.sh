@@ -9,6 +9,7 @@
 #   STAGE=session bash ops/device/candidates_check.sh  # the engine's variants, then the whole CUDA set (~9 min)
 #   STAGE=rows    bash ops/device/candidates_check.sh  # the row kernels' candidates at 256 / 8,192 rows (~1 min)
 #   STAGE=gemm64  bash ops/device/candidates_check.sh  # decode GEMMs by shape in the step vs alone (~4 min)
+#   STAGE=narrow64 bash ops/device/candidates_check.sh # 64x40 / 64x32 tiles for the decoder's narrow outputs (~2 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -99,6 +100,15 @@ gemm64)
         > "$OUT/cutlass64.log" 2>&1
     tail -30 "$OUT/cutlass64.log" | cut -c1-250
     ;;
+narrow64)
+    # session 24: at M 64 the 5,120-wide outputs make 80 tiles of 64x64 for 132 SMs and read their
+    # weights at 1.7-2.4 TB/s in the H100's step; 64x40 (128 tiles) and 64x32 (160) beside 64x64.
+    # The candidates' library: python ops/build_cutlass.py --candidates --configs p64x64x256,p64x40x256,p64x32x256
+    timeout 300 python3 ops/bench/bench_cutlass.py --candidates --configs p64x64x256,p64x40x256,p64x32x256 \
+        --m 64,32 --json "$OUT/cutlass-narrow64.json" > "$OUT/cutlass-narrow64.log" 2>&1
+    echo "bench rc=$?"
+    tail -16 "$OUT/cutlass-narrow64.log" | cut -c1-300
+    ;;
 tests)
     timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --confcutdir=$K \
         -k "27b_tiers_beside or swiglu or invert or settings_match_reference or top_k" \
@@ -108,5 +118,5 @@ tests)
         tests/engine/body/test_host_tables.py tests/engine/test_readout.py $K/test_kernel_vocab_mass.py \
         tests/engine/test_batch_sampling.py 2>&1 | tee "$OUT/pytest_host.log" | tail -4
     ;;
-*) echo "STAGE must be engine, decode, kernels, rows, gemm64, tests or session"; exit 2 ;;
+*) echo "STAGE must be engine, decode, kernels, rows, gemm64, narrow64, tests or session"; exit 2 ;;
 esac
