@@ -200,7 +200,9 @@ CANDIDATES: tuple[CutlassConfig, ...] = (
     # Narrower 64-row tiles for the decoder's narrow outputs (session 24): at M 64 a 5,120-wide
     # output (the GDN and attention output projections, MLP down) is 80 tiles of 64x64 for 132 SMs,
     # and in the H100's 64-sequence step those linears read their weights at 1.7 (K 6,144) and
-    # 2.4 TB/s (K 17,408) against 2.5-2.9 for the wide ones; 64x40 makes 128 tiles, 64x32 160
+    # 2.4 TB/s (K 17,408) against 2.5-2.9 for the wide ones; 64x40 makes 128 tiles, 64x32 160.
+    # Both lost alone on that H100 (M 64, us: out 15.0 / 16.5 / 18.2 for 64x64 / 64x40 / 64x32,
+    # down 35.8 / 37.2 / 45.6): more CTAs, each with less to stream, did not read faster
     CutlassConfig(64, 40, 256, "pingpong"),
     CutlassConfig(64, 32, 256, "pingpong"),
     # The tile order at large M (session 15): swizzles and rasters for the 8,192-row GEMMs
@@ -256,19 +258,21 @@ def candidates(names: str | None = None) -> tuple[CutlassConfig, ...]:
     return tuple(c for c in CANDIDATES if c.name in wanted)
 
 
-# (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 32,
+# (largest M, config name or None): None keeps the Triton kernel for that M (decode's M <= 16,
 # where the Triton GEMV and split tiles stream the weight faster: 7.02 ms a 27B step at M = 16
-# against 8.58 for the best 64-row tile). At M 33-64 (the decoder's 64-sequence bucket) 64x64
-# tiles with 256-deep K steps stream the weight better than Triton's tiles and stream K: 7.42
-# against 8.24 ms a step at M = 64 (bench_cutlass.py --candidates, H200, 2026-12-04 session 14;
-# MLP down 34.0 -> 27.4 us, GDN/attention out 14.6 -> 12.3; 64x128 tiles 8.22, 128x64 12.81).
+# against 8.58 for the best 64-row tile). At M 17-64 (the decoder's 32- and 64-sequence buckets)
+# 64x64 tiles with 256-deep K steps stream the weight better than Triton's tiles and stream K:
+# 7.42 against 8.24 ms a step at M = 64 (bench_cutlass.py --candidates, H200, 2026-12-04 session
+# 14; MLP down 34.0 -> 27.4 us, GDN/attention out 14.6 -> 12.3; 64x128 tiles 8.22, 128x64 12.81)
+# and 10.20 against 11.87 at M = 32 (H100, 2026-12-06 session 24: MLP down 51.3 -> 40.7 us,
+# GDN/attention out 22.1 -> 16.0, gate+up 74.6 -> 69.4; Triton kept M <= 32 until then).
 # Any entry gives the same bits. 27B step sums over the linears
 # (ms; Triton's tiles for comparison): the pingpong 128x128x128 tile had the least at M = 256
 # (11.7 vs 14.7), 384 (14.4 vs 18.6) and 1,024 (34.1 vs 44.9); at 8,192 the same tile in a
 # cluster of two along N (the activation tile multicast to both CTAs) did (292 vs 312 unclustered
 # and 321 Triton). The bound between 1,024 and 8,192 is not measured.
 TABLE: tuple[tuple[int, str | None], ...] = (
-    (32, None),
+    (16, None),
     (64, "p64x64x256"),
     (2048, "p128x128x128"),
     (1 << 62, "p128x128x128_cl1x2"),

@@ -152,8 +152,8 @@ def test_narrow_tiles_are_chosen_by_rounds_of_tiles_over_the_sms() -> None:
     assert config_for(256, 5120, 1000) == "p128x64x128"
     # without N or the SM count, or where the table names another config, the table's entry
     assert config_for(256) == config_for(256, 5120) == config_for(256, None, 132) == "p128x128x128"
-    assert config_for(64, 5120, 132) == config_for(64)  # the table's 64-row tile
-    assert config_for(32, 5120, 132) is None
+    assert config_for(64, 5120, 132) == config_for(32, 5120, 132) == config_for(64)  # the 64-row tile
+    assert config_for(16, 5120, 132) is None  # Triton's GEMV and split tiles
 
 
 def test_half_row_tiles_serve_buckets_that_128_row_tiles_pad(monkeypatch: pytest.MonkeyPatch) -> None:
