@@ -414,6 +414,14 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
             f.write(table)
 
 
+def decode_sequences(spec: str) -> list[int]:
+    """Workload (e)'s sequence counts from a comma list ("1,64"; "32" for the 32-row bucket)."""
+    counts = [int(x) for x in spec.split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--decode-sequences needs positive counts, got {spec!r}")
+    return counts
+
+
 def gemm_range_rates(events: list, weights_seen: dict[str, dict], *, steps: int) -> dict[str, dict]:
     """Each GEMM shape's GPU time inside the real step (its range's kernels), its weight's bytes
     over that time, and the weight's layout: what bench_cutlass.py's cold, fresh weights give for
@@ -1105,6 +1113,18 @@ VARIANTS: dict[str, dict | None] = {
     # Not the default's bits when compiled (the block shape sets the order of the sum over dk;
     # H200, session 17): taking one is a version change of the decode bits
     "tc64inv-gdnstepv64": _tc64inv(set={"engine.kernels.decode_gdn.BLOCK_V": 64}),
+    # the CUDA default with Triton's GEMMs up to M 32 again, as before session 24 moved the 64x64
+    # CUTLASS tile's bound from 33 to 17 rows (`cutlass_gemm.TABLE`): the same bits
+    "tc64inv-tritonto32": _tc64inv(
+        set={
+            "engine.kernels.cutlass_gemm.TABLE": (
+                (32, None),
+                (64, "p64x64x256"),
+                (2048, "p128x128x128"),
+                (1 << 62, "p128x128x128_cl1x2"),
+            )
+        }
+    ),
     "tc64inv-gdnstepw8": _tc64inv(set={"engine.kernels.decode_gdn.NUM_WARPS": 8}),
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
@@ -1165,6 +1185,9 @@ def main() -> None:
         "--decode-profile", default=None, help="profile decode steps at 1 and 64 sequences: PATH.N.txt"
     )
     ap.add_argument("--skip-decode", action="store_true", help="skip workload (e)")
+    ap.add_argument(
+        "--decode-sequences", default="1,64", help="workload (e): the concurrent sequences, comma list"
+    )
     ap.add_argument(
         "--skip-checks",
         action="store_true",
@@ -1343,10 +1366,9 @@ def _run_variant(
                 finally:
                     body.host_tables, readout.DEVICE_READ = HOST_TABLES[0], reads_now
     if decode:
-        bench.decode(1, 4)  # warm-up: compiles the kernels, captures the bucket's graph
-        record("e_decode_1_tok_per_s", bench.decode(1, args.decode_steps))
-        bench.decode(64, 2)
-        record("e_decode_64_tok_per_s", bench.decode(64, args.decode_steps))
+        for n in decode_sequences(args.decode_sequences):
+            bench.decode(n, 4 if n == 1 else 2)  # warm-up: compiles the kernels, captures the bucket's graph
+            record(f"e_decode_{n}_tok_per_s", bench.decode(n, args.decode_steps))
         if args.decode_profile:
             for n in (1, 64):
                 profile_decode(bench, n, f"{args.decode_profile}.{args.shape}")

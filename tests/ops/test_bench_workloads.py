@@ -146,3 +146,13 @@ def test_gemm_range_rates_take_the_range_that_carries_the_kernels_time() -> None
     }
     assert got["gemm M=64 N=8 K=8"]["tb_per_s"] is None
     assert set(got) == set(seen)
+
+
+def test_decode_sequences_parse_a_comma_list_and_refuse_nonsense() -> None:
+    """Workload (e)'s sequence counts: "1,64" (the default) or e.g. "32" for the 32-row bucket;
+    an empty list or a count below 1 stops the bench before it builds weights."""
+    assert bench_engine.decode_sequences("1,64") == [1, 64]
+    assert bench_engine.decode_sequences("32") == [32]
+    for bad in ("", "0", "1,-4"):
+        with pytest.raises(SystemExit, match="positive counts"):
+            bench_engine.decode_sequences(bad)
