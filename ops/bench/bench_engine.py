@@ -318,11 +318,15 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
     try:
         for _ in range(3):
             fn()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with (
+            gemm_ranges() as weights_seen,
+            profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+        ):
             wall = fn()
     finally:
         bench.body = body
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    # the GEMM ranges carry their kernels' GPU time as well: busy time and families count kernels
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0 and e.key not in weights_seen]
     gpu_us = sum(e.self_device_time_total for e in events)
     families: dict[str, float] = {}
     for e in events:
@@ -336,6 +340,7 @@ def profile_workload(bench: Bench, label: str, fn: Callable[[], float], path: st
     show(f"{label}_profile_launches", launches)
     ranked = sorted(families.items(), key=lambda kv: -kv[1])
     show(f"{label}_profile_families_ms", {k: round(v, 3) for k, v in ranked})
+    show(f"{label}_profile_gemm_ranges", gemm_range_rates(prof.key_averages(), weights_seen, steps=1))
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=24, max_name_column_width=70)
     print(table, flush=True)
     if path:
@@ -423,9 +428,10 @@ def decode_sequences(spec: str) -> list[int]:
 
 
 def gemm_range_rates(events: list, weights_seen: dict[str, dict], *, steps: int) -> dict[str, dict]:
-    """Each GEMM shape's GPU time inside the real step (its range's kernels), its weight's bytes
-    over that time, and the weight's layout: what bench_cutlass.py's cold, fresh weights give for
-    the same shape is the comparison. A range can appear twice in the profile (its host-side
+    """Each GEMM shape's GPU time inside the real step or pass (its range's kernels), its weight's
+    bytes over that time (what bounds a decode step's GEMMs), its int8 operations over that time
+    (what bounds a prefill's) and the weight's layout: what bench_cutlass.py's cold, fresh
+    weights give for the same shape is the comparison. A range can appear twice in the profile (its host-side
     event and its GPU-side annotation, only one of which carries the kernels' time): the larger
     is taken, and a range whose kernels left no GPU time is reported without a rate."""
     out: dict[str, dict] = {}
@@ -438,7 +444,10 @@ def gemm_range_rates(events: list, weights_seen: dict[str, dict], *, steps: int)
         us = best.device_time_total / best.count if best.count else 0.0
         weight = weights_seen[key]
         rate = round(weight["n"] * weight["k"] / us / 1e6, 3) if us > 0 else None  # bytes/us -> TB/s
-        out[key] = {"us": round(us, 2), "calls_per_step": calls / steps, "tb_per_s": rate} | weight
+        ops = 2 * weight["m"] * weight["n"] * weight["k"]
+        tops = round(ops / us / 1e6, 1) if us > 0 else None  # ops/us -> TOP/s
+        row = {"us": round(us, 2), "calls_per_step": calls / steps, "tb_per_s": rate, "top_per_s": tops}
+        out[key] = row | weight
     return out
 
 
@@ -464,7 +473,7 @@ def gemm_ranges() -> Iterator[dict[str, dict]]:
                 "stride": list(w.stride()),
                 "ptr_mod_256": w.data_ptr() % 256,
             }
-            seen.setdefault(key, {"n": w.shape[0], "k": w.shape[1]} | layout)
+            seen.setdefault(key, {"m": a.shape[0], "n": w.shape[0], "k": w.shape[1]} | layout)
             with torch.profiler.record_function(key):
                 return fn(a, w, *rest, **kw)
 
@@ -1037,6 +1046,11 @@ VARIANTS: dict[str, dict | None] = {
     # never the swizzled 128x128 tile for the narrow outputs (`cutlass_gemm.SWIZZLED_MAX_COLUMNS`
     # 0 for the variant): the same bits
     "tc64inv-noswizzle": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0}),
+    # ... and the other way round: the swizzled 128x128 tile for every linear above 2,048 rows,
+    # the wide in-projections too (`SWIZZLED_MAX_COLUMNS` past any width): the same bits. Why: in
+    # an H100's (c) profile (session 25) the clustered in-projections ran at ~1,030 TOP/s, the
+    # swizzled MLP up projection of the same K and a similar width at ~1,315
+    "tc64inv-allswizzled": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 1 << 30}),
     # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
     # partials in one launch, the copy back into pinned memory): the same values
     "tc64inv-blockreads": _tc64inv(set={"engine.decide.readout.DEVICE_READ": "block"}),

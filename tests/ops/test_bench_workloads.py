@@ -116,7 +116,7 @@ def test_gemm_ranges_name_each_gemm_by_its_shape_and_put_the_kernels_back() -> N
     assert torch.equal(inside, before(a, w, *scales, residual))
     assert set(seen) == {"gemm M=4 N=32 K=64+res", "gemm M=4 N=16 K=64"}
     assert seen["gemm M=4 N=32 K=64+res"] | {"ptr_mod_256": 0} == {
-        "n": 32, "k": 64, "contiguous": True, "stride": [64, 1], "ptr_mod_256": 0,
+        "m": 4, "n": 32, "k": 64, "contiguous": True, "stride": [64, 1], "ptr_mod_256": 0,
     }  # fmt: skip
     ranges = {e.key: e.count for e in prof.key_averages() if e.key.startswith("gemm ")}
     assert ranges == {"gemm M=4 N=32 K=64+res": 1, "gemm M=4 N=16 K=64": 1}
@@ -125,11 +125,15 @@ def test_gemm_ranges_name_each_gemm_by_its_shape_and_put_the_kernels_back() -> N
 def test_gemm_range_rates_take_the_range_that_carries_the_kernels_time() -> None:
     """A GEMM range can appear twice in a CUDA profile (its host event without GPU time, its GPU
     annotation with the kernels'): the rate comes from the one with the time. By hand: a 6,400 x
-    1,000 int8 weight (6.4 MB) read in 2 us a call is 3.2 TB/s. A range that left no GPU time
-    gets no rate instead of a division by zero."""
+    1,000 int8 weight (6.4 MB) read in 2 us a call is 3.2 TB/s, and its 64 rows' 2 x 64 x 6,400 x
+    1,000 = 819.2 M operations in 2 us are 409.6 TOP/s. A range that left no GPU time gets no
+    rate instead of a division by zero."""
     from types import SimpleNamespace as Event
 
-    seen = {"gemm M=64 N=6400 K=1000": {"n": 6400, "k": 1000}, "gemm M=64 N=8 K=8": {"n": 8, "k": 8}}
+    seen = {
+        "gemm M=64 N=6400 K=1000": {"m": 64, "n": 6400, "k": 1000},
+        "gemm M=64 N=8 K=8": {"m": 64, "n": 8, "k": 8},
+    }
     events = [
         Event(key="gemm M=64 N=6400 K=1000", device_time_total=0.0, count=8),
         Event(key="gemm M=64 N=6400 K=1000", device_time_total=16.0, count=8),
@@ -141,10 +145,12 @@ def test_gemm_range_rates_take_the_range_that_carries_the_kernels_time() -> None
         "us": 2.0,
         "calls_per_step": 2.0,
         "tb_per_s": 3.2,
+        "top_per_s": 409.6,
+        "m": 64,
         "n": 6400,
         "k": 1000,
     }
-    assert got["gemm M=64 N=8 K=8"]["tb_per_s"] is None
+    assert got["gemm M=64 N=8 K=8"]["tb_per_s"] is got["gemm M=64 N=8 K=8"]["top_per_s"] is None
     assert set(got) == set(seen)
 
 
