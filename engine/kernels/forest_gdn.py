@@ -1451,7 +1451,13 @@ TC_DECAYED = "stored"
 # 27B heads the conv's v columns are 201 MB written and read back a layer, ~60% of its traffic
 # (the conv took 0.25 ms a layer in an H100's (c) profile, session 25). Only the invert reads v
 # in the chunk-64 forms, so nothing else changes. The engine applies it where its prep form
-# resolves to "invert" (`reads_pre_conv_v`). Off until timed on the GPU.
+# resolves to "invert" (`reads_pre_conv_v`). Lost on an H100 (session 25, `bench_engine.py
+# --variants tc64inv,tc64inv-convv,tc64inv,tc64inv-convv`, 27B, one process, tree 2f7fd87; the
+# bits equal on the GPU by test): (c) 474.5 / 473.9 ms against 477.4 / 476.4, (a) 21.76 / 21.64
+# against 22.32 / 22.20, the README's (b) 20.43 / 20.43 against 21.26 / 21.20. The invert is a
+# chain of dependent products at two programs an SM (235 registers; 254 with the conv's windows,
+# 8 B spilled): the four window loads and the sources-table path sit on that chain, and they cost
+# more than the conv's v traffic saved. Off.
 TC_INVERT_CONV_V = False
 
 
