@@ -1048,8 +1048,10 @@ VARIANTS: dict[str, dict | None] = {
     "tc64inv-noswizzle": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 0}),
     # ... and the other way round: the swizzled 128x128 tile for every linear above 2,048 rows,
     # the wide in-projections too (`SWIZZLED_MAX_COLUMNS` past any width): the same bits. Why: in
-    # an H100's (c) profile (session 25) the clustered in-projections ran at ~1,030 TOP/s, the
-    # swizzled MLP up projection of the same K and a similar width at ~1,315
+    # an H100's (c) profile (session 25) the clustered in-projections seemed to run at ~1,030
+    # TOP/s, the swizzled MLP up projection of the same K and a similar width at ~1,315. Lost on
+    # the next H100 (one process, 02747a6): (c) 476.6 / 480.0 ms against 475.4 / 475.6; alone
+    # (bench_cutlass.py --m 8192) the cluster is the faster for GDN in, 1,069 against 1,253 us
     "tc64inv-allswizzled": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 1 << 30}),
     # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
     # partials in one launch, the copy back into pinned memory): the same values
@@ -1196,7 +1198,10 @@ def main() -> None:
     )
     ap.add_argument("--skip-decode", action="store_true", help="skip workload (e)")
     ap.add_argument(
-        "--decode-sequences", default="1,64", help="workload (e): the concurrent sequences, comma list"
+        "--decode-sequences",
+        default="1,64",
+        help="workload (e): the concurrent sequences, comma list (each count keeps its prompts' "
+        "pass and step graphs: 1,32,64 did not fit an 80 GB H100 at 27B, 1,64 and 32 alone did)",
     )
     ap.add_argument(
         "--skip-checks",
