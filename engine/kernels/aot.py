@@ -192,7 +192,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         TC_PREP_FORMS,
         TC_WALKS,
         ChunkPrep,
-        PreConv,
         forest_conv,
         forest_gdn,
         forest_gdn_outputs,
@@ -368,18 +367,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             forest_gdn(
                 f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), base, segs, 0, 0, f32(t, hv, dv),
                 num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots, prep=tc,
-            )  # fmt: skip
-        # the fused invert making v from the pre-conv rows (forest_gdn.TC_INVERT_CONV_V), and the
-        # conv writing only q and k for it
-        forest_conv(
-            f32(t, conv_dim), f32(conv_dim, width), base, frows, segs, conv_src, 0, row_channels=2 * hqk * dk
-        )
-        pre_conv = PreConv(f32(t, conv_dim), f32(conv_dim, width), base, conv_src, 0)
-        for dots in TC_DOTS:
-            forest_gdn_prep(
-                f32(t, conv_dim), f32(t, hv), f32(t, hv), f32(hv), f32(hv), segs, qblocks,
-                num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots=dots,
-                prep_form="invert", pre_conv=pre_conv,
             )  # fmt: skip
         # every prep form ("invert_split": its three kernels, scores, inverse, w and u)
         for dots, form, decayed in itertools.product(TC_DOTS, TC_PREP_FORMS, TC_DECAYED_FORMS):

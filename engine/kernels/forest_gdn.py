@@ -37,7 +37,7 @@ may overlap a state_in block of another segment (a segment's own state_in = stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -93,12 +93,11 @@ CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and fin
 
 def _forest_conv_kernel(
     x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
-    layer_off, T, C, S, stride_x, stride_y, num_t_blocks, CR,
+    layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
     W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """Program (token block, channel block): SiLU(conv) of BT packed rows at the channels below
-    CR (C, or fewer where a later kernel makes the rest itself); programs past the token blocks
-    write the final tails of BT segment slots (every channel).
+    """Program (token block, channel block): SiLU(conv) of BT packed rows; programs past the
+    token blocks write the final tails of BT segment slots.
 
     Rows of a live segment are packed contiguously (row tok_lo + l holds local position l), so
     when a block's first and last rows are live rows of one segment and the first sits at
@@ -118,54 +117,52 @@ def _forest_conv_kernel(
     cmask = offs_c < C
     tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
     if pid_t < num_t_blocks:
-        if pid_c * BC < CR:  # (channels from CR on: no row output wanted)
-            rmask = offs_c < CR
-            t0 = pid_t * BT
-            # row record: (segment slot, local index, live, token); the block's first and last rows
-            first = t0.to(tl.int64) * 4
-            last = tl.minimum(t0 + BT, T).to(tl.int64) * 4 - 4
-            direct = (
-                (tl.load(rows_ptr + first + 2) != 0)
-                & (tl.load(rows_ptr + last + 2) != 0)
-                & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
-                & (tl.load(rows_ptr + first + 1) >= W - 1)
-            )
-            offs_t = t0 + tl.arange(0, BT)
-            in_range = offs_t < T
-            if direct:
-                m = in_range[:, None] & rmask[None, :]
-                acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, rmask, m, stride_x, W, BT, BC)
-                _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
-            else:
-                # rows at local index >= W - 1 of their segment (and padding rows, which stay zero) in
-                # one tile as above; the rows whose window reaches before their segment (the first
-                # W - 1 of each) through the tables, BG rows at a time, only the steps that hold one
-                rec = offs_t.to(tl.int64) * 4
-                live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
-                local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
-                near = live & (local < W - 1)
-                own = (live & (local >= W - 1))[:, None] & rmask[None, :]
-                acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, rmask, own, stride_x, W, BT, BC)
-                _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, (in_range & ~near)[:, None] & rmask[None, :])
-                step = tl.where(near, (offs_t - t0) // BG, BT)  # the step of each such row
-                for g0 in tl.range(0, tl.minimum(BT, T - t0), BG):
-                    if tl.min(tl.where(step == g0 // BG, 0, 1), axis=0) == 0:
-                        offs_g = t0 + g0 + tl.arange(0, BG)
-                        rec_g = offs_g.to(tl.int64) * 4
-                        live_g = (offs_g < T) & (tl.load(rows_ptr + rec_g + 2, mask=offs_g < T, other=0) != 0)
-                        seg = tl.load(rows_ptr + rec_g, mask=live_g, other=0)
-                        local_g = tl.load(rows_ptr + rec_g + 1, mask=live_g, other=0)
-                        near_g = live_g & (local_g < W - 1)
-                        acc_g = tl.zeros((BG, BC), dtype=tl.float32)
-                        for j in tl.static_range(W):
-                            lp = local_g - (W - 1) + j  # local position of window element j (oldest first)
-                            xv = _window_input(
-                                x_ptr, base_ptr, src_ptr, offs_g.to(tl.int64) - (W - 1) + j, seg, lp, live_g,
-                                offs_c, rmask, tail_c, stride_x, layer_off, W,
-                            )  # fmt: skip
-                            wj = tl.load(w_ptr + offs_c * W + j, mask=rmask, other=0.0).to(tl.float32)
-                            acc_g += xv * wj[None, :]
-                        _conv_out(acc_g, y_ptr, offs_g, stride_y, offs_c, near_g[:, None] & rmask[None, :])
+        t0 = pid_t * BT
+        # row record: (segment slot, local index, live, token); the block's first and last rows
+        first = t0.to(tl.int64) * 4
+        last = tl.minimum(t0 + BT, T).to(tl.int64) * 4 - 4
+        direct = (
+            (tl.load(rows_ptr + first + 2) != 0)
+            & (tl.load(rows_ptr + last + 2) != 0)
+            & (tl.load(rows_ptr + first) == tl.load(rows_ptr + last))
+            & (tl.load(rows_ptr + first + 1) >= W - 1)
+        )
+        offs_t = t0 + tl.arange(0, BT)
+        in_range = offs_t < T
+        if direct:
+            m = in_range[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, m, stride_x, W, BT, BC)
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m)
+        else:
+            # rows at local index >= W - 1 of their segment (and padding rows, which stay zero) in
+            # one tile as above; the rows whose window reaches before their segment (the first
+            # W - 1 of each) through the tables, BG rows at a time, only the steps that hold one
+            rec = offs_t.to(tl.int64) * 4
+            live = in_range & (tl.load(rows_ptr + rec + 2, mask=in_range, other=0) != 0)
+            local = tl.load(rows_ptr + rec + 1, mask=live, other=0)
+            near = live & (local < W - 1)
+            own = (live & (local >= W - 1))[:, None] & cmask[None, :]
+            acc = _conv_own_rows(x_ptr, w_ptr, offs_t, offs_c, cmask, own, stride_x, W, BT, BC)
+            _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, (in_range & ~near)[:, None] & cmask[None, :])
+            step = tl.where(near, (offs_t - t0) // BG, BT)  # the step of each such row
+            for g0 in tl.range(0, tl.minimum(BT, T - t0), BG):
+                if tl.min(tl.where(step == g0 // BG, 0, 1), axis=0) == 0:
+                    offs_g = t0 + g0 + tl.arange(0, BG)
+                    rec_g = offs_g.to(tl.int64) * 4
+                    live_g = (offs_g < T) & (tl.load(rows_ptr + rec_g + 2, mask=offs_g < T, other=0) != 0)
+                    seg = tl.load(rows_ptr + rec_g, mask=live_g, other=0)
+                    local_g = tl.load(rows_ptr + rec_g + 1, mask=live_g, other=0)
+                    near_g = live_g & (local_g < W - 1)
+                    acc_g = tl.zeros((BG, BC), dtype=tl.float32)
+                    for j in tl.static_range(W):
+                        lp = local_g - (W - 1) + j  # local position of window element j (oldest first)
+                        xv = _window_input(
+                            x_ptr, base_ptr, src_ptr, offs_g.to(tl.int64) - (W - 1) + j, seg, lp, live_g,
+                            offs_c, cmask, tail_c, stride_x, layer_off, W,
+                        )  # fmt: skip
+                        wj = tl.load(w_ptr + offs_c * W + j, mask=cmask, other=0.0).to(tl.float32)
+                        acc_g += xv * wj[None, :]
+                    _conv_out(acc_g, y_ptr, offs_g, stride_y, offs_c, near_g[:, None] & cmask[None, :])
     else:
         # final tails: the last W - 1 inputs of every live segment, oldest first
         s0 = (pid_t - num_t_blocks) * BT
@@ -238,39 +235,7 @@ def _conv_out(acc, y_ptr, offs_t, stride_y, offs_c, m):
     tl.store(y_ptr + offs_t.to(tl.int64)[:, None] * stride_y + offs_c[None, :], acc, mask=m)
 
 
-def _conv_chunk_rows(
-    x_ptr, w_ptr, base_ptr, src_ptr, rows, slot, c0, valid, offs_c, stride_x, layer_off,
-    W: tl.constexpr, BC: tl.constexpr,
-):  # fmt: skip
-    """SiLU(conv) of a 64-row chunk of one segment (packed rows `rows`, local positions c0 ..
-    c0 + 63, `valid` inside the segment) at channels offs_c, as `_forest_conv_kernel` makes
-    them: each window summed oldest first with the same ops (fp fusion off), then the same
-    SiLU, so the values are the bits it stores. The segment's first chunk reads the windows
-    that reach before the segment through the sources table (`_window_input`), every other
-    chunk its own rows. Rows past the segment end are zeros (the masked load's value)."""
-    acc = tl.zeros((64, BC), dtype=tl.float32)
-    if c0 < W - 1:
-        local = c0 + tl.arange(0, 64)
-        slots = local.to(tl.int64) * 0 + slot
-        tail_c = offs_c.to(tl.int64) * (W - 1)
-        for j in range(W):  # a loop, not unrolled: one tap's tile live at a time
-            xv = _window_input(
-                x_ptr, base_ptr, src_ptr, rows - (W - 1) + j, slots, local - (W - 1) + j, valid, offs_c,
-                offs_c >= 0, tail_c, stride_x, layer_off, W,
-            )  # fmt: skip
-            wj = tl.load(w_ptr + offs_c * W + j).to(tl.float32)
-            acc += xv * wj[None, :]
-    else:
-        for j in range(W):  # a loop, not unrolled: one tap's tile live at a time
-            r = rows - (W - 1) + j
-            xv = tl.load(x_ptr + r[:, None] * stride_x + offs_c[None, :], mask=valid[:, None], other=0.0)
-            wj = tl.load(w_ptr + offs_c * W + j).to(tl.float32)
-            acc += xv.to(tl.float32) * wj[None, :]
-    return acc / (1.0 + tl.exp(-acc))
-
-
 _conv_out = helper(_conv_out)  # type: ignore[assignment]
-_conv_chunk_rows = helper(_conv_chunk_rows)  # type: ignore[assignment]
 _conv_own_rows = helper(_conv_own_rows)  # type: ignore[assignment]
 _window_input = helper(_window_input)  # type: ignore[assignment]
 _conv = kernel(_forest_conv_kernel)
@@ -845,15 +810,12 @@ def _invert_t(a, src, valid, offs, LOADED: tl.constexpr, ON_GPU: tl.constexpr):
 
 def _invert_wu(
     conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
-    x_ptr, cw_ptr, base_ptr, csrc_ptr, slot, c0, stride_x, conv_off,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BF16: tl.constexpr,
-    ON_GPU: tl.constexpr, BW: tl.constexpr, V_CONV: tl.constexpr, W: tl.constexpr,
+    ON_GPU: tl.constexpr, BW: tl.constexpr,
 ):  # fmt: skip
     """w = T (beta exp(gam) k) and u = T (beta v), BW columns at a time (a [64, 128] fp32
     accumulator and its operand would hold 128 registers per thread at 4 warps); k reloaded
-    from L1/L2 and scaled by its stored scale rather than kept live. V_CONV: v made here from
-    the pre-conv rows x (`_conv_chunk_rows`, the conv kernel's bits) instead of read from the
-    conv rows, which then need no v columns (`PreConv`)."""
+    from L1/L2 and scaled by its stored scale rather than kept live."""
     op = w_ptr.dtype.element_ty
     hk = h // (HV // HQK)
     src = conv_ptr + rows[:, None] * stride_conv
@@ -865,13 +827,7 @@ def _invert_wu(
         tl.store(w_ptr + at[:, None] * DK + offs_j[None, :], w.to(op), mask=valid[:, None])
     for j in tl.static_range(DV // BW):
         offs_j = j * BW + tl.arange(0, BW)
-        if V_CONV:
-            v = _conv_chunk_rows(
-                x_ptr, cw_ptr, base_ptr, csrc_ptr, rows, slot, c0, valid, 2 * HQK * DK + h * DV + offs_j,
-                stride_x, conv_off, W, BW,
-            )  # fmt: skip
-        else:
-            v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(src + 2 * HQK * DK + h * DV + offs_j[None, :], mask=valid[:, None], other=0.0)
         u = _mm(t_op, v * beta[:, None], BF16, ON_GPU)
         tl.store(u_ptr + at[:, None] * DV + offs_j[None, :], u.to(op), mask=valid[:, None])
 
@@ -880,9 +836,8 @@ def _forest_gdn_tc_invert_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, segs_ptr, qblocks_ptr,
     w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, g_ptr, hidx_ptr, qs_ptr, ks_ptr, gt_ptr, store_q, store_k,
     stride_conv, stride_b, stride_a, q_scale, l2_eps,
-    x_ptr, cw_ptr, base_ptr, csrc_ptr, stride_x, conv_off,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr, V_CONV: tl.constexpr, W: tl.constexpr,
+    BF16: tl.constexpr, ON_GPU: tl.constexpr, BW: tl.constexpr,
 ):  # fmt: skip
     """Program (value head, query block) - the value heads of a chunk adjacent, so the three
     that read one key head's q and k find them in L2: the same products as
@@ -894,8 +849,7 @@ def _forest_gdn_tc_invert_kernel(
     float64 study of 30 chunks they came out as close to exact as the block form's); then
     w = T (beta exp(gam) k) and u = T (beta v) are one product each (in 64-column blocks) at
     the operand precision. The chain is 16 products on the tensor cores (wgmma) instead of 64
-    16-row ones (24 of them fp32 FMA for the diagonal inverses), on 4 warps instead of 8.
-    V_CONV: v from the pre-conv rows x (`_invert_wu`)."""
+    16-row ones (24 of them fp32 FMA for the diagonal inverses), on 4 warps instead of 8."""
     live, h, first, offs, valid, rows, at = _invert_chunk(qblocks_ptr, segs_ptr, HV)
     if live:
         beta, gam, k, k_scale = _invert_front(
@@ -911,11 +865,8 @@ def _forest_gdn_tc_invert_kernel(
         )  # fmt: skip
         t = _invert_t(a, w_ptr, valid, offs, False, ON_GPU)  # (w_ptr: not read)
         t_op = t.to(w_ptr.dtype.element_ty) if BF16 else t
-        qb = tl.program_id(1).to(tl.int64) * 3  # the chunk's segment slot and first local index
-        slot, c0 = tl.load(qblocks_ptr + qb), tl.load(qblocks_ptr + qb + 1)
         _invert_wu(conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
-                   x_ptr, cw_ptr, base_ptr, csrc_ptr, slot, c0, stride_x, conv_off,
-                   HQK, HV, DK, DV, BF16, ON_GPU, BW, V_CONV, W)  # fmt: skip
+                   HQK, HV, DK, DV, BF16, ON_GPU, BW)  # fmt: skip
 
 
 # ----------------------------------------------------------- the invert form in three kernels
@@ -994,8 +945,7 @@ def _forest_gdn_tc_invert_wu_kernel(
         k_scale = tl.load(kn_ptr + at, mask=valid, other=0.0)
         t_op = tl.load(tm_ptr + at[:, None] * 64 + offs[None, :], mask=valid[:, None], other=0.0)
         _invert_wu(conv_ptr, w_ptr, u_ptr, rows, at, h, valid, t_op, k_scale, beta, gam, stride_conv,
-                   conv_ptr, conv_ptr, conv_ptr, conv_ptr, 0, 0, 0, 0, HQK, HV, DK, DV, BF16, ON_GPU, BW,
-                   False, 4)  # fmt: skip
+                   HQK, HV, DK, DV, BF16, ON_GPU, BW)  # fmt: skip
 
 
 def _decayed(conv_ptr, scale_ptr, g_ptr, rows, at, valid, g_last, col, stride_conv, DK: tl.constexpr,
@@ -1320,7 +1270,6 @@ def forest_conv(
     layer_off: int,
     *,
     backend: Backend = "triton",
-    row_channels: int | None = None,
 ) -> torch.Tensor:
     """SiLU(causal depthwise conv) of all packed pre-conv inputs x [T, C]: fp32 [T, C].
 
@@ -1329,9 +1278,6 @@ def forest_conv(
     layer_off: element offset of this layer inside every tail block (j * C * (W-1) for GDN layer
     j). Also writes every live segment's final tail [C, W-1] to base + conv_out + layer_off.
     Padding rows (live 0) get zeros. Table contents are checked when the tables are on the CPU.
-    row_channels (kernel path): only the first row_channels columns of the rows are made (the
-    others stay unwritten), for a reader that makes the rest from x itself (`PreConv`); the
-    tails are written whole either way.
     """
     if x.dim() != 2 or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a float tensor [T, C], got {x.dtype} {tuple(x.shape)}")
@@ -1349,8 +1295,6 @@ def forest_conv(
     if layer_off < 0:
         raise ValueError(f"layer_off must be >= 0, got {layer_off}")
     reference = not use_triton(backend, x)
-    if row_channels is not None and (reference or not 0 <= row_channels <= c):
-        raise ValueError(f"row_channels takes the kernel path and 0..{c}, got {row_channels}")
     if segs.device.type == "cpu":
         _check_conv_tables(rows, segs, conv_src, base, layer_off, c, w, in_base=reference)
     if reference:
@@ -1360,7 +1304,7 @@ def forest_conv(
     t_blocks = cdiv(t, CONV_BLOCK_T)
     _conv[(t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))](
         x, weight.contiguous(), base, rows, segs, conv_src, y,
-        layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks, c if row_channels is None else row_channels,
+        layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
         W=w, BT=CONV_BLOCK_T, BC=CONV_BLOCK_C, BG=min(CONV_GENERAL_ROWS, CONV_BLOCK_T),
         num_warps=CONV_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
@@ -1403,25 +1347,6 @@ TC_INVERT_SPLIT_WARPS = (4, 4, 4)
 INVERT_HEAD_MULTIPLE = 64
 
 
-def resolved_prep_form(prep_form: str | None, rows: int) -> str:
-    """The chunk-64 prep form a pass of `rows` packed rows runs for the form asked (None:
-    TC_PREP_FORM): "invert" runs as "invert_split" while TC_INVERT_SPLIT is set (from
-    TC_INVERT_SPLIT_MIN_ROWS rows)."""
-    form = TC_PREP_FORM if prep_form is None else prep_form
-    if form not in TC_PREP_FORMS:
-        raise ValueError(f"prep_form must be one of {TC_PREP_FORMS}, got {prep_form!r}")
-    if form == "invert" and TC_INVERT_SPLIT and rows >= TC_INVERT_SPLIT_MIN_ROWS:
-        return "invert_split"
-    return form
-
-
-def reads_pre_conv_v(prep_form: str | None, rows: int, x: torch.Tensor) -> bool:
-    """Whether a chunk-64 pass of `rows` rows on x's device makes v in its prep from the pre-conv
-    rows (TC_INVERT_CONV_V, the fused invert form, the kernel path): then the conv writes only
-    q and k (`forest_conv(row_channels=...)`) and the prep takes a `PreConv`."""
-    return TC_INVERT_CONV_V and use_triton("triton", x) and resolved_prep_form(prep_form, rows) == "invert"
-
-
 def invert_compiles_for(dk: int, dv: int) -> bool:
     """Whether the invert prep form may run compiled at these head sizes (see above)."""
     return dk % INVERT_HEAD_MULTIPLE == 0 and dv % INVERT_HEAD_MULTIPLE == 0
@@ -1446,32 +1371,6 @@ TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 
 # with k remade holds 236 registers against 144, so it may lose what the bytes save.
 TC_DECAYED_FORMS = ("stored", "recomputed_q", "recomputed")
 TC_DECAYED = "stored"
-# The fused invert prep makes v = SiLU(conv) itself from the pre-conv rows (`PreConv`, the conv
-# kernel's ops and so its bits) and the conv kernel writes only q and k: at 8,192 rows and the
-# 27B heads the conv's v columns are 201 MB written and read back a layer, ~60% of its traffic
-# (the conv took 0.25 ms a layer in an H100's (c) profile, session 25). Only the invert reads v
-# in the chunk-64 forms, so nothing else changes. The engine applies it where its prep form
-# resolves to "invert" (`reads_pre_conv_v`). Lost on an H100 (session 25, `bench_engine.py
-# --variants tc64inv,tc64inv-convv,tc64inv,tc64inv-convv`, 27B, one process, tree 2f7fd87; the
-# bits equal on the GPU by test): (c) 474.5 / 473.9 ms against 477.4 / 476.4, (a) 21.76 / 21.64
-# against 22.32 / 22.20, the README's (b) 20.43 / 20.43 against 21.26 / 21.20. The invert is a
-# chain of dependent products at two programs an SM (235 registers; 254 with the conv's windows,
-# 8 B spilled): the four window loads and the sources-table path sit on that chain, and they cost
-# more than the conv's v traffic saved. Off.
-TC_INVERT_CONV_V = False
-
-
-class PreConv(NamedTuple):
-    """What the invert prep needs to make v itself from the pre-conv rows (`TC_INVERT_CONV_V`):
-    `forest_conv`'s inputs x [T, C], weight [C, W], base, conv_src and layer_off. The conv then
-    makes only q and k (`forest_conv(row_channels=...)`), and v's [T, HV * dv] fp32 are neither
-    written nor read back."""
-
-    x: torch.Tensor
-    weight: torch.Tensor
-    base: torch.Tensor
-    conv_src: torch.Tensor
-    layer_off: int
 
 
 @dataclass(frozen=True)
@@ -1600,7 +1499,6 @@ def forest_gdn_prep(
     prep_form: str | None = None,
     prep_warps: int | None = None,
     decayed: str | None = None,
-    pre_conv: PreConv | None = None,
 ) -> ChunkPrep | TcPrep:
     """The chunked recurrence's products that need no state, for every chunk of every live
     segment of every level at once (chunks start at the segment start; one program per chunk
@@ -1626,8 +1524,7 @@ def forest_gdn_prep(
     bits, and "invert" runs as it while TC_INVERT_SPLIT is set. decayed (TC_DECAYED_FORMS;
     None: TC_DECAYED for the split walk, "stored" for the fused one, which takes only that):
     whether the prep stores q exp(gam) and k exp(gam_last - gam) or the split walk and the
-    outputs remake them. pre_conv (the "invert" form only, kernel path): v is made from the
-    pre-conv rows it names, not read from conv's v columns (`TC_INVERT_CONV_V`); the same bits.
+    outputs remake them.
     """
     hqk, hv, dk, dv = num_k_heads, num_v_heads, k_dim, v_dim
     if not chunk:
@@ -1658,9 +1555,11 @@ def forest_gdn_prep(
             raise ValueError(
                 f"walk_warps must be 1, 2, 4 or 8 and walk_stages 1 to 4, got {walk_warps}, {walk_stages}"
             )
-        prep_form = resolved_prep_form(prep_form, conv.shape[0])
-        if pre_conv is not None and prep_form != "invert":
-            raise ValueError(f"pre_conv is read by the fused invert prep only, not {prep_form!r}")
+        prep_form = TC_PREP_FORM if prep_form is None else prep_form
+        if prep_form not in TC_PREP_FORMS:
+            raise ValueError(f"prep_form must be one of {TC_PREP_FORMS}, got {prep_form!r}")
+        if prep_form == "invert" and TC_INVERT_SPLIT and conv.shape[0] >= TC_INVERT_SPLIT_MIN_ROWS:
+            prep_form = "invert_split"
         if prep_warps is None:
             prep_warps = {"blocks": TC_PREP_WARPS, "invert": TC_INVERT_WARPS}.get(
                 prep_form, TC_INVERT_SPLIT_WARPS[0]
@@ -1675,10 +1574,8 @@ def forest_gdn_prep(
             )
         return _tc_prep(
             conv, b_raw, a_raw, ssm_a, dt, segs, qblocks, hqk, hv, dk, dv, dots, walk, walk_bv,
-            (walk_warps, walk_stages), (prep_form, prep_warps), decayed, pre_conv,
+            (walk_warps, walk_stages), (prep_form, prep_warps), decayed,
         )  # fmt: skip
-    if pre_conv is not None:
-        raise ValueError(f"pre_conv is read by the chunk-{TC_CHUNK} invert prep only, not chunk {chunk}")
     bv = _block_v(dk, dv)
     prep = ChunkPrep(
         chunk=chunk,
@@ -1719,7 +1616,6 @@ def _tc_prep(
     walk_config: tuple[int, int],
     prep_config: tuple[str, int],
     decayed: str,
-    pre_conv: PreConv | None = None,
 ) -> TcPrep:
     _block_v(dk, dv)
     t, dev = conv.shape[0], conv.device
@@ -1760,7 +1656,6 @@ def _tc_prep(
     # blocks: grid (query block, value head); invert: (value head, query block), so that the
     # value heads of one chunk (and the three of one key head) run side by side
     form, warps = prep_config
-    extra_args: tuple = ()  # the fused invert's pre-conv inputs (its V_CONV)
     if form == "blocks":
         launch, extra = _gdn_tc_prep[(qblocks.shape[0], hv)], {}
     elif conv.is_cuda and not invert_compiles_for(dk, dv):
@@ -1777,21 +1672,12 @@ def _tc_prep(
         return prep
     else:  # w and u in column blocks of 64 (of 16 for the tiny test heads; dv is a multiple of 16)
         launch, extra = _gdn_tc_invert[(hv, qblocks.shape[0])], dict(BW=64 if dk % 64 == dv % 64 == 0 else 16)
-        x, cw = (conv, conv) if pre_conv is None else (_unit_stride(pre_conv.x), pre_conv.weight.contiguous())
-        if pre_conv is not None and (x.shape != conv.shape or cw.dim() != 2 or cw.shape[0] != conv.shape[1]):
-            raise ValueError(
-                f"pre_conv needs x {tuple(conv.shape)} and a weight [{conv.shape[1]}, W], got "
-                f"{tuple(x.shape)} and {tuple(cw.shape)}"
-            )
-        extra |= dict(V_CONV=pre_conv is not None, W=4 if pre_conv is None else cw.shape[1])
-        base, src, off = (conv, conv, 0) if pre_conv is None else pre_conv[2:]
-        extra_args = (x, cw, base, src, x.stride(0), off)
     launch(
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), segs, qblocks,
         prep.w, prep.u, prep.qg if store_q else prep.w, prep.kd if store_k else prep.w, prep.scores, prep.gam,
         prep.chunk_no, prep.gam if store_q else prep.q_norm, prep.gam if store_k else prep.k_norm,
         prep.gam if store_k else prep.gam_last, int(store_q), int(store_k),
-        conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS, *extra_args,
+        conv.stride(0), b_raw.stride(0), a_raw.stride(0), dk**-0.5, L2NORM_EPS,
         HQK=hqk, HV=hv, DK=dk, DV=dv, BF16=dots == "bf16", **extra,
         num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip

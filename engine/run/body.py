@@ -57,16 +57,13 @@ from engine.kernels.forest_attention import (
     forest_attention_prep,
 )
 from engine.kernels.forest_gdn import (
-    TC_CHUNK,
     TC_PREP_FORMS,
-    PreConv,
     forest_conv,
     forest_gdn,
     forest_gdn_outputs,
     forest_gdn_prep,
     gdn_dots_for,
     invert_compiles_for,
-    reads_pre_conv_v,
     writes_padding_zeros,
 )
 from engine.kernels.forest_tables import (
@@ -975,23 +972,15 @@ class ForestBody(Int8Layers):
 
     def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:
         c, (qkv, b_raw, a_raw) = self.config, x
-        heads, chunked = self.gdn_heads, dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
-        conv_off = j * self.tail_size
-        # the fused invert prep may make v from the pre-conv rows (`forest_gdn.TC_INVERT_CONV_V`):
-        # then the conv writes only q and k
-        pre_conv = None
-        if self.gdn_chunk == TC_CHUNK and reads_pre_conv_v(self.gdn_prep, qkv.shape[0], qkv):
-            pre_conv = PreConv(qkv, layer["ssm_conv1d"], self.base, bucket.conv_src, conv_off)
-        qk = 2 * heads["num_k_heads"] * heads["k_dim"]
         conv = forest_conv(
-            qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, conv_off,
-            row_channels=None if pre_conv is None else qk,
-        )  # fmt: skip
+            qkv, layer["ssm_conv1d"], self.base, bucket.rows, bucket.segs, bucket.conv_src, j * self.tail_size
+        )
+        heads, chunked = self.gdn_heads, dict(chunk=self.gdn_chunk, dots=self.gdn_dots)
         prep = None
         if self.gdn_chunk:  # the state-free chunk products of every level at once
             prep = forest_gdn_prep(
                 conv, b_raw, a_raw, layer["ssm_a"], layer["ssm_dt"], bucket.segs, bucket.qblocks,
-                **heads, **chunked, prep_form=self.gdn_prep, pre_conv=pre_conv,
+                **heads, **chunked, prep_form=self.gdn_prep,
             )  # fmt: skip
         # the split chunk-64 form writes every row of o (padding rows: zeros, in the outputs
         # launch), so o needs no memset there (200 MB at 8,192 rows and the 27B heads)

@@ -1108,9 +1108,6 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention's large-block tiers on a side stream, beside the split
     # and the 16-row kernel (`forest_attention.CONCURRENT_TIERS`): the same bits
     "tc64inv-concurrenttiers": _tc64inv(set={"engine.kernels.forest_attention.CONCURRENT_TIERS": True}),
-    # the CUDA default with v made by the fused GDN invert prep from the pre-conv rows, the conv
-    # writing only q and k (`forest_gdn.TC_INVERT_CONV_V`): the same bits
-    "tc64inv-convv": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_CONV_V": True}),
     # the CUDA default with the GDN prep's invert form in three kernels (scores and A, the
     # inverse, w and u: `forest_gdn.TC_INVERT_SPLIT`, "invert_split"): the same bits
     "tc64inv-invertsplit": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True}),

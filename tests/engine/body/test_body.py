@@ -20,8 +20,6 @@ from engine.run.body import ForestBody
 from engine.run.executor import run_forest
 from engine.run.forest import Segment, SegmentState, build_forest
 
-DEVICE_IS_CUDA = torch.cuda.is_available()
-
 
 @pytest.fixture(scope="module")
 def engine(levels_engine: Engine) -> Engine:
@@ -190,33 +188,6 @@ def test_unknown_precision_settings_raise(engine: Engine) -> None:
         ForestBody(engine.weights, gdn_dots="bf16")
     with pytest.raises(ValueError, match="gdn_prep must be one of"):
         ForestBody(engine.weights, gdn_chunk=64, gdn_dots="bf16", gdn_prep="solve")
-
-
-def test_v_made_in_the_invert_prep_gives_the_same_bits(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`forest_gdn.TC_INVERT_CONV_V` (the conv writes only q and k, the fused invert prep makes v
-    from the pre-conv rows) in the chunk-64 invert body: every result of two requests bit for bit
-    as without it - evidence of 70 tokens (a chunk past the first, whose windows are its own rows)
-    under the system root, and questions (whose windows reach into their evidence)."""
-    from engine.kernels import forest_gdn as forest_gdn_module
-
-    c = engine.weights.config
-    if DEVICE_IS_CUDA and (c.linear_key_head_dim % 64 or c.linear_value_head_dim % 64):
-        pytest.skip("the invert form runs compiled only at head sizes that are multiples of 64")
-    settings = BODY_SETTINGS["chunk-64"] | dict(gdn_prep="invert")
-    g = torch.Generator().manual_seed(12)
-    segs, where = _pack([_request(g, engine.root, 70, [3, 9]), _request(g, engine.root, 21, [5])])
-    want = [_result(*_run(ForestBody(engine.weights, **settings), segs), w, segs) for w in where]
-    monkeypatch.setattr(forest_gdn_module, "TC_INVERT_CONV_V", True)
-    body = ForestBody(engine.weights, **settings)
-    calls: list[bool] = []
-    reads = forest_gdn_module.reads_pre_conv_v
-    monkeypatch.setattr(body_module, "reads_pre_conv_v", lambda *a: calls.append(reads(*a)) or calls[-1])
-    got = [_result(*_run(body, segs), w, segs) for w in where]
-    assert calls and all(calls)
-    for a, b in zip(got, want, strict=True):
-        _assert_same_bits(a, b)
 
 
 def test_auto_gdn_prep_is_a_function_of_the_head_sizes(engine: Engine) -> None:

@@ -19,7 +19,6 @@ from engine.kernels.forest_gdn import (
     TC_CHUNK,
     TC_DECAYED_FORMS,
     TC_PREP_FORMS,
-    PreConv,
     forest_conv,
     forest_conv_reference,
     forest_gdn,
@@ -27,7 +26,6 @@ from engine.kernels.forest_gdn import (
     forest_gdn_prep,
     forest_gdn_reference,
     invert_compiles_for,
-    reads_pre_conv_v,
 )
 from engine.kernels.forest_tables import (
     CONV_ROW,
@@ -1037,94 +1035,6 @@ def test_tc_invert_split_setting_runs_the_split_form(
         monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT_MIN_ROWS", bound)
         prep = forest_gdn_prep(*inputs, segs, _qblocks(segs), **kw, prep_form="invert")
         assert prep.prep_form == form, bound
-
-
-def _pre_conv_long(dev: torch.device, gen: torch.Generator, heads: tuple[int, int, int, int]):
-    """`_two_levels`' root and child as pre-conv rows with their conv tables: the root starts from
-    a stored tail (CONV_TAIL), the child's window reaches into the root's last rows (CONV_ROW),
-    padding rows around them; x a column slice of a wider tensor, layer 1 of two tail blocks.
-    Returns (forest_conv's inputs, segs, the GDN inputs after conv: b_raw, a_raw, ssm_a, dt)."""
-    hqk, hv, dk, dv = heads
-    c, w = 2 * hqk * dk + hv * dv, 4
-    tail = c * (w - 1)
-    base = torch.randn(6 * tail + 64, generator=gen) * 0.3  # stored tail, two tails out (2 layers each)
-    segs = torch.zeros(2, SEG_FIELDS, dtype=torch.int64)
-    segs[:, SEG_LIVE] = 1
-    fields = [SEG_TOK_LO, SEG_LENGTH, SEG_LEVEL, SEG_CONV_OUT]
-    segs[0, fields] = torch.tensor([TC_FIRST[0], TC_LENGTHS[0], 0, 2 * tail])
-    segs[1, fields] = torch.tensor([TC_FIRST[1], TC_LENGTHS[1], 1, 4 * tail])
-    rows = torch.zeros(TC_T, ROW_FIELDS, dtype=torch.int64)
-    for slot, (lo, n) in enumerate(zip(TC_FIRST, TC_LENGTHS, strict=True)):
-        rows[lo : lo + n, 0], rows[lo : lo + n, 1], rows[lo : lo + n, 2] = slot, torch.arange(n), 1
-    root_end = TC_FIRST[0] + TC_LENGTHS[0]
-    conv_src = torch.tensor(
-        [[[CONV_TAIL, k] for k in range(w - 1)], [[CONV_ROW, root_end - (w - 1) + k] for k in range(w - 1)]]
-    )
-    x = (torch.randn(TC_T, c + 8, generator=gen) * 2)[:, 5 : 5 + c]
-    weight = torch.randn(c, w, generator=gen) * 0.5
-    ab = torch.randn(TC_T, 2 * hv, generator=gen)
-    rest = [-torch.rand(hv, generator=gen) - 0.1, torch.randn(hv, generator=gen) * 0.1]
-    conv_in = [a.to(dev) for a in (x, weight, base, rows, segs, conv_src)] + [tail]
-    return conv_in, segs.to(dev), [a.to(dev) for a in (ab[:, :hv], ab[:, hv:], *rest)]
-
-
-@pytest.mark.parametrize("forest", ["sources", "long-tiny", "long-27B"])
-def test_tc_invert_makes_v_from_the_pre_conv_rows(
-    forest: str, dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """TC_INVERT_CONV_V's two halves against the conv kernel then the invert prep reading its v:
-    the conv with row_channels writes the q and k columns with the full conv's bits and leaves
-    v unwritten (NaN here), and the invert prep given the pre-conv rows (`PreConv`) makes every
-    tensor of the prep bit for bit - over `_case`'s forest (windows from stored tails, zeros,
-    parents' and grandparents' rows, an empty segment, padding; every chunk a segment's first)
-    and over a root of 150 and a child of 70 (chunks past the first read their own rows) at the
-    tiny heads and the 27B ones."""
-    if forest == "sources":
-        case, heads = _case(dev, gen), (HQK, HV, DK, DV)
-        conv_in = [case.x, case.weight, case.pool.base, case.rows, case.segs, case.conv_src, case.conv_off]
-        segs, gdn_in = case.segs, [case.b_raw, case.a_raw, case.ssm_a, case.dt]
-    else:
-        heads = TC_HEADS[forest.removeprefix("long-")]
-        conv_in, segs, gdn_in = _pre_conv_long(dev, gen, heads)
-    hqk, hv, dk, dv = heads
-    if dev.type == "cuda" and not invert_compiles_for(dk, dv):
-        pytest.skip("invert form not compiled at these head sizes (INVERT_HEAD_MULTIPLE)")
-    monkeypatch.setattr(forest_gdn_module, "torch", _NanEmpty())
-    qk = 2 * hqk * dk
-    base_before = conv_in[2].clone()
-    full = forest_conv(*conv_in)
-    conv_in[2].copy_(base_before)
-    part = forest_conv(*conv_in, row_channels=qk)
-    assert torch.equal(_bits(part[:, :qk]), _bits(full[:, :qk]))
-    assert part[:, qk:].isnan().all() and not full.isnan().any()
-    kw = dict(
-        num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv, chunk=TC_CHUNK, dots="bf16", prep_form="invert"
-    )  # fmt: skip
-    qblocks = _qblocks(segs)
-    want = forest_gdn_prep(full, *gdn_in[:2], *gdn_in[2:], segs, qblocks, **kw)
-    pre = PreConv(conv_in[0], conv_in[1], conv_in[2], conv_in[5], conv_in[6])
-    got = forest_gdn_prep(part, *gdn_in[:2], *gdn_in[2:], segs, qblocks, **kw, pre_conv=pre)
-    for name in PREP_FIELDS:
-        assert torch.equal(_bits(getattr(got, name)), _bits(getattr(want, name))), name
-    assert got.u.isnan().sum() == want.u.isnan().sum() < want.u.numel()
-    with pytest.raises(ValueError, match="fused invert prep only"):
-        forest_gdn_prep(part, *gdn_in, segs, qblocks, **kw | dict(prep_form="blocks"), pre_conv=pre)
-
-
-def test_the_pre_conv_v_setting_follows_the_resolved_prep_form(
-    dev: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`reads_pre_conv_v`: only with TC_INVERT_CONV_V set, on the kernel path, and where the form
-    resolves to the fused "invert" (not "blocks", nor "invert" run as "invert_split")."""
-    x = torch.zeros(4, 4, device=dev)
-    assert not reads_pre_conv_v("invert", 8192, x)
-    monkeypatch.setattr(forest_gdn_module, "TC_INVERT_CONV_V", True)
-    assert reads_pre_conv_v("invert", 8192, x)
-    assert not reads_pre_conv_v("blocks", 8192, x)
-    monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT", True)
-    monkeypatch.setattr(forest_gdn_module, "TC_INVERT_SPLIT_MIN_ROWS", 1024)
-    assert not reads_pre_conv_v("invert", 8192, x)
-    assert reads_pre_conv_v("invert", 256, x)
 
 
 @pytest.mark.parametrize("form", TC_PREP_FORMS)
