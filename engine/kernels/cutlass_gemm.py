@@ -32,6 +32,14 @@ A fourth entry (`Library.swiglu_absmax`) also divides v by ffn_down's SmoothQuan
 each row's absmax with atomic maxima (exact in any order), so the quantizer of ffn_down's input
 only streams v (`int8_gemm.int8_gemm_swiglu_quantize`, SWIGLU_ABSMAX): measured on an H100 in
 session 21, (c) -2.2 ms and the 384-row bucket -0.9 ms, the same codes.
+
+A fifth (`Library.swiglu_pairs`, a candidate: SWIGLU_PAIRS) is the whole gate+up and SwiGLU in one
+GEMM: over a copy of the stacked weight whose rows alternate gate and up (`int8_gemm.interleave_gate_up`),
+a tile holds both values of each output and one thread holds them in neighbouring registers, so
+the epilogue's own visitor nodes pair them, fold the row absmax and store only w from registers
+(`PairNode` in the header). What it saves against the two-GEMM form: the up projection's fp32
+[M, I] written and read back as C (1.1 GB a layer at the 27B's 8,192 rows) and a second mainloop
+over the same activations. The same instructions on the same g and u: the same bits.
 """
 
 from __future__ import annotations
@@ -359,6 +367,15 @@ def swiglu_configs(name: str) -> tuple[str, str]:
 SWIGLU_ABSMAX = True
 
 
+# The one-GEMM SwiGLU (`Library.swiglu_pairs`) for the M that take the two-GEMM form, over a
+# gate/up-interleaved copy of the stacked weight (`int8_gemm.interleave_gate_up`, made once per
+# weight): a candidate, off until an engine run on the GPU says it pays (the copy is 2 * I * K bytes
+# a layer more, ~11 GB at 27B; a win makes the interleaved rows the stored layout instead). Its
+# tile: SWIGLU_PAIRS_TILE, or None for `config_for(M, 2I)`. The same bits either way.
+SWIGLU_PAIRS = False
+SWIGLU_PAIRS_TILE: str | None = None
+
+
 def swiglu_serves(m: int) -> bool:
     """Whether M rows take the two-GEMM SwiGLU form (where the table also serves M)."""
     return m >= SWIGLU_MIN_ROWS
@@ -516,7 +533,19 @@ class Library:
                 entry.restype = ctypes.c_int
                 entry.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
                 self._swiglu_absmax[c.name] = entry
+        # the one-GEMM SwiGLU over the interleaved weight (`swiglu_pairs`), likewise optional
+        self._swiglu_pairs: dict[str, ctypes._CFuncPtr] = {}
+        for c in configs:
+            entry = getattr(self._lib, "prism_int8_gemm_swiglu_pairs_" + c.name, None)
+            if entry is not None:
+                entry.restype = ctypes.c_int
+                entry.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                self._swiglu_pairs[c.name] = entry
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
+
+    def has_swiglu_pairs(self, name: str) -> bool:
+        """Whether config `name` has the one-GEMM SwiGLU entry (`swiglu_pairs`)."""
+        return name in self._swiglu_pairs
 
     def has_swiglu_absmax(self, name: str) -> bool:
         """Whether config `name` has the SwiGLU-over-the-divisor entry (`swiglu_absmax`)."""
@@ -568,15 +597,36 @@ class Library:
         a_scale: torch.Tensor,
         w_scale: torch.Tensor,
         up: torch.Tensor,
-        divisor: torch.Tensor,
+        divisor: torch.Tensor | None,
         out: torch.Tensor,
         absmax: torch.Tensor,
     ) -> None:
-        """out = v / divisor (IEEE) with v `swiglu`'s, and absmax[m] = max |out[m, :]| (fp32 [M],
-        set by the launch: CUTLASS zeroes it on the stream first, then folds each tile's row maxima
-        in with atomic maxima, exact in any order)."""
+        """out = v / divisor (IEEE; v itself where divisor is None) with v `swiglu`'s, and
+        absmax[m] = max |out[m, :]| (fp32 [M], set by the launch: CUTLASS zeroes it on the stream
+        first, then folds each tile's row maxima in with atomic maxima, exact in any order)."""
         entry = self._swiglu_absmax[name]
-        self._call(entry, name, a, w_gate, a_scale, w_scale, up, divisor.contiguous(), out, absmax)
+        div = None if divisor is None else divisor.contiguous()
+        self._call(entry, name, a, w_gate, a_scale, w_scale, up, div, out, absmax)
+
+    def swiglu_pairs(
+        self,
+        name: str,
+        a: torch.Tensor,
+        w_pairs: torch.Tensor,
+        a_scale: torch.Tensor,
+        w_scale_pairs: torch.Tensor,
+        divisor: torch.Tensor | None,
+        out: torch.Tensor,
+        absmax: torch.Tensor | None,
+    ) -> None:
+        """The one-GEMM SwiGLU: w_pairs int8 [2I, K] and w_scale_pairs [2I] the stacked gate+up
+        interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); out fp32 [M, I]
+        = v / divisor (v where divisor is None), v `swiglu`'s bits; absmax (None: not made) fp32
+        [M] = max |out[m, :]|, zeroed by the launch and folded with atomic maxima."""
+        if out.shape != (a.shape[0], w_pairs.shape[0] // 2) or not out.is_contiguous():
+            raise ValueError(f"swiglu_pairs: out must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")
+        div = None if divisor is None else divisor.contiguous()
+        self._call(self._swiglu_pairs[name], name, a, w_pairs, a_scale, w_scale_pairs, div, out, absmax)
 
     def _call(
         self,

@@ -15,6 +15,7 @@ kernel's epilogue (half the bytes out; the unfused path's bits after quantizatio
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -866,9 +867,11 @@ def int8_gemm_swiglu_quantize(
     [M]) = `quantize_rows(int8_gemm_swiglu(a, w, a_scale, w_scale), divisor)`, bit for bit.
 
     Where the CUTLASS library serves the two-GEMM SwiGLU form (and `cutlass_gemm.SWIGLU_ABSMAX`),
-    the gate GEMM's epilogue also divides v by the divisor and folds each row's absmax
-    (`Library.swiglu_absmax`: IEEE division, then a maximum, exact in any order), so the
-    quantizer only streams v / divisor against its row's scale (`quantize_rows_by_absmax`). Why:
+    the gate GEMM's epilogue also divides v by the divisor (if any: a linear without SmoothQuant
+    has none, and v / 1 = v) and folds each row's absmax (`Library.swiglu_absmax`: IEEE
+    division, then a maximum, exact in any order), so the quantizer only streams v / divisor
+    against its row's scale (`quantize_rows_by_absmax`). The one-GEMM candidate
+    (`cutlass_gemm.SWIGLU_PAIRS`) does the same in one launch (`Library.swiglu_pairs`). Why:
     `quantize_rows` holds a whole 17,408-wide fp32 row in one program's registers (16 warps, one
     program an SM), which read v at ~2.4 TB/s at 8,192 rows on an H100; the stream reads it at
     ~2.9 (session 21). Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
@@ -880,8 +883,17 @@ def int8_gemm_swiglu_quantize(
             f"int8_gemm_swiglu_quantize: the divisor must be [{n}] on {a.device}, "
             f"got {tuple(divisor.shape)} on {divisor.device}"
         )
-    if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and divisor is not None and m and n:
+    if backend == "auto" and m and n:
         _check(a, w, a_scale, w_scale, None, torch.float32)
+        pairs = _pairs_form(a, w, w_scale)
+        if pairs is not None:  # one GEMM over the interleaved weight
+            library, config, w_pairs, w_scale_pairs = pairs
+            divided = torch.empty(m, n, dtype=torch.float32, device=a.device)
+            absmax = torch.empty(m, dtype=torch.float32, device=a.device)
+            div = None if divisor is None else divisor.float()
+            library.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, div, divided, absmax)
+            return quantize_rows_by_absmax(divided, absmax)
+    if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and m and n:
         form = _two_gemm_form(a, w)
         if form is not None and form[0].has_swiglu_absmax(form[2]):
             library, up_config, gate_config = form
@@ -889,7 +901,8 @@ def int8_gemm_swiglu_quantize(
             divided = torch.empty_like(up)
             absmax = torch.empty(m, dtype=torch.float32, device=a.device)
             gate = (a, w[:n], a_scale, w_scale[:n])
-            library.swiglu_absmax(gate_config, *gate, up, divisor.float(), divided, absmax)
+            div = None if divisor is None else divisor.float()
+            library.swiglu_absmax(gate_config, *gate, up, div, divided, absmax)
             return quantize_rows_by_absmax(divided, absmax)
     v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend=backend)
     return quantize_rows(v, divisor, backend="triton" if v.is_cuda else backend)
@@ -911,6 +924,58 @@ def _two_gemm_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Libra
     if cutlass is None or library is None:
         return None
     return (library, *cutlass_gemm.swiglu_configs(cutlass))
+
+
+def interleave_gate_up(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stacked [gate; up] weight [2I, K] and its scales [2I] with the rows alternating: row
+    2j the gate's row j, row 2j + 1 the up's (the one-GEMM SwiGLU's layout,
+    `cutlass_gemm.Library.swiglu_pairs`). A copy; the same rows, only their order changes."""
+    _check_stacked(w)
+    n, k = w.shape[0] // 2, w.shape[1]
+    rows = w.reshape(2, n, k).transpose(0, 1).reshape(2 * n, k).contiguous()
+    return rows, w_scale.reshape(2, n).t().reshape(2 * n).contiguous()
+
+
+# The interleaved copies the one-GEMM SwiGLU candidate made (`cutlass_gemm.SWIGLU_PAIRS`), by the
+# stacked weight's id: weak references to the weight and its scales (an entry serves only the very
+# tensors it was made from, unchanged since: their versions) and the copies. Dropped with the weight.
+_PAIRED: dict[int, tuple[weakref.ref, weakref.ref, tuple[int, int], torch.Tensor, torch.Tensor]] = {}
+
+
+def _paired_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`interleave_gate_up(w, w_scale)`, made once per weight; None inside a graph capture when not
+    made yet (a weight's copy is never allocated by a captured graph: the caller keeps the
+    two-GEMM form; the engine's warm-up runs before its captures, so it makes them first)."""
+    key = id(w)
+    hit = _PAIRED.get(key)
+    versions = (w._version, w_scale._version)
+    if hit is not None and hit[0]() is w and hit[1]() is w_scale and hit[2] == versions:
+        return hit[3], hit[4]
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    rows, scales = interleave_gate_up(w, w_scale)
+    _PAIRED[key] = (weakref.ref(w), weakref.ref(w_scale), versions, rows, scales)
+    weakref.finalize(w, _PAIRED.pop, key, None)
+    return rows, scales
+
+
+def _pairs_form(
+    a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor
+) -> tuple[cutlass_gemm.Library, str, torch.Tensor, torch.Tensor] | None:
+    """(library, config, interleaved weight, its scales) where the one-GEMM SwiGLU candidate takes
+    a's M rows times the stacked w (`cutlass_gemm.SWIGLU_PAIRS` on, the M of the two-GEMM form,
+    the library's config with the entry), else None."""
+    if not cutlass_gemm.SWIGLU_PAIRS or not cutlass_gemm.swiglu_serves(a.shape[0]):
+        return None
+    name = cutlass_gemm.serves(a, w, None, torch.float32)
+    library = cutlass_gemm.library() if name else None
+    if name is None or library is None:
+        return None
+    name = cutlass_gemm.SWIGLU_PAIRS_TILE or name
+    if not library.has_swiglu_pairs(name):
+        return None
+    paired = _paired_weight(w, w_scale)
+    return None if paired is None else (library, name, *paired)
 
 
 def _up_projection(
@@ -1122,6 +1187,12 @@ def int8_gemm_swiglu(
     if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
     gate_w = w[:n]
+    pairs = _pairs_form(a, w, w_scale) if config is None and backend == "auto" else None
+    if pairs is not None:  # one GEMM over the interleaved weight, v only
+        library, name, w_pairs, w_scale_pairs = pairs
+        v = torch.empty(m, n, dtype=torch.float32, device=a.device)
+        library.swiglu_pairs(name, a, w_pairs, a_scale, w_scale_pairs, None, v, None)
+        return v
     form = _two_gemm_form(a, w) if config is None and backend == "auto" else None
     if form is not None:  # two GEMMs on Hopper: up, then the gate with the SwiGLU epilogue
         library, up_config, gate_config = form

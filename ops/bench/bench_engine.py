@@ -1053,6 +1053,21 @@ VARIANTS: dict[str, dict | None] = {
     # the next H100 (one process, 02747a6): (c) 476.6 / 480.0 ms against 475.4 / 475.6; alone
     # (bench_cutlass.py --m 8192) the cluster is the faster for GDN in, 1,069 against 1,253 us
     "tc64inv-allswizzled": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 1 << 30}),
+    # the CUDA default with the MLP's gate+up and SwiGLU in one CUTLASS GEMM over a gate/up-
+    # interleaved copy of the weight (`cutlass_gemm.SWIGLU_PAIRS`, session 26) where the two-GEMM
+    # form runs, at the table's tile for 2I columns (the clustered one above 2,048 rows) or the
+    # swizzled 128x128 tile: the same bits. The copies are ~11 GB more at 27B.
+    "tc64inv-swiglupairs": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True}),
+    "tc64inv-swiglupairs-sw8": _tc64inv(
+        set={
+            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True,
+            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS_TILE": "p128x128x128_sw8",
+        },
+    ),
+    # the CUDA default as it ran the bench's MLP before session 26: the bench's linears carry no
+    # SmoothQuant divisor, and the two-GEMM form's absmax epilogue then stood aside for `quantize_rows`
+    # (`cutlass_gemm.SWIGLU_ABSMAX` off for the variant); a model with divisors took it all along
+    "tc64inv-noabsmax": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_ABSMAX": False}),
     # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
     # partials in one launch, the copy back into pinned memory): the same values
     "tc64inv-blockreads": _tc64inv(set={"engine.decide.readout.DEVICE_READ": "block"}),

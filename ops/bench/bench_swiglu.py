@@ -14,6 +14,8 @@ checked bit for bit against the old pair's: a mismatch is reported and never pro
 last lines: per model and M, old us, best new us and its config, ms saved per forward (x the
 layers), and a proposed SWIGLU_TABLE (a fused config only where it beats the old pair by more
 than --margin). Both models at the 7 row counts: ~1-2 minutes on an H200 (compiles included).
+Where the CUTLASS library serves the two-GEMM form, also the engine's call
+(`int8_gemm_swiglu_quantize`) on that form against the one-GEMM candidate (`SWIGLU_PAIRS`).
 """
 
 # Every lambda below is timed inside the loop iteration that made it, so late binding is moot.
@@ -39,6 +41,7 @@ from engine.kernels.int8_gemm import (
     GemmConfig,
     int8_gemm,
     int8_gemm_swiglu,
+    int8_gemm_swiglu_quantize,
     swiglu_config_for,
 )
 from engine.kernels.quant import quantize_rows
@@ -111,6 +114,30 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
                         row["cutlass_swiglu_us"] = t_two * 1e3
                     if not row["cutlass_swiglu_bit_equal"]:
                         mismatches.append(f"{model} M={m} cutlass swiglu")
+                # the engine's call (`int8_gemm_swiglu_quantize`) at the M of the two-GEMM form:
+                # that form with the absmax epilogue against the one-GEMM candidate over the
+                # interleaved weight (`cutlass_gemm.SWIGLU_PAIRS`) at the table's tile and the
+                # swizzled one (the copies made in bench_stream's warm-up, before its capture)
+                if cutlass_gemm.serves(a, w, None, torch.float32) and cutlass_gemm.swiglu_serves(m):
+                    engine_call = lambda w: int8_gemm_swiglu_quantize(a, w, a_s, w_s, div)  # noqa: E731
+                    row["two_gemm_absmax_bit_equal"] = _same(engine_call(w), want)
+                    row["two_gemm_absmax_us"] = bench_stream(engine_call, copies) * 1e3
+                    for tile in (None, cutlass_gemm.SWIZZLED_TILE):
+                        key = f"pairs_{tile or 'table'}"
+                        with (
+                            _setting(cutlass_gemm, "SWIGLU_PAIRS", True),
+                            _setting(cutlass_gemm, "SWIGLU_PAIRS_TILE", tile),
+                        ):
+                            row[key + "_bit_equal"] = _same(engine_call(w), want)
+                            row[key + "_us"] = bench_stream(engine_call, copies) * 1e3
+                        if not row[key + "_bit_equal"]:
+                            mismatches.append(f"{model} M={m} {key}")
+                    print(
+                        f"    M={m}: two-GEMM + absmax {row['two_gemm_absmax_us']:8.1f} us, one GEMM "
+                        f"(table tile) {row['pairs_table_us']:8.1f} us, one GEMM (swizzled) "
+                        f"{row['pairs_' + cutlass_gemm.SWIZZLED_TILE + '_us']:8.1f} us",
+                        flush=True,
+                    )
                 # quantize_rows holds a row in registers up to kq.RESIDENT_VALUES a thread (32:
                 # 16,384 values at 16 warps), so the 27B's 17,408 takes its long-row kernel (v read
                 # twice); the same at 48 (the same bits: quant.py), to see whether to raise it

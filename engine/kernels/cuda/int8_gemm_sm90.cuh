@@ -11,14 +11,22 @@
 //
 //     v[m, n] = silu(g) * up[m, n],   g = (float(acc[m, n]) * a_scale[m]) * w_scale[n]
 //
-// A fourth divides v by the next linear's SmoothQuant divisor and folds each row's absmax into a
-// per-row buffer with atomic maxima, the two things the quantizer of ffn_down's input needs:
+// A fourth divides v by the next linear's SmoothQuant divisor (none: 1) and folds each row's absmax
+// into a per-row buffer with atomic maxima, the two things the quantizer of ffn_down's input needs:
 //
 //     w[m, n] = v[m, n] / s[n]  (IEEE, div.rn),   absmax[m] = max over n of |w[m, n]|
 //
 // A maximum is exact in any order, so the atomics' order cannot change absmax; w is the value
 // `quantize_rows(v, s)` divides out itself. The quantizer then only streams w against its row's
 // scale (`quant.quantize_rows_by_absmax`): the same codes and scales as `quantize_rows(v, s)`.
+//
+// A fifth makes that SwiGLU in one GEMM (kSwigluPairs): the weight's rows interleaved, row 2j the
+// gate's row j and row 2j + 1 the up's, so a tile holds both values of each of its outputs, and
+// wgmma's accumulator layout puts them in one thread, in neighbouring registers (columns 2j and
+// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`), folds the row absmax as the fourth
+// does, and stores w straight from registers into out [M, N / 2]; the [M, N] tile itself is never
+// written (D is void). Why: the two-GEMM form writes up (fp32 [M, I]) and reads it back as C, 1.1 GB
+// a layer at the 27B's 8,192 rows, and runs two mainloops over the same activations.
 //
 // engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
 // builds them into one shared library and calls it through ctypes.
@@ -98,9 +106,108 @@ struct AbsMax {
   CUTLASS_DEVICE T operator()(T const& running, T const& x) const { return fmaxf(running, fabsf(x)); }
 };
 
-// What the epilogue adds after the scaling: nothing, the residual (C), the SwiGLU with C = up, or
-// that SwiGLU over the divisor with its rows' absmax.
-enum class Epi { kPlain, kResidual, kSwiglu, kSwigluAbsmax };
+// What the epilogue adds after the scaling: nothing, the residual (C), the SwiGLU with C = up,
+// that SwiGLU over the divisor with its rows' absmax, or the SwiGLU of interleaved gate/up columns.
+enum class Epi { kPlain, kResidual, kSwiglu, kSwigluAbsmax, kSwigluPairs };
+
+// What the one-GEMM SwiGLU's nodes read besides the tile: out [M, N / 2] (row stride N / 2) for the
+// store, the divisor [N / 2] (or null: w = v) for the SwiGLU.
+struct PairedOutput {
+  float* out = nullptr;
+  const float* divisor = nullptr;
+};
+
+// A visitor node of the one-GEMM SwiGLU over a tile whose even column 2j is a gate value and odd
+// column 2j + 1 its up value. Store = false: w = silu(g) * u (/ divisor[j]) at the even column
+// (`swiglu_value`, `divide_rn`: the fourth epilogue's instructions, so the same bits) and 0 at the
+// odd one, which leaves a row's absmax as it is (|w| >= 0). Store = true (the tree's root): the
+// even columns written to out[m, j] from registers. Each thread checks the pairing it relies on
+// (its fragment's neighbours are columns 2j and 2j + 1 of one row) and traps if a layout ever
+// breaks it: a wrong pairing would be silently wrong numbers.
+template <bool Store>
+struct PairNode {
+  struct SharedStorage {};
+  using Arguments = PairedOutput;
+  using Params = PairedOutput;
+  using ElementAux = float;  // names the tree's output type where D is void (the root's)
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem_shape, Arguments const&) {
+    return get<1>(problem_shape) % 2 == 0;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE PairNode() {}
+  CUTLASS_HOST_DEVICE PairNode(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
+    return fusion::detail::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class Coords>
+  struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Coords coords, int rows, int cols, Params const& params)
+        : coords(coords), rows(rows), cols(cols), params(params) {}
+    Coords coords;  // (CPY, CPY_M, CPY_N, EPI_M, EPI_N) -> (m, n, l) of the whole output
+    int rows, cols;
+    Params const& params;
+
+    template <class ElementAccumulator, int F>
+    CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int epi_v, int epi_m,
+                                                  int epi_n, cutlass::Array<float, F> const& x) {
+      static_assert(F % 2 == 0, "a fragment holds whole (gate, up) pairs");
+      Tensor at = coords(_, _, _, epi_m, epi_n);
+      cutlass::Array<float, F> y;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < F; i += 2) {
+        auto gate = at(epi_v * F + i);
+        auto up = at(epi_v * F + i + 1);
+        int row = get<0>(gate), col = get<1>(gate);
+        if ((col & 1) != 0 || get<0>(up) != row || get<1>(up) != col + 1) __trap();
+        bool inside = row < rows && col < cols;
+        if constexpr (Store) {
+          if (inside) params.out[static_cast<int64_t>(row) * (cols / 2) + col / 2] = x[i];
+          y[i] = x[i];
+          y[i + 1] = x[i + 1];
+        } else {
+          float w = 0.0f;
+          if (inside) {
+            w = swiglu_value(x[i], x[i + 1]);
+            if (params.divisor != nullptr) w = divide_rn(w, params.divisor[col / 2]);
+          }
+          y[i] = w;
+          y[i + 1] = 0.0f;
+        }
+      }
+      return y;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    Tensor coords = fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
+        make_identity_tensor(make_shape(M, N, L)), args.tile_shape_mnk, args.tile_coord_mnkl, args.epi_tile,
+        args.tiled_copy, args.thread_idx);
+    return ConsumerStoreCallbacks<decltype(coords)>(coords, M, N, params);
+  }
+};
 
 // The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual, or SwiGLU with C).
 // Multiplication commutes exactly in IEEE arithmetic, so these are the reference's
@@ -123,10 +230,19 @@ struct ScaleTree {
       fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
                                Tile, float, float, kRound>,
       Divided>;
+  // the one-GEMM SwiGLU: w paired up, its rows' absmax folded (a null absmax: none), w stored
+  using PairsSwiglu = fusion::Sm90EVT<PairNode<false>, Scaled>;
+  using PairsAbsmax = fusion::Sm90EVT<
+      fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
+                               Tile, float, float, kRound>,
+      PairsSwiglu>;
+  using Pairs = fusion::Sm90EVT<PairNode<true>, PairsAbsmax>;
   using Op = cute::conditional_t<
       E == Epi::kPlain, Scaled,
-      cute::conditional_t<E == Epi::kResidual, WithC<cutlass::plus>,
-                          cute::conditional_t<E == Epi::kSwiglu, WithC<Swiglu>, RowAbsmax>>>;
+      cute::conditional_t<
+          E == Epi::kResidual, WithC<cutlass::plus>,
+          cute::conditional_t<E == Epi::kSwiglu, WithC<Swiglu>,
+                              cute::conditional_t<E == Epi::kSwigluAbsmax, RowAbsmax, Pairs>>>>;
 };
 
 // CUTLASS fills an atomic reduction's output with the driver's cuMemsetD*Async (cutlass/workspace.h);
@@ -169,10 +285,12 @@ template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSched
 struct Int8Gemm {
   using Row = cutlass::layout::RowMajor;
   using Col = cutlass::layout::ColumnMajor;
-  using ElementC = cute::conditional_t<E == Epi::kPlain, void, float>;
+  static constexpr bool kPairs = E == Epi::kSwigluPairs;
+  using ElementC = cute::conditional_t<E == Epi::kPlain || kPairs, void, float>;
+  using ElementD = cute::conditional_t<kPairs, void, float>;  // the pairs' tree stores w itself
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, ElementC, Row, 4, float, Row, 4,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, ElementC, Row, 4, ElementD, Row, 4,
       EpilogueSchedule, typename ScaleTree<Tile, E>::Op>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, Row, 16, int8_t, Col, 16, int32_t, Tile,
@@ -182,7 +300,8 @@ struct Int8Gemm {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise)
+  // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise); for kSwigluPairs
+  // (n the interleaved weight's rows) s [n / 2] or null, absmax [m] or null, and y is out [m, n / 2]
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
                                             const float* w_scale, const float* c, float* y, int m, int n,
                                             int k, const float* divisor = nullptr, float* absmax = nullptr) {
@@ -198,7 +317,8 @@ struct Int8Gemm {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
                                   {a, stride_a, w, stride_w},
-                                  {{}, reinterpret_cast<const ElementC*>(c), stride_c, y, stride_y},
+                                  {{}, reinterpret_cast<const ElementC*>(c), stride_c,
+                                   reinterpret_cast<ElementD*>(kPairs ? nullptr : y), stride_y},
                                   hw};
     typename ScaleTree<Tile, E>::RowScaled::Arguments row_scaled{{a_scale}, {}, {}};
     typename ScaleTree<Tile, E>::Scaled::Arguments scaled{{w_scale}, row_scaled, {}};
@@ -214,8 +334,13 @@ struct Int8Gemm {
     if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
     } else if constexpr (E == Epi::kSwigluAbsmax) {
-      typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor}, {}};
+      // a null divisor reads as 1 (CUTLASS's broadcast default): w = v / 1 = v exactly
+      typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor, 1.0f}, {}};
       args.epilogue.thread = {divided, {absmax, 0.0f, {}}};
+    } else if constexpr (kPairs) {
+      typename ScaleTree<Tile, E>::PairsSwiglu::Arguments paired{scaled, PairedOutput{nullptr, divisor}};
+      typename ScaleTree<Tile, E>::PairsAbsmax::Arguments folded{paired, {absmax, 0.0f, {}}};
+      args.epilogue.thread = {folded, PairedOutput{y, nullptr}};
     } else {
       args.epilogue.thread = {scaled, {}, {}};
     }
@@ -254,18 +379,23 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
 // (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]), prism_int8_gemm_swiglu_absmax_NAME
-// (v / divisor and its rows' absmax) and the workspace size any of them needs.
+// (v / divisor and its rows' absmax), prism_int8_gemm_swiglu_pairs_NAME (the one-GEMM SwiGLU over the
+// interleaved weight [2I, K]: out [m, I], divisor and absmax each optional) and the workspace size
+// any of them needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
   using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
   using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \
   using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu, ORDER>;     \
   using NAME##_absmax =                                                                                          \
       prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwigluAbsmax, ORDER>;           \
+  using NAME##_pairs =                                                                                           \
+      prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwigluPairs, ORDER>;            \
   extern "C" size_t prism_int8_gemm_##NAME##_workspace(int m, int n, int k) {                                   \
     size_t a = NAME##_plain::workspace_bytes(m, n, k), b = NAME##_residual::workspace_bytes(m, n, k);           \
     size_t c = NAME##_swiglu::workspace_bytes(m, n, k), d = NAME##_absmax::workspace_bytes(m, n, k);            \
-    size_t ab = a > b ? a : b, cd = c > d ? c : d;                                                               \
-    return ab > cd ? ab : cd;                                                                                    \
+    size_t e = NAME##_pairs::workspace_bytes(m, n, k);                                                           \
+    size_t ab = a > b ? a : b, cd = c > d ? c : d, abcd = ab > cd ? ab : cd;                                     \
+    return abcd > e ? abcd : e;                                                                                  \
   }                                                                                                              \
   extern "C" int prism_int8_gemm_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,                 \
                                         const float* w_scale, const float* residual, float* y, int m, int n,     \
@@ -283,4 +413,9 @@ using StreamK = cutlass::gemm::StreamKScheduler;
       const float* divisor, float* out, float* absmax, int m, int n, int k, void* workspace,                     \
       cudaStream_t stream) {                                                                                     \
     return NAME##_absmax::run(a, w, a_scale, w_scale, up, out, m, n, k, workspace, stream, divisor, absmax);     \
+  }                                                                                                              \
+  extern "C" int prism_int8_gemm_swiglu_pairs_##NAME(                                                            \
+      const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale, const float* divisor,       \
+      float* out, float* absmax, int m, int n, int k, void* workspace, cudaStream_t stream) {                   \
+    return NAME##_pairs::run(a, w, a_scale, w_scale, nullptr, out, m, n, k, workspace, stream, divisor, absmax); \
   }

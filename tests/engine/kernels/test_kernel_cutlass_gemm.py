@@ -6,9 +6,12 @@ sum, then (acc * a_scale) * w_scale (+ residual) with no FMA); a row's bits do n
 many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table's M buckets to
 it and gives the Triton kernel's bits; the SwiGLU form (`int8_gemm_swiglu`: the up GEMM, then the
 gate GEMM with the SwiGLU epilogue) gives the Triton fused kernel's bits, so a row's v is the same
-whichever backend its batch's M picks. Everywhere: the table, the sources the build writes, the
-digest that names a build, the dispatch's refusals (CPU tensors, bf16 out, misaligned shapes, no
-library); and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
+whichever backend its batch's M picks; the one-GEMM candidate (`Library.swiglu_pairs`, over the
+gate/up-interleaved weight) gives the two-GEMM form's bits, with and without the divisor and the
+absmax, and the engine's entry takes it when the setting is on. Everywhere: the table, the
+sources the build writes, the digest that names a build, the dispatch's refusals (CPU tensors,
+bf16 out, misaligned shapes, no library); the interleaved weight's rows and its copies' lifetime;
+and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
 library exports the entry points the loader binds.
 """
 
@@ -185,6 +188,9 @@ def test_each_config_source_declares_its_entry_points() -> None:
     # the entry points the loader binds are the ones the macro defines
     assert "prism_int8_gemm_##NAME##_workspace" in header and "prism_int8_gemm_##NAME(" in header
     assert "prism_int8_gemm_swiglu_##NAME(" in header
+    assert (
+        "prism_int8_gemm_swiglu_absmax_##NAME(" in header and "prism_int8_gemm_swiglu_pairs_##NAME(" in header
+    )
     assert "-fmad=false" in Path(cutlass_gemm.__file__).read_text()  # the epilogue's bits depend on it
 
 
@@ -235,6 +241,8 @@ def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pyte
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
     assert hasattr(lib, "prism_int8_gemm_swiglu_p64x128x128")
+    assert hasattr(lib, "prism_int8_gemm_swiglu_absmax_p64x128x128")
+    assert hasattr(lib, "prism_int8_gemm_swiglu_pairs_p64x128x128")
     assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
 
 
@@ -455,6 +463,91 @@ def test_the_swiglu_absmax_form_divides_v_and_finds_each_rows_absmax(config: str
         LIBRARY.swiglu_absmax(config, a, w[:i], a_scale, w_scale[:i], up, div, out, absmax)
         assert torch.equal(out, v / div[None, :]), (config, m, i, k)
         assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
+        # no divisor (a linear without SmoothQuant): v itself and its rows' absmax
+        absmax.fill_(1e30)
+        LIBRARY.swiglu_absmax(config, a, w[:i], a_scale, w_scale[:i], up, None, out, absmax)
+        assert torch.equal(out, v) and torch.equal(absmax, v.abs().amax(dim=1)), (config, m, i, k)
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
+def test_the_one_gemm_swiglu_gives_the_two_gemm_forms_bits(config: str, gate_scale: float) -> None:
+    """The one-GEMM candidate over the interleaved weight: out equals the two-GEMM form's v (up,
+    then the gate GEMM reading it as C; itself the Triton fused kernel's bits, above) bit for bit,
+    v / divisor with a divisor, and absmax = max |out| per row exactly; without an absmax buffer
+    nothing but out is written. Widths that are not a multiple of the tile (I = 520) check that
+    the last tile's columns past N are neither paired nor stored."""
+    from engine.kernels.int8_gemm import interleave_gate_up
+
+    assert LIBRARY is not None and LIBRARY.has_swiglu_pairs(config)
+    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
+        a, w, a_scale, w_scale = _stacked(m, i, k, 80 + j, gate_scale)
+        up = torch.empty(m, i, device="cuda")
+        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
+        v = torch.empty(m, i, device="cuda")
+        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
+        w_pairs, w_scale_pairs = interleave_gate_up(w, w_scale)
+        out = torch.full((m, i), float("nan"), device="cuda")
+        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, None, out, None)
+        assert torch.equal(out, v), (config, m, i, k)
+        div = _divisor(i, j)
+        absmax = torch.full((m,), 1e30, device="cuda")
+        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, div, out, absmax)
+        assert torch.equal(out, v / div[None, :]), (config, m, i, k)
+        assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
+        absmax.fill_(1e30)
+        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, None, out, absmax)
+        assert torch.equal(out, v) and torch.equal(absmax, v.abs().amax(dim=1)), (config, m, i, k)
+
+
+@needs_library
+@pytest.mark.parametrize("m", [257, 3000])
+def test_the_mlp_takes_the_one_gemm_swiglu_where_the_setting_is_on(
+    monkeypatch: pytest.MonkeyPatch, m: int
+) -> None:
+    """With `cutlass_gemm.SWIGLU_PAIRS` on, `int8_gemm_swiglu_quantize` and `int8_gemm_swiglu` run
+    one launch (`Library.swiglu_pairs`) over an interleaved copy made once per weight, and give
+    the two-GEMM form's codes, scales and v (the setting off: the oracle), with a divisor and
+    without; a row alone (Triton's fused kernel) keeps its codes; a graph captured after the
+    first call replays the same bits."""
+    ig = importlib.import_module("engine.kernels.int8_gemm")
+
+    i, k = 4352, 1024
+    a, w, a_scale, w_scale = _stacked(m, i, k, 19)
+    div = _divisor(i, 4)
+    want = {
+        d: ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d)
+        for d in ("div", None)
+        for d in [div if d else None]
+    }
+    want_v = ig.int8_gemm_swiglu(a, w, a_scale, w_scale)
+    calls: list[str] = []
+    real = cutlass_gemm.Library.swiglu_pairs
+
+    def spy(self, name, *args):  # noqa: ANN001, ANN202
+        calls.append(name)
+        return real(self, name, *args)
+
+    monkeypatch.setattr(cutlass_gemm.Library, "swiglu_pairs", spy)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_PAIRS", True)
+    for d, (want_q, want_s) in zip((div, None), want, strict=True):
+        q, scale = ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d)
+        assert torch.equal(q, want_q) and torch.equal(scale, want_s)
+    assert torch.equal(ig.int8_gemm_swiglu(a, w, a_scale, w_scale), want_v)
+    assert len(calls) == 3 and id(w) in ig._PAIRED
+    for row in (0, m - 1):
+        one = slice(row, row + 1)
+        alone_q, _ = ig.int8_gemm_swiglu_quantize(a[one], w, a_scale[one], w_scale, div)
+        assert torch.equal(alone_q[0], want[0][0][row])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_graph, s_graph = ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
+    q_graph.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q_graph, want[0][0]) and torch.equal(s_graph, want[0][1])
+    assert len(calls) == 4
 
 
 @needs_library
@@ -531,3 +624,50 @@ def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch:
     assert not swiglu_fused(384, w) and not swiglu_fused(3000, w)
     monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
     assert swiglu_fused(65, w) == (swiglu_config_for(65) is not None)
+
+
+def test_the_interleaved_weight_alternates_gate_and_up_rows() -> None:
+    """`interleave_gate_up`: row 2j is the gate's row j and row 2j + 1 the up's, scales alike (a
+    permutation of the stacked rows, checked row by row); a weight that is not two halves is refused."""
+    from engine.kernels.int8_gemm import interleave_gate_up
+
+    a, w, a_scale, w_scale, _ = _operands(4, 2 * 6, 32, 13, False)
+    rows, scales = interleave_gate_up(w, w_scale)
+    assert rows.shape == w.shape and scales.shape == w_scale.shape and rows.is_contiguous()
+    for j in range(6):
+        assert torch.equal(rows[2 * j], w[j]) and torch.equal(rows[2 * j + 1], w[6 + j])
+        assert scales[2 * j] == w_scale[j] and scales[2 * j + 1] == w_scale[6 + j]
+    with pytest.raises(ValueError, match="stacked"):
+        interleave_gate_up(w[:11], w_scale[:11])
+
+
+def test_the_interleaved_copy_is_made_once_per_weight_and_dropped_with_it() -> None:
+    """The candidate's copies (`_paired_weight`): the same tensors for the same weight; made again
+    after the weight changes in place (its version), never served to another weight; gone once
+    the weight is."""
+    import gc
+
+    ig = importlib.import_module("engine.kernels.int8_gemm")
+
+    _, w, _, w_scale, _ = _operands(1, 2 * 8, 16, 17, False)
+    first = ig._paired_weight(w, w_scale)
+    assert first is not None and ig._paired_weight(w, w_scale)[0] is first[0]
+    assert torch.equal(first[0], ig.interleave_gate_up(w, w_scale)[0])
+    w[0, 0] = -w[0, 0] - 1
+    again = ig._paired_weight(w, w_scale)
+    assert again[0] is not first[0] and torch.equal(again[0], ig.interleave_gate_up(w, w_scale)[0])
+    other = w.clone()
+    assert ig._paired_weight(other, w_scale)[0] is not again[0]
+    key = id(w)
+    del w, first, again
+    gc.collect()
+    assert key not in ig._PAIRED
+
+
+def test_the_one_gemm_swiglu_is_a_candidate_that_stays_off_by_default() -> None:
+    """Off by default (an engine run on the GPU decides); without the library (CPU here) no M takes it."""
+    ig = importlib.import_module("engine.kernels.int8_gemm")
+
+    assert cutlass_gemm.SWIGLU_PAIRS is False and cutlass_gemm.SWIGLU_PAIRS_TILE is None
+    a, w, a_scale, w_scale, _ = _operands(300, 2 * 64, 32, 21, False)
+    assert ig._pairs_form(a, w, w_scale) is None
