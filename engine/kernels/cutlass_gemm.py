@@ -621,8 +621,10 @@ class Library:
     ) -> None:
         """The one-GEMM SwiGLU: w_pairs int8 [2I, K] and w_scale_pairs [2I] the stacked gate+up
         interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); out fp32 [M, I]
-        = v / divisor (v where divisor is None), v `swiglu`'s bits; absmax (None: not made) fp32
-        [M] = max |out[m, :]|, zeroed by the launch and folded with atomic maxima."""
+        = v / s (v where divisor is None), v `swiglu`'s bits, `divisor` fp32 [2I] the divisor s
+        interleaved likewise (s[j] at 2j and 2j + 1: the epilogue broadcasts it per column);
+        absmax (None: not made) fp32 [M] = max |out[m, :]|, zeroed by the launch and folded with
+        atomic maxima."""
         if out.shape != (a.shape[0], w_pairs.shape[0] // 2) or not out.is_contiguous():
             raise ValueError(f"swiglu_pairs: out must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")
         div = None if divisor is None else divisor.contiguous()

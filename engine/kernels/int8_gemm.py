@@ -890,7 +890,7 @@ def int8_gemm_swiglu_quantize(
             library, config, w_pairs, w_scale_pairs = pairs
             divided = torch.empty(m, n, dtype=torch.float32, device=a.device)
             absmax = torch.empty(m, dtype=torch.float32, device=a.device)
-            div = None if divisor is None else divisor.float()
+            div = None if divisor is None else _paired_divisor(divisor)
             library.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, div, divided, absmax)
             return quantize_rows_by_absmax(divided, absmax)
     if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and m and n:
@@ -957,6 +957,24 @@ def _paired_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor
     _PAIRED[key] = (weakref.ref(w), weakref.ref(w_scale), versions, rows, scales)
     weakref.finalize(w, _PAIRED.pop, key, None)
     return rows, scales
+
+
+def _paired_divisor(divisor: torch.Tensor) -> torch.Tensor:
+    """ffn_down's divisor s [I] as the one-GEMM SwiGLU reads it: fp32 [2I], s[j] at 2j and 2j + 1
+    (made once per divisor, as `_paired_weight`; inside a capture a divisor not seen before is made
+    by the graph itself, 2I floats)."""
+    key = id(divisor)
+    hit = _PAIRED_DIVISORS.get(key)
+    if hit is not None and hit[0]() is divisor and hit[1] == divisor._version:
+        return hit[2]
+    paired = divisor.float().repeat_interleave(2)
+    if not (divisor.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _PAIRED_DIVISORS[key] = (weakref.ref(divisor), divisor._version, paired)
+        weakref.finalize(divisor, _PAIRED_DIVISORS.pop, key, None)
+    return paired
+
+
+_PAIRED_DIVISORS: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
 def _pairs_form(

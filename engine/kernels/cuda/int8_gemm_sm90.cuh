@@ -23,9 +23,11 @@
 // A fifth makes that SwiGLU in one GEMM (kSwigluPairs): the weight's rows interleaved, row 2j the
 // gate's row j and row 2j + 1 the up's, so a tile holds both values of each of its outputs, and
 // wgmma's accumulator layout puts them in one thread, in neighbouring registers (columns 2j and
-// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`), folds the row absmax as the fourth
-// does, and stores w straight from registers into out [M, N / 2]; the [M, N] tile itself is never
-// written (D is void). Why: the two-GEMM form writes up (fp32 [M, I]) and reads it back as C, 1.1 GB
+// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`: v at the even column, 0 at the odd),
+// divides by the divisor as the fourth does, read per column from an interleaved copy [N] (each
+// s[j] twice: a broadcast staged through shared memory, as the fourth's; a load of s[j / 2] per
+// pair in the node itself made the GEMM ~45% slower on an H100), folds the row absmax, and stores w
+// straight from registers into out [M, N / 2]; the [M, N] tile itself is never written (D is void). Why: the two-GEMM form writes up (fp32 [M, I]) and reads it back as C, 1.1 GB
 // a layer at the 27B's 8,192 rows, and runs two mainloops over the same activations.
 //
 // engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
@@ -110,17 +112,15 @@ struct AbsMax {
 // that SwiGLU over the divisor with its rows' absmax, or the SwiGLU of interleaved gate/up columns.
 enum class Epi { kPlain, kResidual, kSwiglu, kSwigluAbsmax, kSwigluPairs };
 
-// What the one-GEMM SwiGLU's nodes read besides the tile: out [M, N / 2] (row stride N / 2) for the
-// store, the divisor [N / 2] (or null: w = v) for the SwiGLU.
+// What the one-GEMM SwiGLU's store writes: out [M, N / 2] (row stride N / 2).
 struct PairedOutput {
   float* out = nullptr;
-  const float* divisor = nullptr;
 };
 
 // A visitor node of the one-GEMM SwiGLU over a tile whose even column 2j is a gate value and odd
-// column 2j + 1 its up value. Store = false: w = silu(g) * u (/ divisor[j]) at the even column
-// (`swiglu_value`, `divide_rn`: the fourth epilogue's instructions, so the same bits) and 0 at the
-// odd one, which leaves a row's absmax as it is (|w| >= 0). Store = true (the tree's root): the
+// column 2j + 1 its up value. Store = false: v = silu(g) * u at the even column (`swiglu_value`,
+// the fourth epilogue's instructions, so the same bits) and 0 at the odd one, which stays 0 over
+// the divisor and leaves a row's absmax as it is (|w| >= 0). Store = true (the tree's root): the
 // even columns written to out[m, j] from registers. Each thread checks the pairing it relies on
 // (its fragment's neighbours are columns 2j and 2j + 1 of one row) and traps if a layout ever
 // breaks it: a wrong pairing would be silently wrong numbers.
@@ -186,12 +186,7 @@ struct PairNode {
           y[i] = x[i];
           y[i + 1] = x[i + 1];
         } else {
-          float w = 0.0f;
-          if (inside) {
-            w = swiglu_value(x[i], x[i + 1]);
-            if (params.divisor != nullptr) w = divide_rn(w, params.divisor[col / 2]);
-          }
-          y[i] = w;
+          y[i] = inside ? swiglu_value(x[i], x[i + 1]) : 0.0f;
           y[i + 1] = 0.0f;
         }
       }
@@ -230,12 +225,15 @@ struct ScaleTree {
       fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
                                Tile, float, float, kRound>,
       Divided>;
-  // the one-GEMM SwiGLU: w paired up, its rows' absmax folded (a null absmax: none), w stored
+  // the one-GEMM SwiGLU: v paired up, over the interleaved divisor, its rows' absmax folded (a null
+  // absmax: none), w stored
   using PairsSwiglu = fusion::Sm90EVT<PairNode<false>, Scaled>;
+  using PairsDivided = fusion::Sm90EVT<fusion::Sm90Compute<DivideRn, float, float, kRound>, PairsSwiglu,
+                                       fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>>;
   using PairsAbsmax = fusion::Sm90EVT<
       fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
                                Tile, float, float, kRound>,
-      PairsSwiglu>;
+      PairsDivided>;
   using Pairs = fusion::Sm90EVT<PairNode<true>, PairsAbsmax>;
   using Op = cute::conditional_t<
       E == Epi::kPlain, Scaled,
@@ -301,7 +299,8 @@ struct Int8Gemm {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise); for kSwigluPairs
-  // (n the interleaved weight's rows) s [n / 2] or null, absmax [m] or null, and y is out [m, n / 2]
+  // (n the interleaved weight's rows) the interleaved s [n] (s[j] at 2j and 2j + 1) or null,
+  // absmax [m] or null, and y is out [m, n / 2]
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
                                             const float* w_scale, const float* c, float* y, int m, int n,
                                             int k, const float* divisor = nullptr, float* absmax = nullptr) {
@@ -338,9 +337,10 @@ struct Int8Gemm {
       typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor, 1.0f}, {}};
       args.epilogue.thread = {divided, {absmax, 0.0f, {}}};
     } else if constexpr (kPairs) {
-      typename ScaleTree<Tile, E>::PairsSwiglu::Arguments paired{scaled, PairedOutput{nullptr, divisor}};
-      typename ScaleTree<Tile, E>::PairsAbsmax::Arguments folded{paired, {absmax, 0.0f, {}}};
-      args.epilogue.thread = {folded, PairedOutput{y, nullptr}};
+      typename ScaleTree<Tile, E>::PairsSwiglu::Arguments paired{scaled, PairedOutput{}};
+      typename ScaleTree<Tile, E>::PairsDivided::Arguments divided{paired, {divisor, 1.0f}, {}};
+      typename ScaleTree<Tile, E>::PairsAbsmax::Arguments folded{divided, {absmax, 0.0f, {}}};
+      args.epilogue.thread = {folded, PairedOutput{y}};
     } else {
       args.epilogue.thread = {scaled, {}, {}};
     }
@@ -380,8 +380,8 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
 // (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]), prism_int8_gemm_swiglu_absmax_NAME
 // (v / divisor and its rows' absmax), prism_int8_gemm_swiglu_pairs_NAME (the one-GEMM SwiGLU over the
-// interleaved weight [2I, K]: out [m, I], divisor and absmax each optional) and the workspace size
-// any of them needs.
+// interleaved weight [2I, K]: out [m, I]; the interleaved divisor [2I] and absmax each optional) and
+// the workspace size any of them needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
   using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
   using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \

@@ -493,7 +493,8 @@ def test_the_one_gemm_swiglu_gives_the_two_gemm_forms_bits(config: str, gate_sca
         assert torch.equal(out, v), (config, m, i, k)
         div = _divisor(i, j)
         absmax = torch.full((m,), 1e30, device="cuda")
-        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, div, out, absmax)
+        paired_div = div.repeat_interleave(2)  # the epilogue reads s[j] at columns 2j and 2j + 1
+        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, paired_div, out, absmax)
         assert torch.equal(out, v / div[None, :]), (config, m, i, k)
         assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
         absmax.fill_(1e30)
@@ -516,11 +517,7 @@ def test_the_mlp_takes_the_one_gemm_swiglu_where_the_setting_is_on(
     i, k = 4352, 1024
     a, w, a_scale, w_scale = _stacked(m, i, k, 19)
     div = _divisor(i, 4)
-    want = {
-        d: ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d)
-        for d in ("div", None)
-        for d in [div if d else None]
-    }
+    want = [ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d) for d in (div, None)]
     want_v = ig.int8_gemm_swiglu(a, w, a_scale, w_scale)
     calls: list[str] = []
     real = cutlass_gemm.Library.swiglu_pairs
@@ -662,6 +659,20 @@ def test_the_interleaved_copy_is_made_once_per_weight_and_dropped_with_it() -> N
     del w, first, again
     gc.collect()
     assert key not in ig._PAIRED
+
+
+def test_the_interleaved_divisor_repeats_each_value_and_is_made_once() -> None:
+    """`_paired_divisor`: s[j] at 2j and 2j + 1, fp32; the same tensor again for the same divisor,
+    a new one once the divisor changes in place."""
+    ig = importlib.import_module("engine.kernels.int8_gemm")
+    div = _divisor(9, 2).cpu()
+    paired = ig._paired_divisor(div)
+    assert paired.dtype == torch.float32 and paired.shape == (18,)
+    assert torch.equal(paired[0::2], div) and torch.equal(paired[1::2], div)
+    assert ig._paired_divisor(div) is paired
+    div[3] = 7.0
+    again = ig._paired_divisor(div)
+    assert again is not paired and again[6] == again[7] == 7.0
 
 
 def test_the_one_gemm_swiglu_is_a_candidate_that_stays_off_by_default() -> None:
