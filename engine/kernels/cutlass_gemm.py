@@ -36,10 +36,11 @@ session 21, (c) -2.2 ms and the 384-row bucket -0.9 ms, the same codes.
 A fifth (`Library.swiglu_pairs`, a candidate: SWIGLU_PAIRS) is the whole gate+up and SwiGLU in one
 GEMM: over a copy of the stacked weight whose rows alternate gate and up (`int8_gemm.interleave_gate_up`),
 a tile holds both values of each output and one thread holds them in neighbouring registers, so
-the epilogue's own visitor nodes pair them, fold the row absmax and store only w from registers
-(`PairNode` in the header). What it saves against the two-GEMM form: the up projection's fp32
-[M, I] written and read back as C (1.1 GB a layer at the 27B's 8,192 rows) and a second mainloop
-over the same activations. The same instructions on the same g and u: the same bits.
+the epilogue's own visitor nodes pair them and store only v from registers (`PairNode` in the
+header); `quantize_rows(v, divisor)` follows. What it saves against the two-GEMM form: the up
+projection's fp32 [M, I] written and read back as C (1.1 GB a layer at the 27B's 8,192 rows) and a
+second mainloop over the same activations. The same instructions on the same g and u: the same
+bits.
 """
 
 from __future__ import annotations
@@ -539,7 +540,7 @@ class Library:
             entry = getattr(self._lib, "prism_int8_gemm_swiglu_pairs_" + c.name, None)
             if entry is not None:
                 entry.restype = ctypes.c_int
-                entry.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
                 self._swiglu_pairs[c.name] = entry
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
 
@@ -615,20 +616,14 @@ class Library:
         w_pairs: torch.Tensor,
         a_scale: torch.Tensor,
         w_scale_pairs: torch.Tensor,
-        divisor: torch.Tensor | None,
-        out: torch.Tensor,
-        absmax: torch.Tensor | None,
+        v: torch.Tensor,
     ) -> None:
         """The one-GEMM SwiGLU: w_pairs int8 [2I, K] and w_scale_pairs [2I] the stacked gate+up
-        interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); out fp32 [M, I]
-        = v / s (v where divisor is None), v `swiglu`'s bits, `divisor` fp32 [2I] the divisor s
-        interleaved likewise (s[j] at 2j and 2j + 1: the epilogue broadcasts it per column);
-        absmax (None: not made) fp32 [M] = max |out[m, :]|, zeroed by the launch and folded with
-        atomic maxima."""
-        if out.shape != (a.shape[0], w_pairs.shape[0] // 2) or not out.is_contiguous():
-            raise ValueError(f"swiglu_pairs: out must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")
-        div = None if divisor is None else divisor.contiguous()
-        self._call(self._swiglu_pairs[name], name, a, w_pairs, a_scale, w_scale_pairs, div, out, absmax)
+        interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); v fp32 [M, I]
+        gets `swiglu`'s bits."""
+        if v.shape != (a.shape[0], w_pairs.shape[0] // 2) or not v.is_contiguous():
+            raise ValueError(f"swiglu_pairs: v must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")
+        self._call(self._swiglu_pairs[name], name, a, w_pairs, a_scale, w_scale_pairs, v)
 
     def _call(
         self,

@@ -871,7 +871,8 @@ def int8_gemm_swiglu_quantize(
     has none, and v / 1 = v) and folds each row's absmax (`Library.swiglu_absmax`: IEEE
     division, then a maximum, exact in any order), so the quantizer only streams v / divisor
     against its row's scale (`quantize_rows_by_absmax`). The one-GEMM candidate
-    (`cutlass_gemm.SWIGLU_PAIRS`) does the same in one launch (`Library.swiglu_pairs`). Why:
+    (`cutlass_gemm.SWIGLU_PAIRS`) makes v in one launch (`Library.swiglu_pairs`), then
+    `quantize_rows`. Why:
     `quantize_rows` holds a whole 17,408-wide fp32 row in one program's registers (16 warps, one
     program an SM), which read v at ~2.4 TB/s at 8,192 rows on an H100; the stream reads it at
     ~2.9 (session 21). Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
@@ -886,13 +887,11 @@ def int8_gemm_swiglu_quantize(
     if backend == "auto" and m and n:
         _check(a, w, a_scale, w_scale, None, torch.float32)
         pairs = _pairs_form(a, w, w_scale)
-        if pairs is not None:  # one GEMM over the interleaved weight
+        if pairs is not None:  # one GEMM over the interleaved weight, then the row quantizer
             library, config, w_pairs, w_scale_pairs = pairs
-            divided = torch.empty(m, n, dtype=torch.float32, device=a.device)
-            absmax = torch.empty(m, dtype=torch.float32, device=a.device)
-            div = None if divisor is None else _paired_divisor(divisor)
-            library.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, div, divided, absmax)
-            return quantize_rows_by_absmax(divided, absmax)
+            v = torch.empty(m, n, dtype=torch.float32, device=a.device)
+            library.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, v)
+            return quantize_rows(v, divisor, backend="triton")
     if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and m and n:
         form = _two_gemm_form(a, w)
         if form is not None and form[0].has_swiglu_absmax(form[2]):
@@ -957,24 +956,6 @@ def _paired_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor
     _PAIRED[key] = (weakref.ref(w), weakref.ref(w_scale), versions, rows, scales)
     weakref.finalize(w, _PAIRED.pop, key, None)
     return rows, scales
-
-
-def _paired_divisor(divisor: torch.Tensor) -> torch.Tensor:
-    """ffn_down's divisor s [I] as the one-GEMM SwiGLU reads it: fp32 [2I], s[j] at 2j and 2j + 1
-    (made once per divisor, as `_paired_weight`; inside a capture a divisor not seen before is made
-    by the graph itself, 2I floats)."""
-    key = id(divisor)
-    hit = _PAIRED_DIVISORS.get(key)
-    if hit is not None and hit[0]() is divisor and hit[1] == divisor._version:
-        return hit[2]
-    paired = divisor.float().repeat_interleave(2)
-    if not (divisor.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _PAIRED_DIVISORS[key] = (weakref.ref(divisor), divisor._version, paired)
-        weakref.finalize(divisor, _PAIRED_DIVISORS.pop, key, None)
-    return paired
-
-
-_PAIRED_DIVISORS: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
 def _pairs_form(
@@ -1209,7 +1190,7 @@ def int8_gemm_swiglu(
     if pairs is not None:  # one GEMM over the interleaved weight, v only
         library, name, w_pairs, w_scale_pairs = pairs
         v = torch.empty(m, n, dtype=torch.float32, device=a.device)
-        library.swiglu_pairs(name, a, w_pairs, a_scale, w_scale_pairs, None, v, None)
+        library.swiglu_pairs(name, a, w_pairs, a_scale, w_scale_pairs, v)
         return v
     form = _two_gemm_form(a, w) if config is None and backend == "auto" else None
     if form is not None:  # two GEMMs on Hopper: up, then the gate with the SwiGLU epilogue

@@ -20,15 +20,15 @@
 // `quantize_rows(v, s)` divides out itself. The quantizer then only streams w against its row's
 // scale (`quant.quantize_rows_by_absmax`): the same codes and scales as `quantize_rows(v, s)`.
 //
-// A fifth makes that SwiGLU in one GEMM (kSwigluPairs): the weight's rows interleaved, row 2j the
+// A fifth makes the SwiGLU's v in one GEMM (kSwigluPairs): the weight's rows interleaved, row 2j the
 // gate's row j and row 2j + 1 the up's, so a tile holds both values of each of its outputs, and
 // wgmma's accumulator layout puts them in one thread, in neighbouring registers (columns 2j and
-// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`: v at the even column, 0 at the odd),
-// divides by the divisor as the fourth does, read per column from an interleaved copy [N] (each
-// s[j] twice: a broadcast staged through shared memory, as the fourth's; a load of s[j / 2] per
-// pair in the node itself made the GEMM ~45% slower on an H100), folds the row absmax, and stores w
-// straight from registers into out [M, N / 2]; the [M, N] tile itself is never written (D is void). Why: the two-GEMM form writes up (fp32 [M, I]) and reads it back as C, 1.1 GB
-// a layer at the 27B's 8,192 rows, and runs two mainloops over the same activations.
+// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`) and stores v straight from registers
+// into out [M, N / 2]; the [M, N] tile itself is never written (D is void). Why: the two-GEMM form
+// writes up (fp32 [M, I]) and reads it back as C, 1.1 GB a layer at the 27B's 8,192 rows, and runs
+// two mainloops over the same activations. v only: the divisor and the row absmax in this epilogue
+// cost more than they save (H100, session 26: at M 8,192 the GEMM took 2.0-2.4 ms writing v,
+// 3.1-3.5 with them, in a per-pair load or a broadcast node alike), so `quantize_rows(v, s)` follows.
 //
 // engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
 // builds them into one shared library and calls it through ctypes.
@@ -119,9 +119,8 @@ struct PairedOutput {
 
 // A visitor node of the one-GEMM SwiGLU over a tile whose even column 2j is a gate value and odd
 // column 2j + 1 its up value. Store = false: v = silu(g) * u at the even column (`swiglu_value`,
-// the fourth epilogue's instructions, so the same bits) and 0 at the odd one, which stays 0 over
-// the divisor and leaves a row's absmax as it is (|w| >= 0). Store = true (the tree's root): the
-// even columns written to out[m, j] from registers. Each thread checks the pairing it relies on
+// the third epilogue's instructions, so the same bits) and 0 at the odd one. Store = true (the
+// tree's root): the even columns written to out[m, j] from registers. Each thread checks the pairing it relies on
 // (its fragment's neighbours are columns 2j and 2j + 1 of one row) and traps if a layout ever
 // breaks it: a wrong pairing would be silently wrong numbers.
 template <bool Store>
@@ -225,16 +224,8 @@ struct ScaleTree {
       fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
                                Tile, float, float, kRound>,
       Divided>;
-  // the one-GEMM SwiGLU: v paired up, over the interleaved divisor, its rows' absmax folded (a null
-  // absmax: none), w stored
-  using PairsSwiglu = fusion::Sm90EVT<PairNode<false>, Scaled>;
-  using PairsDivided = fusion::Sm90EVT<fusion::Sm90Compute<DivideRn, float, float, kRound>, PairsSwiglu,
-                                       fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>>;
-  using PairsAbsmax = fusion::Sm90EVT<
-      fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
-                               Tile, float, float, kRound>,
-      PairsDivided>;
-  using Pairs = fusion::Sm90EVT<PairNode<true>, PairsAbsmax>;
+  // the one-GEMM SwiGLU: v paired up, then stored
+  using Pairs = fusion::Sm90EVT<PairNode<true>, fusion::Sm90EVT<PairNode<false>, Scaled>>;
   using Op = cute::conditional_t<
       E == Epi::kPlain, Scaled,
       cute::conditional_t<
@@ -285,7 +276,7 @@ struct Int8Gemm {
   using Col = cutlass::layout::ColumnMajor;
   static constexpr bool kPairs = E == Epi::kSwigluPairs;
   using ElementC = cute::conditional_t<E == Epi::kPlain || kPairs, void, float>;
-  using ElementD = cute::conditional_t<kPairs, void, float>;  // the pairs' tree stores w itself
+  using ElementD = cute::conditional_t<kPairs, void, float>;  // the pairs' tree stores v itself
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, ElementC, Row, 4, ElementD, Row, 4,
@@ -299,8 +290,7 @@ struct Int8Gemm {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise); for kSwigluPairs
-  // (n the interleaved weight's rows) the interleaved s [n] (s[j] at 2j and 2j + 1) or null,
-  // absmax [m] or null, and y is out [m, n / 2]
+  // (n the interleaved weight's rows) y is out [m, n / 2]
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
                                             const float* w_scale, const float* c, float* y, int m, int n,
                                             int k, const float* divisor = nullptr, float* absmax = nullptr) {
@@ -337,10 +327,7 @@ struct Int8Gemm {
       typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor, 1.0f}, {}};
       args.epilogue.thread = {divided, {absmax, 0.0f, {}}};
     } else if constexpr (kPairs) {
-      typename ScaleTree<Tile, E>::PairsSwiglu::Arguments paired{scaled, PairedOutput{}};
-      typename ScaleTree<Tile, E>::PairsDivided::Arguments divided{paired, {divisor, 1.0f}, {}};
-      typename ScaleTree<Tile, E>::PairsAbsmax::Arguments folded{divided, {absmax, 0.0f, {}}};
-      args.epilogue.thread = {folded, PairedOutput{y}};
+      args.epilogue.thread = {{scaled, PairedOutput{}}, PairedOutput{y}};
     } else {
       args.epilogue.thread = {scaled, {}, {}};
     }
@@ -380,8 +367,7 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 // One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
 // (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]), prism_int8_gemm_swiglu_absmax_NAME
 // (v / divisor and its rows' absmax), prism_int8_gemm_swiglu_pairs_NAME (the one-GEMM SwiGLU over the
-// interleaved weight [2I, K]: out [m, I]; the interleaved divisor [2I] and absmax each optional) and
-// the workspace size any of them needs.
+// interleaved weight [2I, K]: v [m, I]) and the workspace size any of them needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
   using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
   using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \
@@ -414,8 +400,8 @@ using StreamK = cutlass::gemm::StreamKScheduler;
       cudaStream_t stream) {                                                                                     \
     return NAME##_absmax::run(a, w, a_scale, w_scale, up, out, m, n, k, workspace, stream, divisor, absmax);     \
   }                                                                                                              \
-  extern "C" int prism_int8_gemm_swiglu_pairs_##NAME(                                                            \
-      const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale, const float* divisor,       \
-      float* out, float* absmax, int m, int n, int k, void* workspace, cudaStream_t stream) {                   \
-    return NAME##_pairs::run(a, w, a_scale, w_scale, nullptr, out, m, n, k, workspace, stream, divisor, absmax); \
+  extern "C" int prism_int8_gemm_swiglu_pairs_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,    \
+                                                     const float* w_scale, float* v, int m, int n, int k,        \
+                                                     void* workspace, cudaStream_t stream) {                     \
+    return NAME##_pairs::run(a, w, a_scale, w_scale, nullptr, v, m, n, k, workspace, stream);                   \
   }

@@ -7,8 +7,8 @@ many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table'
 it and gives the Triton kernel's bits; the SwiGLU form (`int8_gemm_swiglu`: the up GEMM, then the
 gate GEMM with the SwiGLU epilogue) gives the Triton fused kernel's bits, so a row's v is the same
 whichever backend its batch's M picks; the one-GEMM candidate (`Library.swiglu_pairs`, over the
-gate/up-interleaved weight) gives the two-GEMM form's bits, with and without the divisor and the
-absmax, and the engine's entry takes it when the setting is on. Everywhere: the table, the
+gate/up-interleaved weight) gives the two-GEMM form's v, and the engine's entry takes it when the
+setting is on. Everywhere: the table, the
 sources the build writes, the digest that names a build, the dispatch's refusals (CPU tensors,
 bf16 out, misaligned shapes, no library); the interleaved weight's rows and its copies' lifetime;
 and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
@@ -473,12 +473,11 @@ def test_the_swiglu_absmax_form_divides_v_and_finds_each_rows_absmax(config: str
 @pytest.mark.parametrize("config", [c.name for c in CONFIGS])
 @pytest.mark.parametrize("gate_scale", [1.0, 40.0])
 def test_the_one_gemm_swiglu_gives_the_two_gemm_forms_bits(config: str, gate_scale: float) -> None:
-    """The one-GEMM candidate over the interleaved weight: out equals the two-GEMM form's v (up,
-    then the gate GEMM reading it as C; itself the Triton fused kernel's bits, above) bit for bit,
-    v / divisor with a divisor, and absmax = max |out| per row exactly; without an absmax buffer
-    nothing but out is written. Widths that are not a multiple of the tile (I = 520) check that
-    the last tile's columns past N are neither paired nor stored."""
-    from engine.kernels.int8_gemm import interleave_gate_up
+    """The one-GEMM candidate over the interleaved weight: v equals the two-GEMM form's v (up, then
+    the gate GEMM reading it as C; itself the Triton fused kernel's bits, above) bit for bit.
+    Widths that are not a multiple of the tile (I = 520) check that the last tile's columns past
+    N are neither paired nor stored (v starts as NaN: every value must be written)."""
+    ig = importlib.import_module("engine.kernels.int8_gemm")
 
     assert LIBRARY is not None and LIBRARY.has_swiglu_pairs(config)
     for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
@@ -487,19 +486,10 @@ def test_the_one_gemm_swiglu_gives_the_two_gemm_forms_bits(config: str, gate_sca
         LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
         v = torch.empty(m, i, device="cuda")
         LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
-        w_pairs, w_scale_pairs = interleave_gate_up(w, w_scale)
+        w_pairs, w_scale_pairs = ig.interleave_gate_up(w, w_scale)
         out = torch.full((m, i), float("nan"), device="cuda")
-        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, None, out, None)
+        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, out)
         assert torch.equal(out, v), (config, m, i, k)
-        div = _divisor(i, j)
-        absmax = torch.full((m,), 1e30, device="cuda")
-        paired_div = div.repeat_interleave(2)  # the epilogue reads s[j] at columns 2j and 2j + 1
-        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, paired_div, out, absmax)
-        assert torch.equal(out, v / div[None, :]), (config, m, i, k)
-        assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
-        absmax.fill_(1e30)
-        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, None, out, absmax)
-        assert torch.equal(out, v) and torch.equal(absmax, v.abs().amax(dim=1)), (config, m, i, k)
 
 
 @needs_library
@@ -659,20 +649,6 @@ def test_the_interleaved_copy_is_made_once_per_weight_and_dropped_with_it() -> N
     del w, first, again
     gc.collect()
     assert key not in ig._PAIRED
-
-
-def test_the_interleaved_divisor_repeats_each_value_and_is_made_once() -> None:
-    """`_paired_divisor`: s[j] at 2j and 2j + 1, fp32; the same tensor again for the same divisor,
-    a new one once the divisor changes in place."""
-    ig = importlib.import_module("engine.kernels.int8_gemm")
-    div = _divisor(9, 2).cpu()
-    paired = ig._paired_divisor(div)
-    assert paired.dtype == torch.float32 and paired.shape == (18,)
-    assert torch.equal(paired[0::2], div) and torch.equal(paired[1::2], div)
-    assert ig._paired_divisor(div) is paired
-    div[3] = 7.0
-    again = ig._paired_divisor(div)
-    assert again is not paired and again[6] == again[7] == 7.0
 
 
 def test_the_one_gemm_swiglu_is_a_candidate_that_stays_off_by_default() -> None:
