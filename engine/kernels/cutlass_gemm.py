@@ -368,13 +368,23 @@ def swiglu_configs(name: str) -> tuple[str, str]:
 SWIGLU_ABSMAX = True
 
 
-# The one-GEMM SwiGLU (`Library.swiglu_pairs`) for the M that take the two-GEMM form, over a
-# gate/up-interleaved copy of the stacked weight (`int8_gemm.interleave_gate_up`, made once per
-# weight): a candidate, off until an engine run on the GPU says it pays (the copy is 2 * I * K bytes
-# a layer more, ~11 GB at 27B; a win makes the interleaved rows the stored layout instead). Its
-# tile: SWIGLU_PAIRS_TILE, or None for `config_for(M, 2I)`. The same bits either way.
+# The one-GEMM SwiGLU (`Library.swiglu_pairs`, then `quantize_rows`) for the M that take the
+# two-GEMM form, over a gate/up-interleaved copy of the stacked weight (`int8_gemm.interleave_gate_up`,
+# made once per weight): a candidate, off because of that copy (2 * I * K bytes a layer more, ~11 GB
+# at 27B); the way to turn it on is the interleaved rows as the stored layout (every consumer of the
+# stacked weight reading pairs), not the copy. Measured on an H100 (session 26, one process, 27B,
+# cdfa463): (b)'s 328 rows 28.56 / 28.71 -> 26.81 ms at the table's tile; (c) 477.5 / 477.9 ->
+# 467.5 ms with the swizzled tile (478.9 at the table's clustered one). Where the table names its
+# clustered tile (above 2,048 rows), SWIGLU_PAIRS_SWIZZLE gives the pairs GEMM SWIZZLED_TILE instead.
+# Which tile serves never changes the bits.
 SWIGLU_PAIRS = False
-SWIGLU_PAIRS_TILE: str | None = None
+SWIGLU_PAIRS_SWIZZLE = True
+
+
+def swiglu_pairs_config(name: str) -> str:
+    """The one-GEMM SwiGLU's config where `config_for(M, 2I)` gives `name`: SWIZZLED_TILE for the
+    table's clustered tile if SWIGLU_PAIRS_SWIZZLE, else `name`."""
+    return SWIZZLED_TILE if SWIGLU_PAIRS_SWIZZLE and name == TABLE[-1][1] else name
 
 
 def swiglu_serves(m: int) -> bool:

@@ -970,7 +970,7 @@ def _pairs_form(
     library = cutlass_gemm.library() if name else None
     if name is None or library is None:
         return None
-    name = cutlass_gemm.SWIGLU_PAIRS_TILE or name
+    name = cutlass_gemm.swiglu_pairs_config(name)
     if not library.has_swiglu_pairs(name):
         return None
     paired = _paired_weight(w, w_scale)

@@ -1054,14 +1054,16 @@ VARIANTS: dict[str, dict | None] = {
     # (bench_cutlass.py --m 8192) the cluster is the faster for GDN in, 1,069 against 1,253 us
     "tc64inv-allswizzled": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 1 << 30}),
     # the CUDA default with the MLP's gate+up and SwiGLU in one CUTLASS GEMM over a gate/up-
-    # interleaved copy of the weight (`cutlass_gemm.SWIGLU_PAIRS`, session 26) where the two-GEMM
-    # form runs, at the table's tile for 2I columns (the clustered one above 2,048 rows) or the
-    # swizzled 128x128 tile: the same bits. The copies are ~11 GB more at 27B.
+    # interleaved copy of the weight, then `quantize_rows` (`cutlass_gemm.SWIGLU_PAIRS`, session
+    # 26), where the two-GEMM form runs: above 2,048 rows on the swizzled tile
+    # (`SWIGLU_PAIRS_SWIZZLE`), or the table's clustered tile there too (-cluster). The same bits;
+    # the copies are ~11 GB more at 27B. (Session 26 also timed the swizzled tile at every M, a
+    # setting since removed: (b) 28.6 -> 33.5 ms, (c) 477.5 -> 467.5.)
     "tc64inv-swiglupairs": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True}),
-    "tc64inv-swiglupairs-sw8": _tc64inv(
+    "tc64inv-swiglupairs-cluster": _tc64inv(
         set={
             "engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True,
-            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS_TILE": "p128x128x128_sw8",
+            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS_SWIZZLE": False,
         },
     ),
     # the CUDA default as it ran the bench's MLP before session 26: the bench's linears carry no

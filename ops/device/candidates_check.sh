@@ -73,7 +73,7 @@ kernels)
 pairs)
     # session 26: the one-GEMM SwiGLU candidate (cutlass_gemm.SWIGLU_PAIRS): its CUDA bit tests, the
     # engine's MLP call alone at 27B against the two-GEMM form (bench_swiglu.py, bits checked), then
-    # the engine A/B in one process (PAIRS_VARIANTS; tc64inv-noabsmax: the bench's MLP as before)
+    # the engine A/B in one process (PAIRS_VARIANTS)
     timeout 130 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_kernel_cutlass_gemm.py \
         -k "one_gemm or absmax or interleaved" > "$OUT/pairs-tests.log" 2>&1
     echo "tests rc=$?"; tail -4 "$OUT/pairs-tests.log"
@@ -81,7 +81,7 @@ pairs)
         --out "$OUT/swiglu-pairs.json" > "$OUT/swiglu-pairs.log" 2>&1
     echo "swiglu rc=$?"; grep -E "M=|MISMATCH" "$OUT/swiglu-pairs.log" | cut -c1-300
     timeout 360 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-        --variants "${PAIRS_VARIANTS:-tc64inv,tc64inv-swiglupairs,tc64inv-swiglupairs-sw8,tc64inv-noabsmax}" \
+        --variants "${PAIRS_VARIANTS:-tc64inv,tc64inv-swiglupairs,tc64inv-swiglupairs-cluster,tc64inv}" \
         --json "$OUT/engine-pairs.json" > "$OUT/engine-pairs.log" 2>&1
     echo "bench rc=$?"
     grep -E "^(---|a_one|a_timed|b_three|b_readme|c_one|d_64)" "$OUT/engine-pairs.log" | cut -c1-400

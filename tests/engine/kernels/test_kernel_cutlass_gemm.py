@@ -651,10 +651,26 @@ def test_the_interleaved_copy_is_made_once_per_weight_and_dropped_with_it() -> N
     assert key not in ig._PAIRED
 
 
+def test_the_one_gemm_swiglu_takes_the_swizzled_tile_only_where_the_table_clusters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`swiglu_pairs_config`: SWIZZLED_TILE in place of the table's clustered tile (its last
+    entry) while SWIGLU_PAIRS_SWIZZLE is on; every other tile, and every tile with it off, as given."""
+    clustered = TABLE[-1][1]
+    assert cutlass_gemm.SWIGLU_PAIRS_SWIZZLE is True
+    assert cutlass_gemm.swiglu_pairs_config(clustered) == cutlass_gemm.SWIZZLED_TILE
+    for m in (65, 300, 2048):
+        name = config_for(m, 34816, 132)
+        assert name is not None and name != clustered
+        assert cutlass_gemm.swiglu_pairs_config(name) == name
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_PAIRS_SWIZZLE", False)
+    assert cutlass_gemm.swiglu_pairs_config(clustered) == clustered
+
+
 def test_the_one_gemm_swiglu_is_a_candidate_that_stays_off_by_default() -> None:
     """Off by default (an engine run on the GPU decides); without the library (CPU here) no M takes it."""
     ig = importlib.import_module("engine.kernels.int8_gemm")
 
-    assert cutlass_gemm.SWIGLU_PAIRS is False and cutlass_gemm.SWIGLU_PAIRS_TILE is None
+    assert cutlass_gemm.SWIGLU_PAIRS is False
     a, w, a_scale, w_scale, _ = _operands(300, 2 * 64, 32, 21, False)
     assert ig._pairs_form(a, w, w_scale) is None
