@@ -261,7 +261,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             quantize_rows(f32(t, k), f32(k), backend="triton")
             rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")
             norm_rows(f32(t, k), f32(k), 1e-6, backend="triton")
-        # the MLP's v quantized by the absmax the gate GEMM's epilogue folds (Hopper's two-GEMM form)
+        # rows quantized by an absmax found elsewhere (a GEMM epilogue's: session 21's two-GEMM MLP)
         quantize_rows_by_absmax(f32(t, inter), f32(t), backend="triton")
         norm_rows(f32(t, hqk, dk), None, 1e-6, mean=False, backend="triton")
         norm_rows(f32(t, hv, dv), f32(dv), 1e-6, backend="triton")
@@ -286,16 +286,16 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             gated_norm_quantize(f32(t, hv, dv), f32(t, hv * dv), f32(dv), f32(hv * dv), 1e-6)
         finally:
             decode_quant.GATED_FORM = gated_form
-        swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+        swiglu_quantize(f32(t, 2 * inter), f32(inter))  # gate and up interleaved
         split_rows, decode_quant.SPLIT_MAX_ROWS = decode_quant.SPLIT_MAX_ROWS, t  # its split form too
         try:
-            swiglu_quantize(f32(t, inter), f32(t, inter), f32(inter))
+            swiglu_quantize(f32(t, 2 * inter), f32(inter))
         finally:
             decode_quant.SPLIT_MAX_ROWS = split_rows
         # SwiGLU's long-row kernel runs for intermediate sizes past 18,432 (no shape here has
         # one): compiled at such a row so that the kernel kept for them stays valid
         long_inter = max(inter, decode_quant.RESIDENT_VALUES * 32 * decode_quant.RESIDENT_WARPS) + 1024
-        swiglu_quantize(f32(t, long_inter), f32(t, long_inter), f32(long_inter))
+        swiglu_quantize(f32(t, 2 * long_inter), f32(long_inter))
         # the forest body's kernels (all-padding tables: valid, and nothing would be touched)
         frows = torch.zeros(t, ROW_FIELDS, dtype=torch.int64)
         segs = torch.zeros(4, SEG_FIELDS, dtype=torch.int64)

@@ -15,32 +15,20 @@ table names a config and the library is built; otherwise the Triton kernel runs 
 `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
 ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
 
-The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as two GEMMs from SWIGLU_MIN_ROWS
-rows: the up projection (a plain GEMM over the up rows of the stacked weight, fp32), then the gate
-GEMM whose epilogue reads that as its C and writes v = silu(g) * up with the Triton kernels' own
-instructions (`swiglu_value` in the header), so v has the Triton fused kernel's bits. Below that,
-the engine's MLP runs the plain stacked GEMM here and then `swiglu_quantize`
-(`int8_gemm.swiglu_fused`). Why the split, measured on an H200 (27B, 2026-12-04): alone
-(`bench_swiglu.py`, cold weights) the stacked pair was fastest at every M (256: 99 us with the
-quantizer against 118 for two GEMMs and 123 for Triton's fused kernel; 8,192: 2,412 / 2,494 /
-2,710), but inside the engine (`bench_engine.py`, one process) the two-GEMM form took (b) from
-26.66 to 26.20 ms and (c) from 473.8 to 460.9 ms and lost (a), 20.39 against 20.79 ms. Why not
-one launch: CUTLASS's epilogue combines a tile's values elementwise, and a gate column and its up
-column lie a whole weight half apart.
-
-A fourth entry (`Library.swiglu_absmax`) also divides v by ffn_down's SmoothQuant divisor and folds
-each row's absmax with atomic maxima (exact in any order), so the quantizer of ffn_down's input
-only streams v (`int8_gemm.int8_gemm_swiglu_quantize`, SWIGLU_ABSMAX): measured on an H100 in
-session 21, (c) -2.2 ms and the 384-row bucket -0.9 ms, the same codes.
-
-A fifth (`Library.swiglu_pairs`, a candidate: SWIGLU_PAIRS) is the whole gate+up and SwiGLU in one
-GEMM: over a copy of the stacked weight whose rows alternate gate and up (`int8_gemm.interleave_gate_up`),
-a tile holds both values of each output and one thread holds them in neighbouring registers, so
-the epilogue's own visitor nodes pair them and store only v from registers (`PairNode` in the
-header); `quantize_rows(v, divisor)` follows. What it saves against the two-GEMM form: the up
-projection's fp32 [M, I] written and read back as C (1.1 GB a layer at the 27B's 8,192 rows) and a
-second mainloop over the same activations. The same instructions on the same g and u: the same
-bits.
+The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as one GEMM from SWIGLU_MIN_ROWS rows
+(`Library.swiglu_pairs`): the stored gate+up weight's rows alternate gate and up
+(`int8_gemm.interleave_gate_up`), so a tile holds both values of each output and one thread holds
+them in neighbouring accumulator registers; the epilogue's own visitor nodes pair them with the
+Triton kernels' instructions (`swiglu_value` in the header) and store only v from registers
+(`PairNode`), so v has the Triton fused kernel's bits, and `quantize_rows(v, divisor)` follows.
+Below SWIGLU_MIN_ROWS the engine's MLP runs the plain stacked GEMM here and then `swiglu_quantize`
+on its even and odd columns (`int8_gemm.swiglu_fused`). It replaced (session 27) a two-GEMM form:
+the up projection written as fp32 [M, I] and read back as the gate GEMM's C (1.1 GB a layer at the
+27B's 8,192 rows), and a second mainloop over the same activations. Measured on an H100 (session
+26, one process, 27B, the one-GEMM form then over an interleaved copy of the weight): (b)'s 328 rows
+28.56 / 28.71 -> 26.81 ms, (c) 477.5 / 477.9 -> 467.5 ms on SWIZZLED_TILE (`swiglu_config`).
+Dividing by ffn_down's SmoothQuant divisor and folding each row's absmax in the same epilogue cost
+more than the quantizer's pass saves (~1.1 ms a layer at 8,192 rows), so v alone is written.
 """
 
 from __future__ import annotations
@@ -325,18 +313,6 @@ HALF_ROW_TILE = ("p64x128x128", 1.17)
 SWIZZLED_MAX_COLUMNS = 8192
 SWIZZLED_TILE = "p128x128x128_sw8"
 
-# Which GEMMs of the MLP's two-GEMM SwiGLU form (`int8_gemm_swiglu`) take SWIZZLED_TILE where the
-# table names the clustered tile, although their outputs (17,408 at 27B) are wider than
-# SWIZZLED_MAX_COLUMNS: "none", "gate" (the GEMM whose epilogue reads the up projection as its C)
-# or "both". Why it may pay: on an H100 (bench_cutlass.py --candidates, M 8,192, 2026-12-05
-# session 19) a 17,408-wide GEMM reading a C took 1,241 us swizzled against 1,308 clustered, while
-# GDN in (16,480 wide, no C) lost, 1,217 against 1,131: the C's 570 MB are what the swizzle's L2
-# reuse helps with. "both" since session 20's engine run (H100, `candidates_check.sh
-# STAGE=session`, one process, 27B, d90b6b6): (c) 491.9 -> 477.8 ms ("gate" alone 487.8); nothing
-# below 2,048 rows changes. Which tile serves never changes the bits.
-SWIGLU_SWIZZLES = ("none", "gate", "both")
-SWIGLU_SWIZZLE = "both"
-
 # What the engine's library holds: the configs the tables name (each costs ~1 min of nvcc).
 CONFIGS: tuple[CutlassConfig, ...] = tuple(
     c
@@ -345,50 +321,30 @@ CONFIGS: tuple[CutlassConfig, ...] = tuple(
 )
 
 
-# From how many rows the MLP takes the two-GEMM SwiGLU form where the table serves M (module
-# docstring): above workload (a)'s 256-row bucket. Benches set 0 (always) or 1 << 62 (never).
-SWIGLU_MIN_ROWS = 257
+# From how many rows the MLP takes the one-GEMM SwiGLU where the table serves M (module docstring);
+# below, the stacked GEMM then `swiglu_quantize`. Above the decoder's 64-row bucket: on an H100
+# (session 27, one process, 27B, 0 against the two-GEMM form's 257) (a)'s 256 rows 20.82 / 20.84 ->
+# 20.59 / 20.69 ms and the README's (b) (192 rows) 19.43 / 19.48 -> 19.06 / 19.13, decode at 1 and
+# 64 sequences unchanged (their buckets, and the 5-16-row ones, not timed, keep the unfused path).
+# Benches set 0 (always) or 1 << 62 (never).
+SWIGLU_MIN_ROWS = 65
+
+# Whether the one-GEMM SwiGLU takes SWIZZLED_TILE where the table names its clustered tile (above
+# 2,048 rows), although its output (34,816 columns at 27B) is wider than SWIZZLED_MAX_COLUMNS: on
+# an H100 (session 26, one process, 27B) (c) took 467.5 ms swizzled against 478.9 clustered, and
+# the 328-row bucket lost 5 ms on the swizzled tile, so the swizzle is for the clustered bucket
+# only. Which tile serves never changes the bits.
+SWIGLU_SWIZZLE = True
 
 
-def swiglu_configs(name: str) -> tuple[str, str]:
-    """The (up, gate) configs of the two-GEMM SwiGLU form whose M rows `config_for` gives `name`:
-    `name` for both, except SWIZZLED_TILE for the halves SWIGLU_SWIZZLE names where `name` is the
-    table's clustered tile (the one for the most rows)."""
-    if SWIGLU_SWIZZLE not in SWIGLU_SWIZZLES:
-        raise ValueError(f"SWIGLU_SWIZZLE must be one of {SWIGLU_SWIZZLES}, got {SWIGLU_SWIZZLE!r}")
-    if SWIGLU_SWIZZLE == "none" or name != TABLE[-1][1]:
-        return name, name
-    return (SWIZZLED_TILE if SWIGLU_SWIZZLE == "both" else name), SWIZZLED_TILE
-
-
-# Whether the MLP's two-GEMM SwiGLU form divides v by ffn_down's SmoothQuant divisor and folds its
-# rows' absmax in the gate GEMM's epilogue (`Library.swiglu_absmax`), leaving the quantizer a stream
-# over v (`quant.quantize_rows_by_absmax`) instead of one program holding each 17,408-wide row
-# (`int8_gemm.int8_gemm_swiglu_quantize`). The same codes and scales either way.
-SWIGLU_ABSMAX = True
-
-
-# The one-GEMM SwiGLU (`Library.swiglu_pairs`, then `quantize_rows`) for the M that take the
-# two-GEMM form, over a gate/up-interleaved copy of the stacked weight (`int8_gemm.interleave_gate_up`,
-# made once per weight): a candidate, off because of that copy (2 * I * K bytes a layer more, ~11 GB
-# at 27B); the way to turn it on is the interleaved rows as the stored layout (every consumer of the
-# stacked weight reading pairs), not the copy. Measured on an H100 (session 26, one process, 27B,
-# cdfa463): (b)'s 328 rows 28.56 / 28.71 -> 26.81 ms at the table's tile; (c) 477.5 / 477.9 ->
-# 467.5 ms with the swizzled tile (478.9 at the table's clustered one). Where the table names its
-# clustered tile (above 2,048 rows), SWIGLU_PAIRS_SWIZZLE gives the pairs GEMM SWIZZLED_TILE instead.
-# Which tile serves never changes the bits.
-SWIGLU_PAIRS = False
-SWIGLU_PAIRS_SWIZZLE = True
-
-
-def swiglu_pairs_config(name: str) -> str:
+def swiglu_config(name: str) -> str:
     """The one-GEMM SwiGLU's config where `config_for(M, 2I)` gives `name`: SWIZZLED_TILE for the
-    table's clustered tile if SWIGLU_PAIRS_SWIZZLE, else `name`."""
-    return SWIZZLED_TILE if SWIGLU_PAIRS_SWIZZLE and name == TABLE[-1][1] else name
+    table's clustered tile if SWIGLU_SWIZZLE, else `name`."""
+    return SWIZZLED_TILE if SWIGLU_SWIZZLE and name == TABLE[-1][1] else name
 
 
 def swiglu_serves(m: int) -> bool:
-    """Whether M rows take the two-GEMM SwiGLU form (where the table also serves M)."""
+    """Whether M rows take the one-GEMM SwiGLU (where the table also serves M)."""
     return m >= SWIGLU_MIN_ROWS
 
 
@@ -523,44 +479,24 @@ class Library:
         self.path = path
         self._lib = ctypes.CDLL(str(path))
         self._run: dict[str, ctypes._CFuncPtr] = {}
-        self._swiglu: dict[str, ctypes._CFuncPtr] = {}
+        self._swiglu_pairs: dict[str, ctypes._CFuncPtr] = {}
         self._workspace_bytes: dict[str, ctypes._CFuncPtr] = {}
         for c in configs:
-            for table, symbol in ((self._run, "prism_int8_gemm_"), (self._swiglu, "prism_int8_gemm_swiglu_")):
+            # (a, w, a_scale, w_scale, residual or null, y, m, n, k, workspace, stream) and
+            # (a, w, a_scale, w_scale, v, m, n, k, workspace, stream)
+            for table, symbol, pointers in (
+                (self._run, "prism_int8_gemm_", 6),
+                (self._swiglu_pairs, "prism_int8_gemm_swiglu_pairs_", 5),
+            ):
                 entry = getattr(self._lib, symbol + c.name)
                 entry.restype = ctypes.c_int
-                entry.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                entry.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
                 table[c.name] = entry
             ws = getattr(self._lib, f"prism_int8_gemm_{c.name}_workspace")
             ws.restype = ctypes.c_size_t
             ws.argtypes = [ctypes.c_int] * 3
             self._workspace_bytes[c.name] = ws
-        # the SwiGLU over the divisor with its rows' absmax (`swiglu_absmax`); a library built
-        # before it (a candidates' build, say) lacks it and the engine quantizes v itself
-        self._swiglu_absmax: dict[str, ctypes._CFuncPtr] = {}
-        for c in configs:
-            entry = getattr(self._lib, "prism_int8_gemm_swiglu_absmax_" + c.name, None)
-            if entry is not None:
-                entry.restype = ctypes.c_int
-                entry.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
-                self._swiglu_absmax[c.name] = entry
-        # the one-GEMM SwiGLU over the interleaved weight (`swiglu_pairs`), likewise optional
-        self._swiglu_pairs: dict[str, ctypes._CFuncPtr] = {}
-        for c in configs:
-            entry = getattr(self._lib, "prism_int8_gemm_swiglu_pairs_" + c.name, None)
-            if entry is not None:
-                entry.restype = ctypes.c_int
-                entry.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
-                self._swiglu_pairs[c.name] = entry
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
-
-    def has_swiglu_pairs(self, name: str) -> bool:
-        """Whether config `name` has the one-GEMM SwiGLU entry (`swiglu_pairs`)."""
-        return name in self._swiglu_pairs
-
-    def has_swiglu_absmax(self, name: str) -> bool:
-        """Whether config `name` has the SwiGLU-over-the-divisor entry (`swiglu_absmax`)."""
-        return name in self._swiglu_absmax
 
     def _workspace(self, name: str, m: int, n: int, k: int, device: torch.device) -> int:
         """A zeroed buffer per (config, shape, device), kept: a captured graph holds its address,
@@ -586,39 +522,6 @@ class Library:
         """y = the int8 GEMM with its epilogue by config `name` (`serves` says which calls fit)."""
         self._call(self._run[name], name, a, w, a_scale, w_scale, residual, y)
 
-    def swiglu(
-        self,
-        name: str,
-        a: torch.Tensor,
-        w_gate: torch.Tensor,
-        a_scale: torch.Tensor,
-        w_scale: torch.Tensor,
-        up: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        """v = silu(g) * up, g the gate GEMM (w_gate, its w_scale) with the engine's epilogue and
-        up fp32 [M, N] (the up projection's output, read as the epilogue's C), by config `name`."""
-        self._call(self._swiglu[name], name, a, w_gate, a_scale, w_scale, up, v)
-
-    def swiglu_absmax(
-        self,
-        name: str,
-        a: torch.Tensor,
-        w_gate: torch.Tensor,
-        a_scale: torch.Tensor,
-        w_scale: torch.Tensor,
-        up: torch.Tensor,
-        divisor: torch.Tensor | None,
-        out: torch.Tensor,
-        absmax: torch.Tensor,
-    ) -> None:
-        """out = v / divisor (IEEE; v itself where divisor is None) with v `swiglu`'s, and
-        absmax[m] = max |out[m, :]| (fp32 [M], set by the launch: CUTLASS zeroes it on the stream
-        first, then folds each tile's row maxima in with atomic maxima, exact in any order)."""
-        entry = self._swiglu_absmax[name]
-        div = None if divisor is None else divisor.contiguous()
-        self._call(entry, name, a, w_gate, a_scale, w_scale, up, div, out, absmax)
-
     def swiglu_pairs(
         self,
         name: str,
@@ -630,7 +533,7 @@ class Library:
     ) -> None:
         """The one-GEMM SwiGLU: w_pairs int8 [2I, K] and w_scale_pairs [2I] the stacked gate+up
         interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); v fp32 [M, I]
-        gets `swiglu`'s bits."""
+        gets silu(g) * u with `int8_gemm_swiglu`'s bits, g and u the plain GEMM's columns 2j, 2j + 1."""
         if v.shape != (a.shape[0], w_pairs.shape[0] // 2) or not v.is_contiguous():
             raise ValueError(f"swiglu_pairs: v must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")
         self._call(self._swiglu_pairs[name], name, a, w_pairs, a_scale, w_scale_pairs, v)

@@ -2,7 +2,11 @@
 
 - `gated_norm_quantize`: the GDN output gate, per value head rms_norm(o) * ssm_norm * silu(z),
   then the row quantized for `ssm_out` (divided by its SmoothQuant s first).
-- `swiglu_quantize`: silu(gate) * up, then the row quantized for `ffn_down`.
+- `swiglu_quantize`: silu(gate) * up, then the row quantized for `ffn_down`, from the stacked
+  gate+up GEMM's output as stored: gate and up interleaved (gate j at column 2j, up j at
+  2j + 1), the layout that lets Hopper's one CUTLASS GEMM pair each gate with its up in one
+  thread's registers (`cutlass_gemm`'s `swiglu_pairs`). Every form loads a block's gate and
+  up pairs as one load and splits it (`_gate_up`).
 
 Quantization is `engine.kernels.quant`'s: scale = absmax / 127 (IEEE division), q =
 clamp(rint(v / scale), -127, 127). A row is reduced by one program with a block fixed by the
@@ -201,7 +205,7 @@ def _gate_tile(z_ptr, row, stride_z, at, idx, m):
 
 
 def _swiglu_resident_kernel(
-    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
+    gu_ptr, div_ptr, q_ptr, s_ptr, K, stride_gu,
     HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
     ORDERED: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
@@ -213,26 +217,27 @@ def _swiglu_resident_kernel(
     kernel's."""
     row = tl.program_id(0).to(tl.int64)
     if ORDERED:
-        _swiglu_resident_ordered(g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u, row,
+        _swiglu_resident_ordered(gu_ptr, div_ptr, q_ptr, s_ptr, K, stride_gu, row,
                                  HAS_DIV, BLOCK, NB, AHEAD, ON_GPU)  # fmt: skip
     else:
         offs = tl.arange(0, BLOCK)
-        g_row = g_ptr + row * stride_g
-        u_row = u_ptr + row * stride_u
+        gu_row = gu_ptr + row * stride_gu
         gs = ()
         us = ()
         for b in tl.static_range(AHEAD):
             if b < NB:
-                m = b * BLOCK + offs < K
-                gs = gs + (tl.load(g_row + b * BLOCK + offs, mask=m, other=0.0),)
-                us = us + (tl.load(u_row + b * BLOCK + offs, mask=m, other=0.0),)
+                k = b * BLOCK + offs
+                g, u = _gate_up(gu_row, k, k < K, "")
+                gs = gs + (g,)
+                us = us + (u,)
         vs = ()
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for b in tl.static_range(NB):
             if b + AHEAD < NB:
-                m = (b + AHEAD) * BLOCK + offs < K
-                gs = gs + (tl.load(g_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
-                us = us + (tl.load(u_row + (b + AHEAD) * BLOCK + offs, mask=m, other=0.0),)
+                k = (b + AHEAD) * BLOCK + offs
+                g, u = _gate_up(gu_row, k, k < K, "")
+                gs = gs + (g,)
+                us = us + (u,)
             m = b * BLOCK + offs < K
             g, u = gs[b].to(tl.float32), us[b].to(tl.float32)
             v = _swiglu_value(g, u, div_ptr, b * BLOCK, offs, m, HAS_DIV)
@@ -247,7 +252,7 @@ def _swiglu_resident_kernel(
 
 
 def _swiglu_resident_ordered(
-    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u, row,
+    gu_ptr, div_ptr, q_ptr, s_ptr, K, stride_gu, row,
     HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, AHEAD: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
@@ -257,21 +262,22 @@ def _swiglu_resident_ordered(
     the row at once (180 registers at 17,408 on 8 warps: one program an SM, which then waits on
     memory and on its division chains in turn); ordered, AHEAD blocks are in flight and the rest
     of the registers hold v (sm_90: AHEAD 2 fits 128 registers without spills, so two programs
-    of 8 warps an SM overlap their phases). A block is [BLOCK / 4, 4], a thread's 4 adjacent
-    values a row, so the dependence (one per thread: the max of its 4 absmax lanes) leaves the
-    16-byte loads whole; a 1-D mask computed per value would split them into 4-byte loads.
+    of 8 warps an SM overlap their phases). A block is [BLOCK / 4, 4], its gate and up pairs
+    one [BLOCK / 4, 4, 2] load (`_gate_up`), and the dependence is one per block row (the max
+    of its 4 absmax lanes), so it leaves the pair loads whole; a 1-D mask computed per value
+    would split them into 4-byte loads.
     The values, their ops and the absmax (a max: exact in any order) are the unordered form's."""
     offs = tl.arange(0, BLOCK // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    g_row = g_ptr + row * stride_g
-    u_row = u_ptr + row * stride_u
+    gu_row = gu_ptr + row * stride_gu
     gs = ()
     us = ()
     ds = ()
     for b in tl.static_range(AHEAD):
         if b < NB:
             k = b * BLOCK + offs
-            gs = gs + (tl.load(g_row + k, mask=k < K, other=0.0),)
-            us = us + (tl.load(u_row + k, mask=k < K, other=0.0),)
+            g, u = _gate_up(gu_row, k, k < K, "")
+            gs = gs + (g,)
+            us = us + (u,)
             if HAS_DIV:
                 ds = ds + (tl.load(div_ptr + k, mask=k < K, other=1.0),)
     vs = ()
@@ -282,8 +288,9 @@ def _swiglu_resident_ordered(
             m = k < K
             if ON_GPU and b > 0:
                 m = m & _after(tl.max(amax, axis=1))[:, None]  # once block b - 1 is computed
-            gs = gs + (tl.load(g_row + k, mask=m, other=0.0),)
-            us = us + (tl.load(u_row + k, mask=m, other=0.0),)
+            g, u = _gate_up(gu_row, k, m, "")
+            gs = gs + (g,)
+            us = us + (u,)
             if HAS_DIV:
                 ds = ds + (tl.load(div_ptr + k, mask=m, other=1.0),)
         m = b * BLOCK + offs < K
@@ -301,7 +308,7 @@ def _swiglu_resident_ordered(
 
 
 def _swiglu_long_row_kernel(
-    g_ptr, u_ptr, div_ptr, q_ptr, s_ptr, K, stride_g, stride_u,
+    gu_ptr, div_ptr, q_ptr, s_ptr, K, stride_gu,
     HAS_DIV: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """A row too long for `_swiglu_resident_kernel`'s registers: gate and up read, and v
@@ -310,19 +317,19 @@ def _swiglu_long_row_kernel(
     offs = tl.arange(0, BLOCK)
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
+        v, m = _swiglu_block(gu_ptr, div_ptr, row, stride_gu, k0, offs, K, HAS_DIV)
         amax = tl.maximum(amax, tl.where(m, tl.abs(v), 0.0))
     scale = tl.math.div_rn(tl.max(amax, axis=0), 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
     for k0 in tl.range(0, K, BLOCK, loop_unroll_factor=UNROLL):
-        v, m = _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV)
+        v, m = _swiglu_block(gu_ptr, div_ptr, row, stride_gu, k0, offs, K, HAS_DIV)
         r = tl.math.div_rn(v, tl.zeros((BLOCK,), dtype=tl.float32) + safe)
         tl.store(q_ptr + row * K + k0 + offs, _round_int8(r, ON_GPU), mask=m)
     tl.store(s_ptr + row, scale)
 
 
 def _swiglu_chunk_kernel(
-    g_ptr, u_ptr, div_ptr, v_ptr, amax_ptr, K, stride_g, stride_u, CHUNKS,
+    gu_ptr, div_ptr, v_ptr, amax_ptr, K, stride_gu, CHUNKS,
     HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (row, chunk): v = silu(g) * u (/ div) of CHUNK values of the row, stored, and
@@ -331,9 +338,8 @@ def _swiglu_chunk_kernel(
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     m = offs < K
-    g = tl.load(g_ptr + row * stride_g + offs, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_u + offs, mask=m, other=0.0).to(tl.float32)
-    v = _swiglu_value(g, u, div_ptr, 0, offs, m, HAS_DIV)
+    g, u = _gate_up(gu_ptr + row * stride_gu, offs, m, "")
+    v = _swiglu_value(g.to(tl.float32), u.to(tl.float32), div_ptr, 0, offs, m, HAS_DIV)
     tl.store(v_ptr + row * K + offs, v, mask=m)
     tl.store(amax_ptr + row * CHUNKS + c, tl.max(tl.where(m, tl.abs(v), 0.0), axis=0))
 
@@ -360,7 +366,7 @@ def _quant_chunk_kernel(
 
 
 def _swiglu_chunk_absmax_kernel(
-    g_ptr, u_ptr, div_ptr, amax_ptr, K, stride_g, stride_u, CHUNKS,
+    gu_ptr, div_ptr, amax_ptr, K, stride_gu, CHUNKS,
     HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, KEEP: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program p = row * CHUNKS + chunk: v of CHUNK values of the row and their absmax, stored
@@ -369,13 +375,13 @@ def _swiglu_chunk_absmax_kernel(
     pid = tl.program_id(0)
     row = (pid // CHUNKS).to(tl.int64)
     c = pid % CHUNKS
-    v, m = _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV, CHUNK,
+    v, m = _swiglu_chunk_values(gu_ptr, div_ptr, row, c, K, stride_gu, HAS_DIV, CHUNK,
                                 "evict_last" if KEEP else "")  # fmt: skip
     tl.store(amax_ptr + row * CHUNKS + c, tl.max(tl.where(m, tl.abs(v), 0.0), axis=0))
 
 
 def _swiglu_chunk_codes_kernel(
-    g_ptr, u_ptr, div_ptr, amax_ptr, q_ptr, s_ptr, K, stride_g, stride_u, CHUNKS,
+    gu_ptr, div_ptr, amax_ptr, q_ptr, s_ptr, K, stride_gu, CHUNKS,
     HAS_DIV: tl.constexpr, CHUNK: tl.constexpr, CP: tl.constexpr, KEEP: tl.constexpr,
     REVERSE: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
@@ -392,7 +398,7 @@ def _swiglu_chunk_codes_kernel(
     amax = tl.max(tl.load(amax_ptr + row * CHUNKS + cs, mask=cs < CHUNKS, other=0.0), axis=0)
     scale = tl.math.div_rn(amax, 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
-    v, m = _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV, CHUNK,
+    v, m = _swiglu_chunk_values(gu_ptr, div_ptr, row, c, K, stride_gu, HAS_DIV, CHUNK,
                                 "evict_first" if KEEP else "")  # fmt: skip
     r = tl.math.div_rn(v, tl.zeros((CHUNK,), dtype=tl.float32) + safe)
     tl.store(q_ptr + row * K + c * CHUNK + tl.arange(0, CHUNK), _round_int8(r, ON_GPU), mask=m)
@@ -400,15 +406,28 @@ def _swiglu_chunk_codes_kernel(
         tl.store(s_ptr + row, scale)
 
 
-def _swiglu_chunk_values(g_ptr, u_ptr, div_ptr, row, c, K, stride_g, stride_u, HAS_DIV: tl.constexpr,
+def _swiglu_chunk_values(gu_ptr, div_ptr, row, c, K, stride_gu, HAS_DIV: tl.constexpr,
                          CHUNK: tl.constexpr, POLICY: tl.constexpr):  # fmt: skip
     """v of chunk c of the row (both recompute launches: one helper, so the same instructions)
     and its mask; gate and up loaded with the L2 eviction POLICY ("" for the default)."""
     offs = c * CHUNK + tl.arange(0, CHUNK)
     m = offs < K
-    g = tl.load(g_ptr + row * stride_g + offs, mask=m, other=0.0, eviction_policy=POLICY)
-    u = tl.load(u_ptr + row * stride_u + offs, mask=m, other=0.0, eviction_policy=POLICY)
+    g, u = _gate_up(gu_ptr + row * stride_gu, offs, m, POLICY)
     return _swiglu_value(g.to(tl.float32), u.to(tl.float32), div_ptr, 0, offs, m, HAS_DIV), m
+
+
+def _gate_up(gu_row, k, m, POLICY: tl.constexpr):
+    """Gate and up of the value indices k (any shape) of a row of the interleaved gate_up (gate
+    j at column 2j, up j at 2j + 1), 0 where m is false, loaded with the L2 eviction POLICY
+    ("" for the default): one load of the [*k.shape, 2] block, each gate beside its up, split
+    in two. Every SwiGLU form reads through it. (sm_90, triton 3.9: the pairs compile to 8-byte
+    loads, a pair a thread, where separate gate and up rows took 16-byte loads.)"""
+    last: tl.constexpr = len(k.shape)
+    pairs = tl.load(
+        gu_row + 2 * tl.expand_dims(k, last) + tl.arange(0, 2),
+        mask=tl.expand_dims(m, last), other=0.0, eviction_policy=POLICY,
+    )  # fmt: skip
+    return tl.split(pairs)
 
 
 def _silu_times(g, u):
@@ -437,16 +456,16 @@ def _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV: tl.constexpr):
     return v
 
 
-def _swiglu_block(g_ptr, u_ptr, div_ptr, row, stride_g, stride_u, k0, offs, K, HAS_DIV: tl.constexpr):
+def _swiglu_block(gu_ptr, div_ptr, row, stride_gu, k0, offs, K, HAS_DIV: tl.constexpr):
     """The long-row kernel's block at k0 of a row: gate and up loaded, their `_swiglu_value`,
     and the block's mask."""
     m = k0 + offs < K
-    g = tl.load(g_ptr + row * stride_g + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_u + k0 + offs, mask=m, other=0.0).to(tl.float32)
-    return _swiglu_value(g, u, div_ptr, k0, offs, m, HAS_DIV), m
+    g, u = _gate_up(gu_ptr + row * stride_gu, k0 + offs, m, "")
+    return _swiglu_value(g.to(tl.float32), u.to(tl.float32), div_ptr, k0, offs, m, HAS_DIV), m
 
 
 _swiglu_block = helper(_swiglu_block)  # type: ignore[assignment]
+_gate_up = helper(_gate_up)  # type: ignore[assignment]
 _swiglu_value = helper(_swiglu_value)  # type: ignore[assignment]
 _silu_times = helper(_silu_times)  # type: ignore[assignment]
 _swiglu_chunk_values = helper(_swiglu_chunk_values)  # type: ignore[assignment]
@@ -509,31 +528,38 @@ def gated_norm_quantize(
 
 
 def swiglu_quantize(
-    gate: torch.Tensor, up: torch.Tensor, divisor: torch.Tensor | None, *, backend: Backend = "triton"
+    gate_up: torch.Tensor, divisor: torch.Tensor | None, *, backend: Backend = "triton"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 rows of silu(gate) * up (/ divisor): (q [B, K], scale fp32 [B]); gate, up [B, K]."""
-    if gate.shape != up.shape or gate.dim() != 2:
+    """int8 rows of silu(gate) * up (/ divisor): (q int8 [B, K], scale fp32 [B]).
+
+    gate_up [B, 2K] is the stacked gate+up GEMM's output as stored: gate j at column 2j and up j
+    at 2j + 1 (the weight's gate and up rows interleaved, so Hopper's one CUTLASS GEMM holds a
+    gate and its up in one thread's registers: `cutlass_gemm`'s `swiglu_pairs`); any row stride.
+    divisor [K] or None.
+    """
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(
-            f"gate and up must be [B, K] of one shape, got {tuple(gate.shape)}, {tuple(up.shape)}"
+            f"gate_up must be [B, 2K] (gate j at column 2j, up j at 2j + 1), got {tuple(gate_up.shape)}"
         )
-    if not use_triton(backend, gate):
-        return quantize_rows_reference(F.silu(gate.float()) * up.float(), divisor)
-    b, k = gate.shape
-    gate = gate if gate.stride(1) == 1 else gate.contiguous()
-    up = up if up.stride(1) == 1 else up.contiguous()
-    q = torch.empty(b, k, dtype=torch.int8, device=gate.device)
-    scale = torch.empty(b, dtype=torch.float32, device=gate.device)
+    b, k = gate_up.shape[0], gate_up.shape[1] // 2
+    if divisor is not None and divisor.shape != (k,):
+        raise ValueError(f"the divisor must be [{k}] (gate_up [{b}, {2 * k}]), got {tuple(divisor.shape)}")
+    if not use_triton(backend, gate_up):
+        return quantize_rows_reference(F.silu(gate_up[:, 0::2].float()) * gate_up[:, 1::2].float(), divisor)
+    gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
+    q = torch.empty(b, k, dtype=torch.int8, device=gate_up.device)
+    scale = torch.empty(b, dtype=torch.float32, device=gate_up.device)
     div = divisor.contiguous() if divisor is not None else scale  # unread placeholder
     if RECOMPUTE_ROWS is not None and RECOMPUTE_ROWS[0] <= b <= RECOMPUTE_ROWS[1] and b and k:
         chunks = cdiv(k, RECOMPUTE_CHUNK)
-        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate.device)
+        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate_up.device)
         _swiglu_chunk_absmax[(b * chunks,)](
-            gate, up, div, amax, k, gate.stride(0), up.stride(0), chunks,
+            gate_up, div, amax, k, gate_up.stride(0), chunks,
             HAS_DIV=divisor is not None, CHUNK=RECOMPUTE_CHUNK, KEEP=RECOMPUTE_L2_HINTS,
             num_warps=RECOMPUTE_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
         _swiglu_chunk_codes[(b * chunks,)](
-            gate, up, div, amax, q, scale, k, gate.stride(0), up.stride(0), chunks,
+            gate_up, div, amax, q, scale, k, gate_up.stride(0), chunks,
             HAS_DIV=divisor is not None, CHUNK=RECOMPUTE_CHUNK, CP=next_pow2(chunks),
             KEEP=RECOMPUTE_L2_HINTS, REVERSE=RECOMPUTE_REVERSE, num_warps=RECOMPUTE_WARPS,
             enable_fp_fusion=False,
@@ -541,10 +567,10 @@ def swiglu_quantize(
         return q, scale
     if b <= SPLIT_MAX_ROWS and b and k:
         chunks = cdiv(k, SPLIT_CHUNK)
-        v = torch.empty(b, k, dtype=torch.float32, device=gate.device)
-        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate.device)
+        v = torch.empty(b, k, dtype=torch.float32, device=gate_up.device)
+        amax = torch.empty(b, chunks, dtype=torch.float32, device=gate_up.device)
         _swiglu_chunk[(b, chunks)](
-            gate, up, div, v, amax, k, gate.stride(0), up.stride(0), chunks,
+            gate_up, div, v, amax, k, gate_up.stride(0), chunks,
             HAS_DIV=divisor is not None, CHUNK=SPLIT_CHUNK, num_warps=SPLIT_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
         _quant_chunk[(b, chunks)](
@@ -557,14 +583,14 @@ def swiglu_quantize(
     if cdiv(k, block) * block <= RESIDENT_VALUES * 32 * warps:
         extra = {} if RESIDENT_MAXNREG is None else {"maxnreg": RESIDENT_MAXNREG}
         _swiglu_resident[(b,)](
-            gate, up, div, q, scale, k, gate.stride(0), up.stride(0),
+            gate_up, div, q, scale, k, gate_up.stride(0),
             HAS_DIV=divisor is not None, BLOCK=block, NB=cdiv(k, block), AHEAD=RESIDENT_AHEAD,
             ORDERED=RESIDENT_ORDERED and block >= 4, num_warps=warps, enable_fp_fusion=False, **extra,
         )  # fmt: skip
         return q, scale
     block = min(next_pow2(k), LONG_ROW_BLOCK)
     _swiglu_long_row[(b,)](
-        gate, up, div, q, scale, k, gate.stride(0), up.stride(0),
+        gate_up, div, q, scale, k, gate_up.stride(0),
         HAS_DIV=divisor is not None, BLOCK=block, UNROLL=LONG_ROW_UNROLL,
         num_warps=LONG_ROW_WARPS if block >= 2048 else 4, enable_fp_fusion=False,
     )  # fmt: skip

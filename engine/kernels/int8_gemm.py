@@ -9,13 +9,13 @@ table by M for speed only, never by timing. The epilogue is elementwise in one f
 compiled without FMA contraction, so row m of y depends on row m of a alone - the int8
 path's batch-invariance contract - and equals the torch reference below bit for bit.
 
-`int8_gemm_swiglu` is the MLP's stacked gate+up GEMM with silu(gate) * up in the same tile
-kernel's epilogue (half the bytes out; the unfused path's bits after quantization).
+`int8_gemm_swiglu` is the MLP's gate+up GEMM (over the interleaved weight, `interleave_gate_up`)
+with silu(gate) * up in the same tile kernel's epilogue (half the bytes out; the unfused path's
+bits after quantization).
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch
 from engine.kernels import cutlass_gemm
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_quant import _swiglu_value
-from engine.kernels.quant import quantize_rows, quantize_rows_by_absmax
+from engine.kernels.quant import quantize_rows
 
 tl: Any = None  # bound to triton.language at first launch (see engine.kernels._triton)
 
@@ -310,7 +310,7 @@ def swiglu_fused(m: int, w: torch.Tensor) -> bool:
     """Whether the MLP's gate+up over M rows and the stacked weight w [2I, K] runs fused
     (`int8_gemm_swiglu`, then `quantize_rows`) or as the stacked GEMM then `swiglu_quantize`: the
     same bits either way, so this is speed alone. Where the CUTLASS library serves the stacked
-    GEMM, fused from `cutlass_gemm.SWIGLU_MIN_ROWS` rows on (its two-GEMM form) and unfused below
+    GEMM, fused from `cutlass_gemm.SWIGLU_MIN_ROWS` rows on (its one-GEMM form) and unfused below
     (`cutlass_gemm`'s docstring has the measurements); elsewhere SWIGLU_TABLE (Triton's tiles,
     session 9)."""
     if swiglu_config_for(m) is None:
@@ -337,11 +337,11 @@ def _int8_gemm_kernel(
 ):  # fmt: skip
     """The tile kernel: a [BM, BN] output tile per program, in grouped order.
 
-    SWIGLU: w is a stacked [gate; up] weight [2N, K] (y and w_scale's first N columns gate,
-    the next N up) and y [M, N] gets silu(gate) * up. The tile is then BN // 2 output columns
-    j: its BN weight rows are gate rows j and up rows N + j side by side, so one dot (the same
-    exact int32 sums as the plain GEMM's columns j and N + j) gives both accumulators, and
-    `_swiglu_epilogue` combines them (see `int8_gemm_swiglu`).
+    SWIGLU: w is the MLP's interleaved gate+up weight [2N, K] (row 2j gate j, row 2j + 1 up j;
+    w_scale likewise) and y [M, N] gets silu(gate) * up. The tile is then BN // 2 output columns
+    j: its BN weight rows are the gate rows 2j (left half) and the up rows 2j + 1 (right half)
+    side by side, so one dot (the same exact int32 sums as the plain GEMM's columns 2j and
+    2j + 1) gives both accumulators, and `_swiglu_epilogue` combines them (see `int8_gemm_swiglu`).
     """
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -360,7 +360,7 @@ def _int8_gemm_kernel(
     if SWIGLU:
         lane = tl.arange(0, BN)
         offs_n = pid_n * (BN // 2) + lane % (BN // 2)  # output column j of each weight row
-        cols = tl.where(offs_n < N, tl.where(lane < BN // 2, offs_n, offs_n + N), 0)
+        cols = tl.where(offs_n < N, 2 * offs_n + (lane >= BN // 2), 0)  # gate 2j, then up 2j + 1
     else:
         offs_n = pid_n * BN + tl.arange(0, BN)
         cols = tl.where(offs_n < N, offs_n, 0)
@@ -477,16 +477,16 @@ def _swiglu_epilogue(
 ):  # fmt: skip
     """y[m, j] = silu(g) * u for the HALF output columns j from n0, acc [BM, 2 * HALF] holding
     the gate sums (left half) and the up sums (right half): g and u are the plain epilogue's
-    values of stacked columns j and N + j, and v is `decode_quant._swiglu_value`'s expression
-    (the same helper, divisor-free), so v is bit for bit what `swiglu_quantize` computes from
-    the unfused GEMM's fp32 output - and its quantization `quantize_rows(v, smooth)` gives
-    `swiglu_quantize(gate, up, smooth)`'s bits."""
+    values of interleaved columns 2j and 2j + 1, and v is `decode_quant._swiglu_value`'s
+    expression (the same helper, divisor-free), so v is bit for bit what `swiglu_quantize`
+    computes from the unfused GEMM's fp32 output - and its quantization `quantize_rows(v, smooth)`
+    gives `swiglu_quantize(y, smooth)`'s bits."""
     acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (BM, 2, HALF)), (0, 2, 1)))
     offs_n = n0 + tl.arange(0, HALF)
     mask_n = offs_n < N
     a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
-    g = (acc_g.to(tl.float32) * a_s) * tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
-    u = (acc_u.to(tl.float32) * a_s) * tl.load(w_scale_ptr + N + offs_n, mask=mask_n, other=0.0)[None, :]
+    g = (acc_g.to(tl.float32) * a_s) * tl.load(w_scale_ptr + 2 * offs_n, mask=mask_n, other=0.0)[None, :]
+    u = (acc_u.to(tl.float32) * a_s) * tl.load(w_scale_ptr + 2 * offs_n + 1, mask=mask_n, other=0.0)[None, :]
     mask = (offs_m[:, None] < M) & mask_n[None, :]
     v = _swiglu_value(g, u, w_scale_ptr, 0, offs_n, mask_n, False)  # no divisor: pointer unread
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, v, mask=mask)
@@ -864,143 +864,60 @@ def int8_gemm_swiglu_quantize(
     backend: Backend = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The MLP's gate+up, SwiGLU and the quantization of v for ffn_down: (q int8 [M, I], scale fp32
-    [M]) = `quantize_rows(int8_gemm_swiglu(a, w, a_scale, w_scale), divisor)`, bit for bit.
-
-    Where the CUTLASS library serves the two-GEMM SwiGLU form (and `cutlass_gemm.SWIGLU_ABSMAX`),
-    the gate GEMM's epilogue also divides v by the divisor (if any: a linear without SmoothQuant
-    has none, and v / 1 = v) and folds each row's absmax (`Library.swiglu_absmax`: IEEE
-    division, then a maximum, exact in any order), so the quantizer only streams v / divisor
-    against its row's scale (`quantize_rows_by_absmax`). The one-GEMM candidate
-    (`cutlass_gemm.SWIGLU_PAIRS`) makes v in one launch (`Library.swiglu_pairs`), then
-    `quantize_rows`. Why:
-    `quantize_rows` holds a whole 17,408-wide fp32 row in one program's registers (16 warps, one
-    program an SM), which read v at ~2.4 TB/s at 8,192 rows on an H100; the stream reads it at
-    ~2.9 (session 21). Elsewhere `int8_gemm_swiglu` then `quantize_rows`, as before."""
-    _check_stacked(w)
-    m = a.shape[0]
+    [M]) = `quantize_rows(int8_gemm_swiglu(a, w, a_scale, w_scale), divisor)`, w the interleaved
+    gate+up weight. Dividing and folding the row absmax in the GEMM's epilogue instead (session 21's
+    two-GEMM form did) costs the one-GEMM form more than the quantizer's own pass (`cutlass_gemm`'s
+    docstring), so v is quantized after it."""
+    _check_pairs(w)
     n = w.shape[0] // 2
     if divisor is not None and (divisor.shape != (n,) or divisor.device != a.device):
         raise ValueError(
             f"int8_gemm_swiglu_quantize: the divisor must be [{n}] on {a.device}, "
             f"got {tuple(divisor.shape)} on {divisor.device}"
         )
-    if backend == "auto" and m and n:
-        _check(a, w, a_scale, w_scale, None, torch.float32)
-        pairs = _pairs_form(a, w, w_scale)
-        if pairs is not None:  # one GEMM over the interleaved weight, then the row quantizer
-            library, config, w_pairs, w_scale_pairs = pairs
-            v = torch.empty(m, n, dtype=torch.float32, device=a.device)
-            library.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, v)
-            return quantize_rows(v, divisor, backend="triton")
-    if backend == "auto" and cutlass_gemm.SWIGLU_ABSMAX and m and n:
-        form = _two_gemm_form(a, w)
-        if form is not None and form[0].has_swiglu_absmax(form[2]):
-            library, up_config, gate_config = form
-            up = _up_projection(library, up_config, a, w, a_scale, w_scale)
-            divided = torch.empty_like(up)
-            absmax = torch.empty(m, dtype=torch.float32, device=a.device)
-            gate = (a, w[:n], a_scale, w_scale[:n])
-            div = None if divisor is None else divisor.float()
-            library.swiglu_absmax(gate_config, *gate, up, div, divided, absmax)
-            return quantize_rows_by_absmax(divided, absmax)
     v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend=backend)
     return quantize_rows(v, divisor, backend="triton" if v.is_cuda else backend)
 
 
-def _check_stacked(w: torch.Tensor) -> None:
-    """w must be the MLP's stacked [gate; up] weight: two halves of I rows each."""
+def _check_pairs(w: torch.Tensor) -> None:
+    """w must be the MLP's interleaved gate+up weight: an even number of rows [2I, K]."""
     if w.dim() != 2 or w.shape[0] % 2:
-        raise ValueError(f"int8_gemm_swiglu needs a stacked [gate; up] weight [2I, K], got {tuple(w.shape)}")
+        raise ValueError(f"int8_gemm_swiglu needs the interleaved gate+up weight [2I, K]: {tuple(w.shape)}")
 
 
-def _two_gemm_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Library, str, str] | None:
-    """(library, up config, gate config) where Hopper's two-GEMM SwiGLU form takes a's M rows times
-    the stacked weight w [2I, K] (`cutlass_gemm`'s docstring), else None."""
+def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate and up (weights [I, K] or their scales [I]) as the MLP's stored layout: rows alternating,
+    row 2j the gate's row j and row 2j + 1 the up's. Why this layout: a GEMM tile then holds both
+    values of each SwiGLU output, so Hopper's CUTLASS GEMM pairs them in one thread's registers and
+    writes only v (`cutlass_gemm.Library.swiglu_pairs`); every reader of the stacked weight's output
+    takes gate and up as its even and odd columns. A copy; the same rows, only their order changes."""
+    if gate.shape != up.shape or gate.dim() not in (1, 2):
+        raise ValueError(f"gate and up: one shape, [I, K] or [I], got {tuple(gate.shape)}, {tuple(up.shape)}")
+    return torch.stack((gate, up), dim=1).flatten(0, 1)
+
+
+def _pairs_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Library, str] | None:
+    """(library, config) where Hopper's one-GEMM SwiGLU takes a's M rows times the interleaved w
+    (from `cutlass_gemm.SWIGLU_MIN_ROWS` rows, where the table serves the stacked GEMM), else None."""
     if not cutlass_gemm.swiglu_serves(a.shape[0]):
-        return None
-    cutlass = cutlass_gemm.serves(a, w[w.shape[0] // 2 :], None, torch.float32)
-    library = cutlass_gemm.library() if cutlass else None
-    if cutlass is None or library is None:
-        return None
-    return (library, *cutlass_gemm.swiglu_configs(cutlass))
-
-
-def interleave_gate_up(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stacked [gate; up] weight [2I, K] and its scales [2I] with the rows alternating: row
-    2j the gate's row j, row 2j + 1 the up's (the one-GEMM SwiGLU's layout,
-    `cutlass_gemm.Library.swiglu_pairs`). A copy; the same rows, only their order changes."""
-    _check_stacked(w)
-    n, k = w.shape[0] // 2, w.shape[1]
-    rows = w.reshape(2, n, k).transpose(0, 1).reshape(2 * n, k).contiguous()
-    return rows, w_scale.reshape(2, n).t().reshape(2 * n).contiguous()
-
-
-# The interleaved copies the one-GEMM SwiGLU candidate made (`cutlass_gemm.SWIGLU_PAIRS`), by the
-# stacked weight's id: weak references to the weight and its scales (an entry serves only the very
-# tensors it was made from, unchanged since: their versions) and the copies. Dropped with the weight.
-_PAIRED: dict[int, tuple[weakref.ref, weakref.ref, tuple[int, int], torch.Tensor, torch.Tensor]] = {}
-
-
-def _paired_weight(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`interleave_gate_up(w, w_scale)`, made once per weight; None inside a graph capture when not
-    made yet (a weight's copy is never allocated by a captured graph: the caller keeps the
-    two-GEMM form; the engine's warm-up runs before its captures, so it makes them first)."""
-    key = id(w)
-    hit = _PAIRED.get(key)
-    versions = (w._version, w_scale._version)
-    if hit is not None and hit[0]() is w and hit[1]() is w_scale and hit[2] == versions:
-        return hit[3], hit[4]
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    rows, scales = interleave_gate_up(w, w_scale)
-    _PAIRED[key] = (weakref.ref(w), weakref.ref(w_scale), versions, rows, scales)
-    weakref.finalize(w, _PAIRED.pop, key, None)
-    return rows, scales
-
-
-def _pairs_form(
-    a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor
-) -> tuple[cutlass_gemm.Library, str, torch.Tensor, torch.Tensor] | None:
-    """(library, config, interleaved weight, its scales) where the one-GEMM SwiGLU candidate takes
-    a's M rows times the stacked w (`cutlass_gemm.SWIGLU_PAIRS` on, the M of the two-GEMM form,
-    the library's config with the entry), else None."""
-    if not cutlass_gemm.SWIGLU_PAIRS or not cutlass_gemm.swiglu_serves(a.shape[0]):
         return None
     name = cutlass_gemm.serves(a, w, None, torch.float32)
     library = cutlass_gemm.library() if name else None
     if name is None or library is None:
         return None
-    name = cutlass_gemm.swiglu_pairs_config(name)
-    if not library.has_swiglu_pairs(name):
-        return None
-    paired = _paired_weight(w, w_scale)
-    return None if paired is None else (library, name, *paired)
-
-
-def _up_projection(
-    library: cutlass_gemm.Library,
-    config: str,
-    a: torch.Tensor,
-    w: torch.Tensor,
-    a_scale: torch.Tensor,
-    w_scale: torch.Tensor,
-) -> torch.Tensor:
-    """The two-GEMM form's first GEMM: up fp32 [M, I] over the up rows of the stacked w, the C the
-    gate GEMM's SwiGLU epilogue reads."""
-    n = w.shape[0] // 2
-    up = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
-    library.gemm(config, a, w[n:], a_scale, w_scale[n:], None, up)
-    return up
+    return library, cutlass_gemm.swiglu_config(name)
 
 
 def int8_gemm_swiglu_reference(
     a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor
 ) -> torch.Tensor:
-    """v = silu(gate) * up in torch ops, gate and up the stacked GEMM's halves (`scale_int32`,
-    bit for bit the kernel's). silu is g / (1 + exp(-g)), the kernel's expression, but torch's
-    exp is not Triton's (the interpreter's numpy exp, or the GPU's ex2.approx), so v agrees
-    with the kernel to rounding: the bit oracle is the unfused path (see the tests)."""
-    gate, up = scale_int32(int8_matmul_exact(a, w), a_scale, w_scale).chunk(2, dim=1)
+    """v = silu(gate) * up in torch ops, gate and up the even and odd columns of the interleaved
+    GEMM's output (`scale_int32`, bit for bit the kernel's). silu is g / (1 + exp(-g)), the kernel's
+    expression, but torch's exp is not Triton's (the interpreter's numpy exp, or the GPU's
+    ex2.approx), so v agrees with the kernel to rounding: the bit oracle is the unfused path (see the
+    tests)."""
+    y = scale_int32(int8_matmul_exact(a, w), a_scale, w_scale)
+    gate, up = y[:, 0::2], y[:, 1::2]
     return (gate / (1.0 + torch.exp(-gate))) * up
 
 
@@ -1161,23 +1078,24 @@ def int8_gemm_swiglu(
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """v [M, I] fp32 = silu(gate) * up of the stacked GEMM y = int8_gemm(a, w, a_scale, w_scale),
-    gate = y[:, :I] and up = y[:, I:]; w int8 [2I, K] = [gate rows; up rows], w_scale fp32 [2I].
+    gate = y[:, 0::2] and up = y[:, 1::2]; w int8 [2I, K] the MLP's interleaved gate+up weight
+    (`interleave_gate_up`: row 2j gate j, row 2j + 1 up j), w_scale fp32 [2I] likewise.
 
     Why: the unfused path writes y (fp32 [M, 2I]: 1.14 GB a layer at the 27B's 8,192 rows) and
     `swiglu_quantize` reads it back; here the epilogue combines each gate column with its up
     column, so half the bytes are written, and `quantize_rows(v, smooth)` reads half as many.
     Each gate and up value is the plain GEMM's (the same exact int32 sum, the same epilogue
     steps) and v is `swiglu_quantize`'s own expression on them, so `quantize_rows(v, smooth)`
-    equals `swiglu_quantize(gate, up, smooth)` bit for bit.
+    equals `swiglu_quantize(y, smooth)` bit for bit.
 
     `config` (a tile config: block_n output columns, 2 * block_n weight rows a tile) overrides
     `swiglu_config_for(M)`; where that is None (M keeps the unfused path) this still runs, with
     SWIGLU_SMALL, so the function works at any M. "auto" on Hopper with the CUTLASS library hands
-    the M buckets its table serves from `cutlass_gemm.SWIGLU_MIN_ROWS` to its two-GEMM form (the
-    same bits).
+    the M buckets its table serves from `cutlass_gemm.SWIGLU_MIN_ROWS` to its one-GEMM form
+    (`Library.swiglu_pairs`: the same bits).
     CPU without backend="triton": torch ops (to rounding: `int8_gemm_swiglu_reference`).
     """
-    _check_stacked(w)
+    _check_pairs(w)
     _check(a, w, a_scale, w_scale, None, torch.float32)
     m, k = a.shape
     n = w.shape[0] // 2
@@ -1185,19 +1103,11 @@ def int8_gemm_swiglu(
         return int8_gemm_swiglu_reference(a, w, a_scale, w_scale)
     if m * k >= 2**31 or 2 * n * k >= 2**31 or m * n >= 2**31:
         raise ValueError(f"int8_gemm_swiglu shape {m}x{k}x{2 * n} exceeds 32-bit indexing")
-    gate_w = w[:n]
-    pairs = _pairs_form(a, w, w_scale) if config is None and backend == "auto" else None
-    if pairs is not None:  # one GEMM over the interleaved weight, v only
-        library, name, w_pairs, w_scale_pairs = pairs
+    pairs = _pairs_form(a, w) if config is None and backend == "auto" else None
+    if pairs is not None:  # one CUTLASS GEMM: gate and up paired in its epilogue, v stored
+        library, name = pairs
         v = torch.empty(m, n, dtype=torch.float32, device=a.device)
-        library.swiglu_pairs(name, a, w_pairs, a_scale, w_scale_pairs, v)
-        return v
-    form = _two_gemm_form(a, w) if config is None and backend == "auto" else None
-    if form is not None:  # two GEMMs on Hopper: up, then the gate with the SwiGLU epilogue
-        library, up_config, gate_config = form
-        up = _up_projection(library, up_config, a, w, a_scale, w_scale)
-        v = torch.empty_like(up)
-        library.swiglu(gate_config, a, gate_w, a_scale, w_scale[:n], up, v)
+        library.swiglu_pairs(name, a, w, a_scale, w_scale, v)
         return v
     cfg = config or swiglu_config_for(m) or SWIGLU_SMALL
     if cfg.gemv or cfg.split_k > 1 or cfg.stream_k or cfg.persistent:

@@ -385,7 +385,8 @@ def quantize_rows_by_absmax(
     scale fp32 [M]), the codes and scales `quantize_rows(x)` gives when absmax[m] = max |x[m, :]|.
 
     Why: a GEMM epilogue that makes x can fold each row's absmax as it goes (a maximum is exact in
-    any order: `cutlass_gemm`'s SwiGLU over the divisor), and then quantizing is a stream over x
+    any order; session 21's two-GEMM SwiGLU did, and the one-GEMM form's epilogue may again once its
+    division is cheap: RESULTS.md session 26), and then quantizing is a stream over x
     (every element read once, any number of programs a row) instead of one program holding a
     whole row. The steps after the absmax are `quantize_rows`' own (scale = absmax / 127, IEEE;
     q = clamp(rint(x / scale))), so the bits are the same. Blocks of BLOCK_BY_ABSMAX values."""

@@ -80,10 +80,11 @@ def projections(
 
 # The linears of a layer that read one normed input: GDN in (qkv, output gate z, beta, alpha),
 # attention in (q + gate, k, v), MLP in (gate, up).
+MLP_INPUTS = ("ffn_gate", "ffn_up")
 INPUT_GROUPS: tuple[tuple[str, ...], ...] = (
     ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
     ("attn_q", "attn_k", "attn_v"),
-    ("ffn_gate", "ffn_up"),
+    MLP_INPUTS,
 )
 
 
@@ -97,11 +98,24 @@ class InputGroup:
     int32 dot product and the same per-column epilogue whichever launch computes it, so the
     bits are those of the separate linears. `members` are the layer's linears after stacking:
     row views of `linear` (no second copy of the weights), kept to notice a replaced layer entry.
+
+    `interleaved` (the MLP's gate and up): the members' rows alternate, row 2j gate j and row
+    2j + 1 up j (`kernels.interleave_gate_up`), so gate and up are the output's even and odd
+    columns. Why: a GEMM tile then holds both values of each SwiGLU output, and Hopper's one
+    CUTLASS GEMM pairs them in its epilogue (`kernels.int8_gemm_swiglu`); the members are then
+    strided row views.
     """
 
     linear: QuantLinear
     members: tuple[QuantLinear, ...]
     splits: tuple[int, ...]
+    interleaved: bool = False
+
+    def outputs(self, y: torch.Tensor) -> list[torch.Tensor]:
+        """The members' outputs (column views of y, the stacked GEMM's [B, sum(splits)]), in order."""
+        if self.interleaved:
+            return [y[:, i :: len(self.splits)] for i in range(len(self.splits))]
+        return list(y.split(self.splits, dim=1))
 
     def to(self, device: torch.device | str) -> InputGroup:
         """Unchanged: a layer moved elsewhere holds new linears, so `input_group` restacks them."""
@@ -117,9 +131,10 @@ def _same_smooth(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
     """The stacked form of `layer`'s linears `names`, made on first use (and again if one of
     them was replaced since); None where they cannot share one GEMM (not all plain
-    `QuantLinear`s on one device with one SmoothQuant divisor). Stacking replaces each entry of
-    `layer` by a row view of the stacked weight, so memory does not grow; call it before a
-    graph capture (`group_inputs`), not inside one."""
+    `QuantLinear`s on one device with one SmoothQuant divisor; for the MLP, gate and up of one
+    shape). Stacking replaces each entry of `layer` by a row view of the stacked weight, so
+    memory does not grow; call it before a graph capture (`group_inputs`), not inside one. The
+    MLP's gate and up are stacked interleaved (`InputGroup.interleaved`)."""
     lins = [layer.get(n) for n in names]
     if not all(type(lin) is QuantLinear for lin in lins):
         return None
@@ -136,20 +151,35 @@ def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
         for lin in lins
     ):
         return None
-    stacked = QuantLinear(
-        torch.cat([lin.qweight for lin in lins]),  # type: ignore[union-attr]
-        torch.cat([lin.w_scale for lin in lins]),  # type: ignore[union-attr]
-        first.smooth,
-    )
     splits = tuple(lin.qweight.shape[0] for lin in lins)  # type: ignore[union-attr]
-    members, start = [], 0
-    for name, rows in zip(names, splits, strict=True):
-        end = start + rows
-        view = QuantLinear(stacked.qweight[start:end], stacked.w_scale[start:end], first.smooth)
+    interleaved = names == MLP_INPUTS
+    if interleaved:
+        if splits[0] != splits[1]:
+            return None
+        gate, up = lins
+        stacked = QuantLinear(
+            kernels.interleave_gate_up(gate.qweight, up.qweight),  # type: ignore[union-attr]
+            kernels.interleave_gate_up(gate.w_scale, up.w_scale),  # type: ignore[union-attr]
+            first.smooth,
+        )
+        # strided row views of the weight; the scales' tiny copies contiguous, as kernels read them
+        rows_of = [slice(i, None, 2) for i in range(2)]
+        views = [(stacked.qweight[r], stacked.w_scale[r].contiguous()) for r in rows_of]
+    else:
+        stacked = QuantLinear(
+            torch.cat([lin.qweight for lin in lins]),  # type: ignore[union-attr]
+            torch.cat([lin.w_scale for lin in lins]),  # type: ignore[union-attr]
+            first.smooth,
+        )
+        ends = [sum(splits[: i + 1]) for i in range(len(splits))]
+        starts = [end - rows for end, rows in zip(ends, splits, strict=True)]
+        views = [(stacked.qweight[a:b], stacked.w_scale[a:b]) for a, b in zip(starts, ends, strict=True)]
+    members = []
+    for name, (qweight, w_scale) in zip(names, views, strict=True):
+        view = QuantLinear(qweight, w_scale, first.smooth)
         layer[name] = view
         members.append(view)
-        start = end
-    group = InputGroup(stacked, tuple(members), splits)
+    group = InputGroup(stacked, tuple(members), splits, interleaved)
     layer[key] = group
     return group
 
@@ -170,7 +200,7 @@ def grouped_projections(
     if group is None:
         return projections(x, norm, eps, [layer[n] for n in names])
     (y,) = projections(x, norm, eps, [group.linear])
-    return list(y.split(group.splits, dim=1))
+    return group.outputs(y)
 
 
 def split_projections(
@@ -192,7 +222,9 @@ def split_projections(
     read-only linears. A stacked group is multiplied in runs of consecutive members wanted at
     the same rows, each one GEMM over a row view of the stacked weight: each output column is
     the same exact int32 dot and the same epilogue whichever launch makes it, so every output
-    has the bits `grouped_projections` gives that row."""
+    has the bits `grouped_projections` gives that row. An interleaved group's members share
+    every tile, so it is one GEMM at every row (at the read rows if all its members are wanted
+    there) and the read-only members' outputs are picked at the read rows."""
     group = input_group(layer, names)
     lins = [group.linear] if group is not None else [layer[n] for n in names]
     quantized = norm_quantize(x, norm, eps, lins)
@@ -208,6 +240,12 @@ def split_projections(
     if group is None:
         return [at(q, s, lin, n in at_reads) for n, (lin, (q, s)) in zip(names, quantized, strict=True)]
     ((stacked, (q, s)),) = quantized
+    if group.interleaved:
+        everywhere = [n not in at_reads for n in names]
+        outs = group.outputs(at(q, s, stacked, not any(everywhere)))
+        if all(everywhere) or not any(everywhere):
+            return outs
+        return [o if keep else o.index_select(0, reads) for o, keep in zip(outs, everywhere, strict=True)]
     out: list[torch.Tensor] = []
     j = 0
     while j < len(names):
@@ -225,29 +263,33 @@ def split_projections(
 def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     """h + ffn_down(silu(ffn_gate(x)) * ffn_up(x)), x = post-attention rms_norm(h): the layer's MLP.
 
-    CUDA, gate and up stacked, and the fused form faster at this M (`kernels.swiglu_fused`): the
-    gate+up GEMM computes v = silu(gate) * up in its epilogue (`kernels.int8_gemm_swiglu`, half
-    the bytes out) and v is quantized for ffn_down (`kernels.int8_gemm_swiglu_quantize`: on
-    Hopper's two-GEMM form the gate GEMM's epilogue also divides v by the SmoothQuant divisor and
-    folds its rows' absmax, so the quantizer only streams it): the same bits as the unfused
-    path's GEMM then `swiglu_quantize`. Under tensor parallelism each rank's v covers its own
-    gate/up features; gathering v is gathering gate and up then the elementwise op, so the same
-    bits (v is gathered, then `quantize_rows` finds the whole row's absmax).
+    CUDA, gate and up stacked (interleaved: `input_group`), and the fused form faster at this M
+    (`kernels.swiglu_fused`): the gate+up GEMM computes v = silu(gate) * up in its epilogue
+    (`kernels.int8_gemm_swiglu`: on Hopper one CUTLASS GEMM pairing gate and up in registers; half
+    the bytes out) and v is quantized for ffn_down (`kernels.int8_gemm_swiglu_quantize`): the same
+    bits as the unfused path's stacked GEMM then `swiglu_quantize` on its even and odd columns.
+    Under tensor parallelism each rank's v covers its own gate/up features; gathering v is
+    gathering gate and up then the elementwise op, so the same bits (v is gathered, then
+    `quantize_rows` finds the whole row's absmax); likewise the unfused path gathers the stacked
+    output, whose ranks' interleaved blocks side by side are the whole interleaved row.
     """
     down = layer["ffn_down"]
-    group = input_group(layer, ("ffn_gate", "ffn_up"))
-    fused = h.is_cuda and group is not None and group.splits[0] == group.splits[1]
-    if fused and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
-        ((lin, (q, s)),) = norm_quantize(h, layer["post_attention_norm"], eps, [group.linear])
+    norm = layer["post_attention_norm"]
+    group = input_group(layer, MLP_INPUTS)
+    if group is None:  # not stackable: one GEMM each, then the pairs the quantizer reads
+        gate, up = whole_rows(down, *projections(h, norm, eps, [layer[n] for n in MLP_INPUTS]))
+        q, s = swiglu_quantize(torch.stack((gate, up), dim=-1).flatten(1), down.smooth)
+        return gemm(q, s, down, residual=h)
+    if h.is_cuda and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
+        ((lin, (q, s)),) = norm_quantize(h, norm, eps, [group.linear])
         if isinstance(down, RowParallelLinear):  # v gathered whole first
             (v,) = whole_rows(down, kernels.int8_gemm_swiglu(q, lin.qweight, s, lin.w_scale))
             q, s = kernels.quantize_rows(v, down.smooth, backend="triton")
         else:  # v quantized where it is made
             q, s = kernels.int8_gemm_swiglu_quantize(q, lin.qweight, s, lin.w_scale, down.smooth)
         return gemm(q, s, down, residual=h)
-    gate, up = grouped_projections(h, layer["post_attention_norm"], eps, layer, ("ffn_gate", "ffn_up"))
-    gate, up = whole_rows(down, gate, up)
-    q, s = swiglu_quantize(gate, up, down.smooth)
+    (gate_up,) = whole_rows(down, *projections(h, norm, eps, [group.linear]))
+    q, s = swiglu_quantize(gate_up, down.smooth)
     return gemm(q, s, down, residual=h)
 
 

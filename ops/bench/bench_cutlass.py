@@ -10,6 +10,10 @@ Step sums weight each linear by its uses in one pass. Build the library first (`
 to the GPU machine.
 
     python3 ops/bench/bench_cutlass.py [--candidates] --m 64,256,384,1024,8192 --json OUT.json
+
+`--pairs` times the MLP's one-GEMM SwiGLU instead (`Library.swiglu_pairs` over the interleaved
+gate+up weight, v only) per config, its v compared bit for bit with Triton's fused kernel's: which
+tile the engine's `cutlass_gemm.swiglu_config` should name.
 """
 
 from __future__ import annotations
@@ -69,20 +73,39 @@ def time_linear(
     return row
 
 
+def time_pairs(
+    lib: cutlass_gemm.Library,
+    configs: tuple[cutlass_gemm.CutlassConfig, ...],
+    m: int,
+    n: int,
+    k: int,
+    copies_bytes: int,
+) -> dict:
+    """The one-GEMM SwiGLU at M rows of the interleaved weight [n, k]: Triton's fused kernel (its v
+    the bit oracle) and each config's `swiglu_pairs`, cold weights in CUDA graphs."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(m * 11 + n)
+    ws = [randint8((n, k), dev, gen) for _ in range(max(2, min(16, copies_bytes // (n * k))))]
+    a = randint8((m, k), dev, gen)
+    a_scale = torch.rand(m, device=dev, generator=gen) * 0.02 + 1e-3
+    w_scale = torch.rand(n, device=dev, generator=gen) * (1.0 / k) + 1e-4
+    want = int8_gemm_swiglu(a, ws[0], a_scale, w_scale, backend="triton")
+    row: dict = {"m": m, "linear": "mlp_gate_up pairs", "n": n, "k": k}
+    row["triton_ms"] = bench_stream(lambda w: int8_gemm_swiglu(a, w, a_scale, w_scale, backend="triton"), ws)
+    v = torch.empty(m, n // 2, device=dev)
+    for c in configs:
+        lib.swiglu_pairs(c.name, a, ws[0], a_scale, w_scale, v)
+        same = bool(torch.equal(v, want))
+        t = bench_stream(lambda w, c=c: lib.swiglu_pairs(c.name, a, w, a_scale, w_scale, v), ws)
+        row[c.name] = {"ms": t, "same_bits": same}
+    return row
+
+
 def linears_at(model: str, m: int) -> list[tuple[str, int, int, int]]:
     """`model_linears` as the engine launches them at M rows: without the LM head (read-out rows
-    only), and where the MLP takes the two-GEMM SwiGLU form (`cutlass_gemm.swiglu_serves`) its
-    gate+up as two GEMMs of half the width each (the up projection, then the gate's whose
-    epilogue reads it as C: timed here as a GEMM with a residual, the same bytes)."""
-    out = []
-    for name, n, k, uses in model_linears(model):
-        if name == "lm_head":
-            continue
-        if name == "mlp_gate_up" and cutlass_gemm.swiglu_serves(m):
-            out.append(("mlp_half+c", n // 2, k, 2 * uses))
-        else:
-            out.append((name, n, k, uses))
-    return out
+    only). The MLP's gate+up is one GEMM at every M (from `cutlass_gemm.SWIGLU_MIN_ROWS` rows the
+    one-GEMM SwiGLU, which writes v, half the plain GEMM's output: timed here as the plain GEMM)."""
+    return [(name, n, k, uses) for name, n, k, uses in model_linears(model) if name != "lm_head"]
 
 
 def main() -> None:
@@ -95,6 +118,9 @@ def main() -> None:
         "--candidates", action="store_true", help="every candidate (ops/build_cutlass.py --candidates)"
     )
     ap.add_argument("--configs", default=None, help="with --candidates: only these (comma list of names)")
+    ap.add_argument(
+        "--pairs", action="store_true", help="the MLP's one-GEMM SwiGLU per config, not the linears"
+    )
     args = ap.parse_args()
     configs = cutlass_gemm.candidates(args.configs) if args.candidates else cutlass_gemm.CONFIGS
     path = cutlass_gemm.default_library(configs)
@@ -104,6 +130,18 @@ def main() -> None:
     lib = cutlass_gemm.Library(path, configs)
     names = [c.name for c in configs]
     rows, sums = [], {}
+    if args.pairs:
+        (n, k) = next((n, k) for name, n, k, _ in model_linears(args.model) if name == "mlp_gate_up")
+        for m in [int(x) for x in args.m.split(",")]:
+            row = time_pairs(lib, configs, m, n, k, args.copies_bytes)
+            rows.append(row)
+            line = f"M={m:5d} pairs N={n:6d} K={k:6d} triton {row['triton_ms'] * 1e3:7.1f}"
+            for c in names:
+                line += f" | {c} {row[c]['ms'] * 1e3:7.1f}{'' if row[c]['same_bits'] else ' BITS DIFFER'}"
+            print(line, flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"rows": rows, "configs": names}, indent=1))
+        return
     for m in [int(x) for x in args.m.split(",")]:
         total = dict.fromkeys(["triton", *names], 0.0)
         for name, n, k, uses in linears_at(args.model, m):

@@ -1026,7 +1026,7 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the former full last layer (every row through the last layer's query,
     # attention, output projection and MLP; `ForestBody(last_layer="full")`): the same states
     "tc64inv-fulllast": _tc64inv(last_layer="full"),
-    # the CUDA default with the MLP's gate+up as CUTLASS's two-GEMM SwiGLU form at every M CUTLASS
+    # the CUDA default with the MLP's gate+up as CUTLASS's one-GEMM SwiGLU at every M CUTLASS
     # serves, or as the stacked GEMM and `swiglu_quantize` there (`cutlass_gemm.SWIGLU_MIN_ROWS`)
     "tc64inv-cutlassswiglu": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 0}),
     "tc64inv-unfusedmlp": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_MIN_ROWS": 1 << 62}),
@@ -1053,23 +1053,10 @@ VARIANTS: dict[str, dict | None] = {
     # the next H100 (one process, 02747a6): (c) 476.6 / 480.0 ms against 475.4 / 475.6; alone
     # (bench_cutlass.py --m 8192) the cluster is the faster for GDN in, 1,069 against 1,253 us
     "tc64inv-allswizzled": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIZZLED_MAX_COLUMNS": 1 << 30}),
-    # the CUDA default with the MLP's gate+up and SwiGLU in one CUTLASS GEMM over a gate/up-
-    # interleaved copy of the weight, then `quantize_rows` (`cutlass_gemm.SWIGLU_PAIRS`, session
-    # 26), where the two-GEMM form runs: above 2,048 rows on the swizzled tile
-    # (`SWIGLU_PAIRS_SWIZZLE`), or the table's clustered tile there too (-cluster). The same bits;
-    # the copies are ~11 GB more at 27B. (Session 26 also timed the swizzled tile at every M, a
-    # setting since removed: (b) 28.6 -> 33.5 ms, (c) 477.5 -> 467.5.)
-    "tc64inv-swiglupairs": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True}),
-    "tc64inv-swiglupairs-cluster": _tc64inv(
-        set={
-            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS": True,
-            "engine.kernels.cutlass_gemm.SWIGLU_PAIRS_SWIZZLE": False,
-        },
-    ),
-    # the CUDA default as it ran the bench's MLP before session 26: the bench's linears carry no
-    # SmoothQuant divisor, and the two-GEMM form's absmax epilogue then stood aside for `quantize_rows`
-    # (`cutlass_gemm.SWIGLU_ABSMAX` off for the variant); a model with divisors took it all along
-    "tc64inv-noabsmax": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_ABSMAX": False}),
+    # the CUDA default with the one-GEMM SwiGLU on the table's clustered tile above 2,048 rows, not
+    # the swizzled one (`cutlass_gemm.SWIGLU_SWIZZLE` off): the same bits. Session 26 (H100, over
+    # an interleaved copy): (c) 478.9 ms clustered against 467.5 swizzled
+    "tc64inv-swiglucluster": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": False}),
     # the CUDA default with the read-outs' "block" form (`readout.DEVICE_READ`: a pass's rows'
     # partials in one launch, the copy back into pinned memory): the same values
     "tc64inv-blockreads": _tc64inv(set={"engine.decide.readout.DEVICE_READ": "block"}),
@@ -1077,11 +1064,6 @@ VARIANTS: dict[str, dict | None] = {
     # (`body.READS_IN_PASS` off: the partials, letter gathers and copy back launched by the
     # read-out, as before session 20): the same values
     "tc64inv-hostreads": _tc64inv(set={"engine.run.body.READS_IN_PASS": False}),
-    # the CUDA default with the clustered tile for both GEMMs of the MLP's two-GEMM SwiGLU form
-    # above 2,048 rows, or the swizzled 128x128 tile for the gate GEMM only (the one reading the
-    # up projection as C) (`cutlass_gemm.SWIGLU_SWIZZLE`; "both" the default): the same bits
-    "tc64inv-swiglunone": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "none"}),
-    "tc64inv-swiglugate": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_SWIZZLE": "gate"}),
     # the CUDA default with the attention output allocated uninitialized and only its dead rows
     # zeroed, not zero-filled whole (`forest_attention.ZERO_DEAD_ROWS_ONLY`): the same bits
     "tc64inv-attnzerodead": _tc64inv(set={"engine.kernels.forest_attention.ZERO_DEAD_ROWS_ONLY": True}),
@@ -1108,10 +1090,6 @@ VARIANTS: dict[str, dict | None] = {
             "engine.kernels.decode_quant.GATED_FORM": "blocks",
         }
     ),
-    # the CUDA default with the two-GEMM SwiGLU form's v quantized by `quantize_rows` (one program
-    # a row finds its absmax) instead of by its rows' absmax from the gate GEMM's epilogue
-    # (`cutlass_gemm.SWIGLU_ABSMAX`, on since session 21): the same bits
-    "tc64inv-noswigluabsmax": _tc64inv(set={"engine.kernels.cutlass_gemm.SWIGLU_ABSMAX": False}),
     # the CUDA default with the SwiGLU quantizer's resident kernel as before session 21: its loads
     # unordered (ptxas issues the whole row's at once) and no register cap (`decode_quant`
     # RESIDENT_ORDERED, RESIDENT_AHEAD, RESIDENT_MAXNREG): the same bits

@@ -272,13 +272,13 @@ def main() -> None:
         wn = torch.rand(HIDDEN, device="cuda", generator=gen) + 0.5
         a = torch.randn(m, ATTN_OUT, device="cuda", generator=gen)
         div = torch.rand(ATTN_OUT, device="cuda", generator=gen) + 0.5
-        gu = torch.randn(m, 2 * INTER, device="cuda", generator=gen)  # one stacked gate/up GEMM output
-        g, u = gu[:, :INTER], gu[:, INTER:]
+        # the stacked gate/up GEMM's output as stored: gate j at column 2j, up j at 2j + 1
+        gu = torch.randn(m, 2 * INTER, device="cuda", generator=gen)
         sdiv = torch.rand(INTER, device="cuda", generator=gen) + 0.5
         compare("norm+quant", m, kq, quant, lambda: kq.rms_norm_quantize(x, wn, 1e-6), m * HIDDEN * 5)
         compare("quant/div", m, kq, quant[:4], lambda: kq.quantize_rows(a, div), m * ATTN_OUT * 5)
         compare("norm", m, kn, quant[:2], lambda: kn.norm_rows(x, wn, 1e-6), m * HIDDEN * 8)
-        compare("swiglu+quant", m, dq, swiglu_variants, lambda: dq.swiglu_quantize(g, u, sdiv), m * INTER * 9)
+        compare("swiglu+quant", m, dq, swiglu_variants, lambda: dq.swiglu_quantize(gu, sdiv), m * INTER * 9)
         vq = list(V_QUANT_VARIANTS.items())
         o = torch.randn(m, GDN_HEADS, GDN_DV, device="cuda", generator=gen)
         z = torch.randn(m, GDN_HEADS * GDN_DV, device="cuda", generator=gen)
@@ -288,7 +288,7 @@ def main() -> None:
             "gated+quant", m, dq, list(GATED_VARIANTS.items()),
             lambda: dq.gated_norm_quantize(o, z, wg, gdiv, 1e-6), m * GDN_HEADS * GDN_DV * 9,
         )  # fmt: skip
-        v = g.contiguous()  # as the two-GEMM form's epilogue writes it
+        v = gu[:, 0::2].contiguous()  # [m, INTER], as the two-GEMM form's epilogue writes it
         compare("v quant/div", m, kq, vq, lambda: kq.quantize_rows(v, sdiv), m * INTER * 5)
         # the same codes from v / divisor and its rows' absmax, as the gate GEMM's epilogue makes
         # them (`cutlass_gemm.SWIGLU_ABSMAX`): the quantizer a stream
@@ -322,7 +322,7 @@ def resources(variants: list[tuple[str, dict[str, Any]]], m: int = 256) -> None:
     print(f"{'variant':<23} {'kernel':<28} {'warps':>5} {'regs':>5} {'local B':>7} {'progs/SM':>8}")
     for variant, values in variants:
         with settings(dq, values), record() as launches:
-            dq.swiglu_quantize(torch.zeros(m, INTER), torch.zeros(m, INTER), torch.zeros(INTER))
+            dq.swiglu_quantize(torch.zeros(m, 2 * INTER), torch.zeros(INTER))
         for launch in launches:
             got = compile_launch(launch)
             warps = int(launch.meta.get("num_warps", 4))

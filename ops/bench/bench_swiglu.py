@@ -3,19 +3,20 @@
     PYTHONPATH=. python3 ops/bench/bench_swiglu.py [--out swiglu.json] [--m 1,16,64,256,384,1024,8192]
         [--models 27B,4B] [--budget-s S]
 
-Old: the stacked gate+up `int8_gemm` writes fp32 [M, 2I], `swiglu_quantize` reads it back for
-ffn_down's int8 rows. New: `int8_gemm_swiglu` writes v = silu(gate) * up fp32 [M, I] and
-`quantize_rows(v, smooth)` quantizes it. Per (model, M): the old pair, the new pair at the
-shipped SWIGLU_TABLE config (None there: the engine keeps the old pair at that M) and at every
-SWIGLU_CANDIDATES config, each timed inside a CUDA graph with the weight cycled through copies
-that do not fit in L2 (`bench_kernels.bench_stream`, as the GEMM sweep times the linears); the
-pieces (GEMM alone, quantizer alone) at the table config too. Every new pair's (q, scale) is
-checked bit for bit against the old pair's: a mismatch is reported and never proposed. The
-last lines: per model and M, old us, best new us and its config, ms saved per forward (x the
-layers), and a proposed SWIGLU_TABLE (a fused config only where it beats the old pair by more
-than --margin). Both models at the 7 row counts: ~1-2 minutes on an H200 (compiles included).
-Where the CUTLASS library serves the two-GEMM form, also the engine's call
-(`int8_gemm_swiglu_quantize`) on that form against the one-GEMM candidate (`SWIGLU_PAIRS`).
+Old: the stacked gate+up `int8_gemm` (over the interleaved weight, the stored layout) writes fp32
+[M, 2I], `swiglu_quantize` reads it back for ffn_down's int8 rows. New: `int8_gemm_swiglu` writes v
+= silu(gate) * up fp32 [M, I] and `quantize_rows(v, smooth)` quantizes it. Per (model, M): the old
+pair, the new pair at the shipped SWIGLU_TABLE config (None there: the engine keeps the old pair at
+that M) and at every SWIGLU_CANDIDATES config, each timed inside a CUDA graph with the weight
+cycled through copies that do not fit in L2 (`bench_kernels.bench_stream`, as the GEMM sweep times
+the linears); the pieces (GEMM alone, quantizer alone) at the table config too. Every new pair's
+(q, scale) is checked bit for bit against the old pair's: a mismatch is reported and never
+proposed. The last lines: per model and M, old us, best new us and its config, ms saved per forward
+(x the layers), and a proposed SWIGLU_TABLE (a fused config only where it beats the old pair by
+more than --margin). Both models at the 7 row counts: ~1-2 minutes on an H200 (compiles included).
+Where the CUTLASS library serves M, also its one-GEMM SwiGLU at any M (`SWIGLU_MIN_ROWS` 0), and
+from SWIGLU_MIN_ROWS the engine's call (`int8_gemm_swiglu_quantize`) on the table's tile against
+the swizzled one where the table clusters (`SWIGLU_SWIZZLE`).
 """
 
 # Every lambda below is timed inside the loop iteration that made it, so late binding is moot.
@@ -51,9 +52,8 @@ ROWS = (1, 16, 64, 256, 384, 1024, 8192)
 DEVICE = "cuda"  # module-level so a CPU smoke run of the bookkeeping can swap it
 
 
-def _old(a, w, a_s, w_s, div, inter):
-    y = int8_gemm(a, w, a_s, w_s)
-    return swiglu_quantize(y[:, :inter], y[:, inter:], div)
+def _old(a, w, a_s, w_s, div):
+    return swiglu_quantize(int8_gemm(a, w, a_s, w_s), div)
 
 
 def _new(a, w, a_s, w_s, div, cfg: GemmConfig | None):
@@ -89,11 +89,11 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
         for m in rows:
             a = torch.randint(-127, 128, (m, hidden), dtype=torch.int8, device=DEVICE, generator=gen)
             a_s = torch.rand(m, device=DEVICE, generator=gen) * 0.02 + 1e-3
-            want = _old(a, w, a_s, w_s, div, inter)
-            t_old = bench_stream(lambda w: _old(a, w, a_s, w_s, div, inter), copies)
+            want = _old(a, w, a_s, w_s, div)
+            t_old = bench_stream(lambda w: _old(a, w, a_s, w_s, div), copies)
             y = int8_gemm(a, w, a_s, w_s)
             t_old_gemm = bench_stream(lambda w: int8_gemm(a, w, a_s, w_s), copies)
-            t_old_quant = bench_stream(lambda w: swiglu_quantize(y[:, :inter], y[:, inter:], div), [w])
+            t_old_quant = bench_stream(lambda w: swiglu_quantize(y, div), [w])
             table = swiglu_config_for(m)
             row = dict(model=model, m=m, hidden=hidden, inter=inter, layers=layers, old_us=t_old * 1e3,
                        old_gemm_us=t_old_gemm * 1e3, old_swiglu_quant_us=t_old_quant * 1e3,
@@ -104,38 +104,29 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
                 v = int8_gemm_swiglu(a, w, a_s, w_s)
                 row["table_gemm_us"] = bench_stream(lambda w: int8_gemm_swiglu(a, w, a_s, w_s), copies) * 1e3
                 row["table_quant_us"] = bench_stream(lambda w: quantize_rows(v, div), [w]) * 1e3
-                # where the CUTLASS library serves M: its two-GEMM SwiGLU form at any M
+                # where the CUTLASS library serves M: its one-GEMM SwiGLU at any M
                 # (`cutlass_gemm.SWIGLU_MIN_ROWS` 0) beside the table's row and the old pair
                 row["cutlass_swiglu_us"] = None
-                if cutlass_gemm.serves(a, w[inter:], None, torch.float32):
+                if cutlass_gemm.serves(a, w, None, torch.float32):
                     with _setting(cutlass_gemm, "SWIGLU_MIN_ROWS", 0):
                         row["cutlass_swiglu_bit_equal"] = _same(_new(a, w, a_s, w_s, div, None), want)
                         t_two = bench_stream(lambda w: _new(a, w, a_s, w_s, div, None), copies)
                         row["cutlass_swiglu_us"] = t_two * 1e3
                     if not row["cutlass_swiglu_bit_equal"]:
                         mismatches.append(f"{model} M={m} cutlass swiglu")
-                # the engine's call (`int8_gemm_swiglu_quantize`) at the M of the two-GEMM form:
-                # that form with the absmax epilogue against the one-GEMM candidate over the
-                # interleaved weight (`cutlass_gemm.SWIGLU_PAIRS`, then `quantize_rows`) at the
-                # table's tile and, where the table clusters, the swizzled one (the copies are
-                # made in bench_stream's warm-up, before its capture)
+                # the engine's call (`int8_gemm_swiglu_quantize`) where the one-GEMM form takes
+                # M: on the table's tile and, where the table clusters, the swizzled one
                 if cutlass_gemm.serves(a, w, None, torch.float32) and cutlass_gemm.swiglu_serves(m):
                     engine_call = lambda w: int8_gemm_swiglu_quantize(a, w, a_s, w_s, div)  # noqa: E731
-                    row["two_gemm_absmax_bit_equal"] = _same(engine_call(w), want)
-                    row["two_gemm_absmax_us"] = bench_stream(engine_call, copies) * 1e3
                     for key, swizzle in (("pairs_table", False), ("pairs_swizzled", True)):
-                        with (
-                            _setting(cutlass_gemm, "SWIGLU_PAIRS", True),
-                            _setting(cutlass_gemm, "SWIGLU_PAIRS_SWIZZLE", swizzle),
-                        ):
+                        with _setting(cutlass_gemm, "SWIGLU_SWIZZLE", swizzle):
                             row[key + "_bit_equal"] = _same(engine_call(w), want)
                             row[key + "_us"] = bench_stream(engine_call, copies) * 1e3
                         if not row[key + "_bit_equal"]:
                             mismatches.append(f"{model} M={m} {key}")
                     print(
-                        f"    M={m}: two-GEMM + absmax {row['two_gemm_absmax_us']:8.1f} us, one GEMM "
-                        f"(table tile) {row['pairs_table_us']:8.1f} us, one GEMM (swizzled where "
-                        f"the table clusters) {row['pairs_swizzled_us']:8.1f} us",
+                        f"    M={m}: one GEMM + quantize_rows (table tile) {row['pairs_table_us']:8.1f} us, "
+                        f"(swizzled where the table clusters) {row['pairs_swizzled_us']:8.1f} us",
                         flush=True,
                     )
                 # quantize_rows holds a row in registers up to kq.RESIDENT_VALUES a thread (32:
@@ -173,7 +164,7 @@ def run(models: list[str], rows: list[int], budget_s: float) -> dict:
             out.append(row)
             table_txt = f"table {row['table'] or 'unfused':22s}" + (
                 f" {row['table_us']:8.1f} us bits={row['table_bit_equal']}"
-                + (f" (cutlass two-GEMM {row['cutlass_swiglu_us']:8.1f})" if row["cutlass_swiglu_us"] else "")
+                + (f" (cutlass one-GEMM {row['cutlass_swiglu_us']:8.1f})" if row["cutlass_swiglu_us"] else "")
                 if table
                 else " " * 22
             )

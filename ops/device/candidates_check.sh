@@ -10,7 +10,7 @@
 #   STAGE=rows    bash ops/device/candidates_check.sh  # the row kernels' candidates at 256 / 8,192 rows (~1 min)
 #   STAGE=gemm64  bash ops/device/candidates_check.sh  # decode GEMMs by shape in the step vs alone (~4 min)
 #   STAGE=narrow64 bash ops/device/candidates_check.sh # 64x40 / 64x32 tiles for the decoder's narrow outputs (~2 min)
-#   STAGE=pairs   bash ops/device/candidates_check.sh  # the one-GEMM SwiGLU: bit tests, alone, engine A/B (~10 min)
+#   STAGE=pairs   bash ops/device/candidates_check.sh  # the one-GEMM SwiGLU: bit tests, alone, tile A/B (~10 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -71,17 +71,19 @@ kernels)
     tail -30 "$OUT/gdn-split.log"
     ;;
 pairs)
-    # session 26: the one-GEMM SwiGLU candidate (cutlass_gemm.SWIGLU_PAIRS): its CUDA bit tests, the
-    # engine's MLP call alone at 27B against the two-GEMM form (bench_swiglu.py, bits checked), then
-    # the engine A/B in one process (PAIRS_VARIANTS)
+    # the one-GEMM SwiGLU (the default since session 27, over the interleaved stored weight): its
+    # CUDA bit tests, the engine's MLP call alone at 27B (bench_swiglu.py, bits checked), then the
+    # engine A/B in one process (PAIRS_VARIANTS: the clustered tile above 2,048 rows against the
+    # default's swizzled one)
     timeout 130 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_kernel_cutlass_gemm.py \
-        -k "one_gemm or absmax or interleaved" > "$OUT/pairs-tests.log" 2>&1
+        tests/engine/kernels/test_kernel_int8_gemm_swiglu.py tests/engine/body/test_input_groups.py \
+        -k "swiglu or mlp or interleaved" > "$OUT/pairs-tests.log" 2>&1
     echo "tests rc=$?"; tail -4 "$OUT/pairs-tests.log"
     timeout 90 python3 ops/bench/bench_swiglu.py --models 27B --m 384,8192 --budget-s 0 \
         --out "$OUT/swiglu-pairs.json" > "$OUT/swiglu-pairs.log" 2>&1
     echo "swiglu rc=$?"; grep -E "M=|MISMATCH" "$OUT/swiglu-pairs.log" | cut -c1-300
     timeout 360 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-        --variants "${PAIRS_VARIANTS:-tc64inv,tc64inv-swiglupairs,tc64inv-swiglupairs-cluster,tc64inv}" \
+        --variants "${PAIRS_VARIANTS:-tc64inv,tc64inv-swiglucluster,tc64inv}" \
         --json "$OUT/engine-pairs.json" > "$OUT/engine-pairs.log" 2>&1
     echo "bench rc=$?"
     grep -E "^(---|a_one|a_timed|b_three|b_readme|c_one|d_64)" "$OUT/engine-pairs.log" | cut -c1-400

@@ -6,29 +6,21 @@
 // acc is the exact int32 sum of a[m, :] * w[n, :] (|acc| <= K * 127^2 < 2^31), so no tile shape,
 // schedule or split can change it; the epilogue is three IEEE operations in that order (the file is
 // compiled with -fmad=false, so the add is never contracted with the multiply): y equals the Triton
-// kernel's and the torch reference's bit for bit. A third epilogue makes the MLP's SwiGLU from the
-// gate GEMM and the up projection read as C (`swiglu_value`, the Triton kernels' instructions):
+// kernel's and the torch reference's bit for bit. A third epilogue makes the MLP's SwiGLU in the
+// same GEMM (kSwigluPairs): the stored gate+up weight's rows are interleaved, row 2j the gate's row
+// j and row 2j + 1 the up's, so a tile holds both values of each of its outputs, and wgmma's
+// accumulator layout puts them in one thread, in neighbouring registers (columns 2j and 2j + 1 of a
+// row). Its visitor tree pairs them (`PairNode`) with the Triton kernels' instructions
+// (`swiglu_value`) and stores v straight from registers into out [M, N / 2]; the [M, N] tile itself
+// is never written (D is void):
 //
-//     v[m, n] = silu(g) * up[m, n],   g = (float(acc[m, n]) * a_scale[m]) * w_scale[n]
+//     v[m, j] = silu(g) * u,   g = y[m, 2j],  u = y[m, 2j + 1]   (y the scaled tile above)
 //
-// A fourth divides v by the next linear's SmoothQuant divisor (none: 1) and folds each row's absmax
-// into a per-row buffer with atomic maxima, the two things the quantizer of ffn_down's input needs:
-//
-//     w[m, n] = v[m, n] / s[n]  (IEEE, div.rn),   absmax[m] = max over n of |w[m, n]|
-//
-// A maximum is exact in any order, so the atomics' order cannot change absmax; w is the value
-// `quantize_rows(v, s)` divides out itself. The quantizer then only streams w against its row's
-// scale (`quant.quantize_rows_by_absmax`): the same codes and scales as `quantize_rows(v, s)`.
-//
-// A fifth makes the SwiGLU's v in one GEMM (kSwigluPairs): the weight's rows interleaved, row 2j the
-// gate's row j and row 2j + 1 the up's, so a tile holds both values of each of its outputs, and
-// wgmma's accumulator layout puts them in one thread, in neighbouring registers (columns 2j and
-// 2j + 1 of a row). Its visitor tree pairs them (`PairNode`) and stores v straight from registers
-// into out [M, N / 2]; the [M, N] tile itself is never written (D is void). Why: the two-GEMM form
-// writes up (fp32 [M, I]) and reads it back as C, 1.1 GB a layer at the 27B's 8,192 rows, and runs
-// two mainloops over the same activations. v only: the divisor and the row absmax in this epilogue
-// cost more than they save (H100, session 26: at M 8,192 the GEMM took 2.0-2.4 ms writing v,
-// 3.1-3.5 with them, in a per-pair load or a broadcast node alike), so `quantize_rows(v, s)` follows.
+// Why one GEMM: the two-GEMM form it replaced (session 26) wrote the up projection (fp32 [M, I]) and
+// read it back as the gate GEMM's C, 1.1 GB a layer at the 27B's 8,192 rows, and ran two mainloops
+// over the same activations. v only: the divisor and the row absmax in this epilogue cost more than
+// they save (H100, session 26: at M 8,192 the GEMM took 2.0-2.4 ms writing v, 3.1-3.5 with them),
+// so `quantize_rows(v, s)` follows.
 //
 // engine/kernels/cutlass_gemm.py writes one translation unit per config (PRISM_INT8_GEMM below),
 // builds them into one shared library and calls it through ctypes.
@@ -68,49 +60,9 @@ CUTLASS_DEVICE float swiglu_value(float g, float u) {
   return v;
 }
 
-// a / b correctly rounded (div.rn.f32), as `tl.math.div_rn` in the engine's quantizers: inline PTX
-// so that nvcc cannot substitute an approximate division.
-CUTLASS_DEVICE float divide_rn(float a, float b) {
-  float q;
-  asm("div.rn.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
-  return q;
-}
-
-// A binary fp32 function as a visitor tree's compute function: Sm90Compute instantiates it at float
-// for its argument type and at Array<float, N> for the fragments it visits, element by element.
-template <float (*Fn)(float, float)>
-struct Elementwise {
-  template <class T>
-  struct Op {
-    CUTLASS_DEVICE T operator()(T const& a, T const& b) const { return Fn(a, b); }
-  };
-  template <int N>
-  struct Op<cutlass::Array<float, N>> {
-    CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                       cutlass::Array<float, N> const& b) const {
-      cutlass::Array<float, N> out;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < N; ++i) out[i] = Fn(a[i], b[i]);
-      return out;
-    }
-  };
-};
-template <class T>
-using Swiglu = typename Elementwise<swiglu_value>::template Op<T>;  // (g, u) -> silu(g) * u
-template <class T>
-using DivideRn = typename Elementwise<divide_rn>::template Op<T>;  // (v, s) -> v / s
-
-// The row absmax's step in registers: max(running, |x|), max.f32 and abs.f32 as the Triton
-// quantizers' tl.maximum(amax, tl.abs(v)). Lanes and CTAs then combine the (non-negative) partial
-// maxima with plain maxima, the last by atomicMax on their int bits (cutlass::atomic_maximum).
-template <class T>
-struct AbsMax {
-  CUTLASS_DEVICE T operator()(T const& running, T const& x) const { return fmaxf(running, fabsf(x)); }
-};
-
-// What the epilogue adds after the scaling: nothing, the residual (C), the SwiGLU with C = up,
-// that SwiGLU over the divisor with its rows' absmax, or the SwiGLU of interleaved gate/up columns.
-enum class Epi { kPlain, kResidual, kSwiglu, kSwigluAbsmax, kSwigluPairs };
+// What the epilogue adds after the scaling: nothing, the residual (C), or the SwiGLU of interleaved
+// gate/up columns.
+enum class Epi { kPlain, kResidual, kSwigluPairs };
 
 // What the one-GEMM SwiGLU's store writes: out [M, N / 2] (row stride N / 2).
 struct PairedOutput {
@@ -203,7 +155,7 @@ struct PairNode {
   }
 };
 
-// The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual, or SwiGLU with C).
+// The epilogue as a tree: w_scale[n] * (a_scale[m] * float(acc)) (+ residual, or paired into SwiGLU).
 // Multiplication commutes exactly in IEEE arithmetic, so these are the reference's
 // (acc * a_scale) * w_scale bits.
 template <class Tile, Epi E>
@@ -216,55 +168,15 @@ struct ScaleTree {
                                  RowScaled>;
   template <template <class> class Fn>
   using WithC = fusion::Sm90EVT<fusion::Sm90Compute<Fn, float, float, kRound>, Scaled, fusion::Sm90SrcFetch<float>>;
-  // w = v / s[n], and the rows' max |w| folded atomically into absmax[m] (zeroed by the kernel's
-  // initialization, CUTLASS's fill of an atomic reduction's output with its identity 0)
-  using Divided = fusion::Sm90EVT<fusion::Sm90Compute<DivideRn, float, float, kRound>, WithC<Swiglu>,
-                                  fusion::Sm90RowBroadcast<0, Tile, float, float, Stride<_0, _1, int64_t>>>;
-  using RowAbsmax = fusion::Sm90EVT<
-      fusion::Sm90ColReduction<AbsMax, cutlass::maximum_with_default_nan_propagation, cutlass::atomic_maximum, 0,
-                               Tile, float, float, kRound>,
-      Divided>;
   // the one-GEMM SwiGLU: v paired up, then stored
   using Pairs = fusion::Sm90EVT<PairNode<true>, fusion::Sm90EVT<PairNode<false>, Scaled>>;
-  using Op = cute::conditional_t<
-      E == Epi::kPlain, Scaled,
-      cute::conditional_t<
-          E == Epi::kResidual, WithC<cutlass::plus>,
-          cute::conditional_t<E == Epi::kSwiglu, WithC<Swiglu>,
-                              cute::conditional_t<E == Epi::kSwigluAbsmax, RowAbsmax, Pairs>>>>;
+  using Op = cute::conditional_t<E == Epi::kPlain, Scaled,
+                                 cute::conditional_t<E == Epi::kResidual, WithC<cutlass::plus>, Pairs>>;
 };
-
-// CUTLASS fills an atomic reduction's output with the driver's cuMemsetD*Async (cutlass/workspace.h);
-// this library links only the CUDA runtime, so these stand-ins do it through the runtime. Weak: a
-// driver already loaded for the whole process keeps its own. The fill here is always the
-// reduction's identity, 0 (any other 32/16/8-bit pattern is refused, not silently mis-set).
-extern "C" __attribute__((weak)) CUresult cuMemsetD32Async(CUdeviceptr at, unsigned int value, size_t count,
-                                                           CUstream stream) {
-  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
-  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count * 4, stream) == cudaSuccess ? CUDA_SUCCESS
-                                                                                           : CUDA_ERROR_UNKNOWN;
-}
-extern "C" __attribute__((weak)) CUresult cuMemsetD16Async(CUdeviceptr at, unsigned short value, size_t count,
-                                                           CUstream stream) {
-  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
-  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count * 2, stream) == cudaSuccess ? CUDA_SUCCESS
-                                                                                           : CUDA_ERROR_UNKNOWN;
-}
-// (and the name of a failed fill's error, which its error path asks for)
-extern "C" __attribute__((weak)) CUresult cuGetErrorString(CUresult, const char** name) {
-  if (name != nullptr) *name = nullptr;
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-extern "C" __attribute__((weak)) CUresult cuMemsetD8Async(CUdeviceptr at, unsigned char value, size_t count,
-                                                          CUstream stream) {
-  if (value != 0) return CUDA_ERROR_NOT_SUPPORTED;
-  return cudaMemsetAsync(reinterpret_cast<void*>(at), 0, count, stream) == cudaSuccess ? CUDA_SUCCESS
-                                                                                       : CUDA_ERROR_UNKNOWN;
-}
 
 // A [M, K] row-major (K contiguous), the weight [N, K] (K contiguous: column-major as K x N), y [M, N]
 // row-major; 16-byte alignment: K % 16 == 0 and N % 4 == 0 (the caller checks).
-// C (`c`: the residual, or the up projection for the SwiGLU) is read unless E is kPlain.
+// C (`c`: the residual) is read only by kResidual.
 // Scheduler StreamK also takes its decomposition (DecompositionMode: 0 heuristic, 1 data-parallel,
 // 2 split-K into Splits, 3 stream-K) and how partials meet (ReductionMode: 0 a turnstile in K order,
 // 1 atomically in any order). The partials are the int32 accumulators, whose sum is exact in any
@@ -289,11 +201,10 @@ struct Int8Gemm {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // divisor and absmax: kSwigluAbsmax's s [n] and absmax [m] (unread otherwise); for kSwigluPairs
-  // (n the interleaved weight's rows) y is out [m, n / 2]
+  // for kSwigluPairs (n the interleaved weight's rows) y is out [m, n / 2]
   static typename Gemm::Arguments arguments(const int8_t* a, const int8_t* w, const float* a_scale,
                                             const float* w_scale, const float* c, float* y, int m, int n,
-                                            int k, const float* divisor = nullptr, float* absmax = nullptr) {
+                                            int k) {
     auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, k, 1));
     auto stride_w = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, k, 1));
     auto stride_c = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, make_shape(m, n, 1));
@@ -322,10 +233,6 @@ struct Int8Gemm {
     }
     if constexpr (E == Epi::kPlain) {
       args.epilogue.thread = scaled;
-    } else if constexpr (E == Epi::kSwigluAbsmax) {
-      // a null divisor reads as 1 (CUTLASS's broadcast default): w = v / 1 = v exactly
-      typename ScaleTree<Tile, E>::Divided::Arguments divided{{scaled, {}, {}}, {divisor, 1.0f}, {}};
-      args.epilogue.thread = {divided, {absmax, 0.0f, {}}};
     } else if constexpr (kPairs) {
       args.epilogue.thread = {{scaled, PairedOutput{}}, PairedOutput{y}};
     } else {
@@ -340,10 +247,9 @@ struct Int8Gemm {
 
   // 0 launched; 1 shape not implementable; 2 initialize failed; 3 launch failed.
   static int run(const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale,
-                 const float* c, float* y, int m, int n, int k, void* workspace, cudaStream_t stream,
-                 const float* divisor = nullptr, float* absmax = nullptr) {
+                 const float* c, float* y, int m, int n, int k, void* workspace, cudaStream_t stream) {
     Gemm gemm;
-    auto args = arguments(a, w, a_scale, w_scale, c, y, m, n, k, divisor, absmax);
+    auto args = arguments(a, w, a_scale, w_scale, c, y, m, n, k);
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return 2;
     if (gemm.run(stream) != cutlass::Status::kSuccess) return 3;
@@ -364,41 +270,24 @@ using StreamK = cutlass::gemm::StreamKScheduler;
 // heuristic, 1 along M, 2 along N; the last three as Int8Gemm's, read only by StreamK).
 #define PRISM_ARG(...) __VA_ARGS__
 
-// One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_NAME
-// (v = silu(a w^T scaled) * up: w the gate rows, up fp32 [m, n]), prism_int8_gemm_swiglu_absmax_NAME
-// (v / divisor and its rows' absmax), prism_int8_gemm_swiglu_pairs_NAME (the one-GEMM SwiGLU over the
-// interleaved weight [2I, K]: v [m, I]) and the workspace size any of them needs.
+// One config's C entry points: prism_int8_gemm_NAME (residual may be null), prism_int8_gemm_swiglu_pairs_NAME
+// (the one-GEMM SwiGLU over the interleaved weight [2I, K]: v [m, I]) and the workspace size any of
+// them needs.
 #define PRISM_INT8_GEMM(NAME, TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, ORDER)                                \
   using NAME##_plain = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kPlain, ORDER>;       \
   using NAME##_residual = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kResidual, ORDER>; \
-  using NAME##_swiglu = prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwiglu, ORDER>;     \
-  using NAME##_absmax =                                                                                          \
-      prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwigluAbsmax, ORDER>;           \
   using NAME##_pairs =                                                                                           \
       prism::Int8Gemm<TILE, CLUSTER, MAINLOOP, EPILOGUE, SCHEDULER, prism::Epi::kSwigluPairs, ORDER>;            \
   extern "C" size_t prism_int8_gemm_##NAME##_workspace(int m, int n, int k) {                                   \
     size_t a = NAME##_plain::workspace_bytes(m, n, k), b = NAME##_residual::workspace_bytes(m, n, k);           \
-    size_t c = NAME##_swiglu::workspace_bytes(m, n, k), d = NAME##_absmax::workspace_bytes(m, n, k);            \
-    size_t e = NAME##_pairs::workspace_bytes(m, n, k);                                                           \
-    size_t ab = a > b ? a : b, cd = c > d ? c : d, abcd = ab > cd ? ab : cd;                                     \
-    return abcd > e ? abcd : e;                                                                                  \
+    size_t e = NAME##_pairs::workspace_bytes(m, n, k), ab = a > b ? a : b;                                       \
+    return ab > e ? ab : e;                                                                                      \
   }                                                                                                              \
   extern "C" int prism_int8_gemm_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,                 \
                                         const float* w_scale, const float* residual, float* y, int m, int n,     \
                                         int k, void* workspace, cudaStream_t stream) {                          \
     return residual ? NAME##_residual::run(a, w, a_scale, w_scale, residual, y, m, n, k, workspace, stream)     \
                     : NAME##_plain::run(a, w, a_scale, w_scale, residual, y, m, n, k, workspace, stream);       \
-  }                                                                                                              \
-  extern "C" int prism_int8_gemm_swiglu_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,          \
-                                               const float* w_scale, const float* up, float* v, int m, int n,    \
-                                               int k, void* workspace, cudaStream_t stream) {                   \
-    return NAME##_swiglu::run(a, w, a_scale, w_scale, up, v, m, n, k, workspace, stream);                       \
-  }                                                                                                              \
-  extern "C" int prism_int8_gemm_swiglu_absmax_##NAME(                                                           \
-      const int8_t* a, const int8_t* w, const float* a_scale, const float* w_scale, const float* up,            \
-      const float* divisor, float* out, float* absmax, int m, int n, int k, void* workspace,                     \
-      cudaStream_t stream) {                                                                                     \
-    return NAME##_absmax::run(a, w, a_scale, w_scale, up, out, m, n, k, workspace, stream, divisor, absmax);     \
   }                                                                                                              \
   extern "C" int prism_int8_gemm_swiglu_pairs_##NAME(const int8_t* a, const int8_t* w, const float* a_scale,    \
                                                      const float* w_scale, float* v, int m, int n, int k,        \

@@ -4,14 +4,12 @@ On an sm_90 GPU with the library built (`make cutlass`): every
 config's y, with and without a residual, equals the torch reference bit for bit (the exact int32
 sum, then (acc * a_scale) * w_scale (+ residual) with no FMA); a row's bits do not depend on how
 many rows share the call or where it lies; `int8_gemm`'s "auto" hands the table's M buckets to
-it and gives the Triton kernel's bits; the SwiGLU form (`int8_gemm_swiglu`: the up GEMM, then the
-gate GEMM with the SwiGLU epilogue) gives the Triton fused kernel's bits, so a row's v is the same
-whichever backend its batch's M picks; the one-GEMM candidate (`Library.swiglu_pairs`, over the
-gate/up-interleaved weight) gives the two-GEMM form's v, and the engine's entry takes it when the
-setting is on. Everywhere: the table, the
-sources the build writes, the digest that names a build, the dispatch's refusals (CPU tensors,
-bf16 out, misaligned shapes, no library); the interleaved weight's rows and its copies' lifetime;
-and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
+it and gives the Triton kernel's bits; the one-GEMM SwiGLU (`Library.swiglu_pairs` over the
+gate/up-interleaved weight, the engine's `int8_gemm_swiglu` from SWIGLU_MIN_ROWS rows) gives the
+Triton fused kernel's bits, so a row's v is the same whichever backend its batch's M picks, and
+its quantized v the unfused path's codes. Everywhere: the table, the sources the build writes, the
+digest that names a build, the dispatch's refusals (CPU tensors, bf16 out, misaligned shapes, no
+library); and, where nvcc and CUTLASS's headers are installed, a real build of one config whose
 library exports the entry points the loader binds.
 """
 
@@ -80,25 +78,20 @@ def test_narrow_outputs_take_the_swizzled_tile_where_the_table_clusters() -> Non
     assert config_for(2048, 5120, 132) == "p128x128x128"
 
 
-def test_the_swiglu_halves_take_the_swizzled_tile_only_where_the_setting_names_them(
+def test_the_one_gemm_swiglu_takes_the_swizzled_tile_only_where_the_table_clusters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`swiglu_configs`: (up, gate) = the served config for both, except SWIZZLED_TILE for the
-    halves SWIGLU_SWIZZLE names, and only where the served config is the clustered tile (the
-    table's last entry); a setting outside SWIGLU_SWIZZLES is refused, not read as "none"."""
-    clustered, swizzled = TABLE[-1][1], cutlass_gemm.SWIZZLED_TILE
-    assert clustered is not None and swizzled != clustered
-    want = {"none": (clustered, clustered), "gate": (clustered, swizzled), "both": (swizzled, swizzled)}
-    assert set(want) == set(cutlass_gemm.SWIGLU_SWIZZLES)
-    for setting, pair in want.items():
-        monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", setting)
-        assert cutlass_gemm.swiglu_configs(clustered) == pair
-        for other in ("p128x128x128", "p128x96x128", swizzled):
-            assert cutlass_gemm.swiglu_configs(other) == (other, other)
-    assert {n for pair in want.values() for n in pair} <= {c.name for c in CONFIGS}
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", "up")
-    with pytest.raises(ValueError, match="SWIGLU_SWIZZLE"):
-        cutlass_gemm.swiglu_configs(clustered)
+    """`swiglu_config`: SWIZZLED_TILE in place of the table's clustered tile (its last entry) while
+    SWIGLU_SWIZZLE is on; every other tile, and every tile with it off, as given."""
+    clustered = TABLE[-1][1]
+    assert cutlass_gemm.SWIGLU_SWIZZLE is True
+    assert cutlass_gemm.swiglu_config(clustered) == cutlass_gemm.SWIZZLED_TILE
+    for m in (65, 300, 2048):
+        name = config_for(m, 34816, 132)
+        assert name is not None and name != clustered
+        assert cutlass_gemm.swiglu_config(name) == name
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", False)
+    assert cutlass_gemm.swiglu_config(clustered) == clustered
 
 
 def test_a_configs_name_and_source_carry_its_tile_order() -> None:
@@ -187,10 +180,7 @@ def test_each_config_source_declares_its_entry_points() -> None:
     header = cutlass_gemm.HEADER.read_text()
     # the entry points the loader binds are the ones the macro defines
     assert "prism_int8_gemm_##NAME##_workspace" in header and "prism_int8_gemm_##NAME(" in header
-    assert "prism_int8_gemm_swiglu_##NAME(" in header
-    assert (
-        "prism_int8_gemm_swiglu_absmax_##NAME(" in header and "prism_int8_gemm_swiglu_pairs_##NAME(" in header
-    )
+    assert "prism_int8_gemm_swiglu_pairs_##NAME(" in header
     assert "-fmad=false" in Path(cutlass_gemm.__file__).read_text()  # the epilogue's bits depend on it
 
 
@@ -240,8 +230,6 @@ def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pyte
     lib = ctypes.CDLL(str(lib_path))  # static cudart: loads without a GPU
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
-    assert hasattr(lib, "prism_int8_gemm_swiglu_p64x128x128")
-    assert hasattr(lib, "prism_int8_gemm_swiglu_absmax_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_swiglu_pairs_p64x128x128")
     assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
 
@@ -360,78 +348,13 @@ def test_a_captured_graph_replays_it() -> None:
     assert torch.equal(y, int8_gemm_reference(a, w, a_scale, w_scale, res))
 
 
-def _stacked(m: int, i: int, k: int, seed: int, gate_scale: float = 1.0):
-    """Operands of the MLP's gate+up: w [2I, K] = [gate rows; up rows]. gate_scale widens the
-    gate values (x 40 reaches |g| of ~100: exp(-g) overflows to inf, or g / (1 + exp(-g)) -> 0)."""
+def _pairs(m: int, i: int, k: int, seed: int, gate_scale: float = 1.0):
+    """Operands of the MLP's gate+up in its stored layout: w [2I, K], row 2j gate j and row 2j + 1
+    up j. gate_scale widens the gate values (x 40 reaches |g| of ~100: exp(-g) overflows to inf, or
+    g / (1 + exp(-g)) -> 0)."""
     a, w, a_scale, w_scale, _ = _operands(m, 2 * i, k, seed, False)
-    w_scale[:i] *= gate_scale
+    w_scale[0::2] *= gate_scale
     return _cuda(a, w, a_scale, w_scale)
-
-
-@needs_library
-@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
-@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
-def test_the_swiglu_form_gives_the_triton_fused_kernels_bits(config: str, gate_scale: float) -> None:
-    """v = silu(g) * up from the gate GEMM's epilogue (C = the up GEMM's output) equals the Triton
-    fused kernel's v bit for bit: the same g and up, the same instructions after them."""
-    assert LIBRARY is not None
-    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
-        a, w, a_scale, w_scale = _stacked(m, i, k, 40 + j, gate_scale)
-        up = torch.empty(m, i, device="cuda")
-        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
-        v = torch.empty(m, i, device="cuda")
-        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
-        want = int8_gemm_swiglu(a, w, a_scale, w_scale, backend="triton")
-        assert torch.equal(v, want), (config, m, i, k)
-        assert bool(torch.isfinite(v).all())
-
-
-@needs_library
-@pytest.mark.parametrize("swizzle", cutlass_gemm.SWIGLU_SWIZZLES)
-def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
-    monkeypatch: pytest.MonkeyPatch, swizzle: str
-) -> None:
-    """From `cutlass_gemm.SWIGLU_MIN_ROWS` (0 here), `int8_gemm_swiglu` runs the two CUTLASS GEMMs
-    where the table names a config (up, then the gate with the SwiGLU epilogue; at 3,000 rows of
-    8,448 outputs the clustered tile, or the swizzled one for the halves SWIGLU_SWIZZLE names) and
-    Triton's kernel elsewhere; a row's v is the same alone (M = 1, Triton) and inside any batch.
-    Below it, Triton's."""
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", swizzle)
-    calls: list[tuple[str, str, int]] = []
-    for method in ("gemm", "swiglu"):
-        real = getattr(cutlass_gemm.Library, method)
-
-        def spy(self, name, a, w, *args, _real=real, _method=method):  # noqa: ANN001, ANN202
-            calls.append((_method, name, w.shape[0]))
-            return _real(self, name, a, w, *args)
-
-        monkeypatch.setattr(cutlass_gemm.Library, method, spy)
-    i, k = 8448, 512
-    a, w, a_scale, w_scale = _stacked(3000, i, k, 5)
-    for m in (16, 64, 65, 384, 3000):
-        calls.clear()
-        got = int8_gemm_swiglu(a[:m], w, a_scale[:m], w_scale)
-        name = config_for(m, i, torch.cuda.get_device_properties(0).multi_processor_count)
-        up, gate = cutlass_gemm.swiglu_configs(name) if name else (None, None)
-        assert calls == ([("gemm", up, i), ("swiglu", gate, i)] if name else [])
-        if m == 3000:
-            assert (
-                name == TABLE[-1][1]
-                and (up, gate)
-                == {
-                    "none": (name, name),
-                    "gate": (name, cutlass_gemm.SWIZZLED_TILE),
-                    "both": (cutlass_gemm.SWIZZLED_TILE, cutlass_gemm.SWIZZLED_TILE),
-                }[swizzle]
-            )
-        for row in (0, m // 2, m - 1):
-            alone = int8_gemm_swiglu(a[row : row + 1], w, a_scale[row : row + 1], w_scale)
-            assert torch.equal(alone[0], got[row]), (m, row)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 385)
-    calls.clear()
-    int8_gemm_swiglu(a[:384], w, a_scale[:384], w_scale)
-    assert calls == []
 
 
 def _divisor(i: int, seed: int) -> torch.Tensor:
@@ -442,135 +365,101 @@ def _divisor(i: int, seed: int) -> torch.Tensor:
     return div.cuda() if ON_HOPPER else div
 
 
-@needs_library
-@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
-@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
-def test_the_swiglu_absmax_form_divides_v_and_finds_each_rows_absmax(config: str, gate_scale: float) -> None:
-    """The oracles are the SwiGLU form's v (itself the Triton fused kernel's bits, above) and
-    torch: out = v / divisor (IEEE division of two tensors) bit for bit, and absmax[m] = max |out[m]|
-    exactly, whatever the tiles and the order their atomic maxima land in; a buffer holding
-    garbage before the launch is no matter (the launch zeroes it first)."""
-    assert LIBRARY is not None and LIBRARY.has_swiglu_absmax(config)
-    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
-        a, w, a_scale, w_scale = _stacked(m, i, k, 60 + j, gate_scale)
-        div = _divisor(i, j)
-        up = torch.empty(m, i, device="cuda")
-        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
-        v = torch.empty(m, i, device="cuda")
-        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
-        out = torch.empty(m, i, device="cuda")
-        absmax = torch.full((m,), 1e30, device="cuda")
-        LIBRARY.swiglu_absmax(config, a, w[:i], a_scale, w_scale[:i], up, div, out, absmax)
-        assert torch.equal(out, v / div[None, :]), (config, m, i, k)
-        assert torch.equal(absmax, out.abs().amax(dim=1)), (config, m, i, k)
-        # no divisor (a linear without SmoothQuant): v itself and its rows' absmax
-        absmax.fill_(1e30)
-        LIBRARY.swiglu_absmax(config, a, w[:i], a_scale, w_scale[:i], up, None, out, absmax)
-        assert torch.equal(out, v) and torch.equal(absmax, v.abs().amax(dim=1)), (config, m, i, k)
-
-
-@needs_library
-@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
-@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
-def test_the_one_gemm_swiglu_gives_the_two_gemm_forms_bits(config: str, gate_scale: float) -> None:
-    """The one-GEMM candidate over the interleaved weight: v equals the two-GEMM form's v (up, then
-    the gate GEMM reading it as C; itself the Triton fused kernel's bits, above) bit for bit.
-    Widths that are not a multiple of the tile (I = 520) check that the last tile's columns past
-    N are neither paired nor stored (v starts as NaN: every value must be written)."""
-    ig = importlib.import_module("engine.kernels.int8_gemm")
-
-    assert LIBRARY is not None and LIBRARY.has_swiglu_pairs(config)
-    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
-        a, w, a_scale, w_scale = _stacked(m, i, k, 80 + j, gate_scale)
-        up = torch.empty(m, i, device="cuda")
-        LIBRARY.gemm(config, a, w[i:], a_scale, w_scale[i:], None, up)
-        v = torch.empty(m, i, device="cuda")
-        LIBRARY.swiglu(config, a, w[:i], a_scale, w_scale[:i], up, v)
-        w_pairs, w_scale_pairs = ig.interleave_gate_up(w, w_scale)
-        out = torch.full((m, i), float("nan"), device="cuda")
-        LIBRARY.swiglu_pairs(config, a, w_pairs, a_scale, w_scale_pairs, out)
-        assert torch.equal(out, v), (config, m, i, k)
-
-
-@needs_library
-@pytest.mark.parametrize("m", [257, 3000])
-def test_the_mlp_takes_the_one_gemm_swiglu_where_the_setting_is_on(
-    monkeypatch: pytest.MonkeyPatch, m: int
-) -> None:
-    """With `cutlass_gemm.SWIGLU_PAIRS` on, `int8_gemm_swiglu_quantize` and `int8_gemm_swiglu` run
-    one launch (`Library.swiglu_pairs`) over an interleaved copy made once per weight, and give
-    the two-GEMM form's codes, scales and v (the setting off: the oracle), with a divisor and
-    without; a row alone (Triton's fused kernel) keeps its codes; a graph captured after the
-    first call replays the same bits."""
-    ig = importlib.import_module("engine.kernels.int8_gemm")
-
-    i, k = 4352, 1024
-    a, w, a_scale, w_scale = _stacked(m, i, k, 19)
-    div = _divisor(i, 4)
-    want = [ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d) for d in (div, None)]
-    want_v = ig.int8_gemm_swiglu(a, w, a_scale, w_scale)
-    calls: list[str] = []
+def _spy_pairs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The (config, weight rows) of every `Library.swiglu_pairs` launch from now on."""
+    calls: list[tuple[str, int]] = []
     real = cutlass_gemm.Library.swiglu_pairs
 
-    def spy(self, name, *args):  # noqa: ANN001, ANN202
-        calls.append(name)
-        return real(self, name, *args)
+    def spy(self, name, a, w, *args):  # noqa: ANN001, ANN202
+        calls.append((name, w.shape[0]))
+        return real(self, name, a, w, *args)
 
     monkeypatch.setattr(cutlass_gemm.Library, "swiglu_pairs", spy)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_PAIRS", True)
-    for d, (want_q, want_s) in zip((div, None), want, strict=True):
-        q, scale = ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d)
-        assert torch.equal(q, want_q) and torch.equal(scale, want_s)
-    assert torch.equal(ig.int8_gemm_swiglu(a, w, a_scale, w_scale), want_v)
-    assert len(calls) == 3 and id(w) in ig._PAIRED
-    for row in (0, m - 1):
-        one = slice(row, row + 1)
-        alone_q, _ = ig.int8_gemm_swiglu_quantize(a[one], w, a_scale[one], w_scale, div)
-        assert torch.equal(alone_q[0], want[0][0][row])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q_graph, s_graph = ig.int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
-    q_graph.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(q_graph, want[0][0]) and torch.equal(s_graph, want[0][1])
-    assert len(calls) == 4
+    return calls
+
+
+@needs_library
+@pytest.mark.parametrize("config", [c.name for c in CONFIGS])
+@pytest.mark.parametrize("gate_scale", [1.0, 40.0])
+def test_the_one_gemm_swiglu_gives_the_triton_fused_kernels_bits(config: str, gate_scale: float) -> None:
+    """v = silu(g) * u paired in the epilogue of one GEMM over the interleaved weight equals the
+    Triton fused kernel's v bit for bit: the same g and u, the same instructions after them.
+    Widths that are not a multiple of the tile (I = 520) check that the last tile's columns past
+    N are neither paired nor stored (v starts as NaN: every value must be written)."""
+    assert LIBRARY is not None
+    for j, (m, i, k) in enumerate([(65, 512, 256), (256, 1024, 512), (300, 2048, 1024), (1000, 520, 384)]):
+        a, w, a_scale, w_scale = _pairs(m, i, k, 80 + j, gate_scale)
+        v = torch.full((m, i), float("nan"), device="cuda")
+        LIBRARY.swiglu_pairs(config, a, w, a_scale, w_scale, v)
+        want = int8_gemm_swiglu(a, w, a_scale, w_scale, backend="triton")
+        assert torch.equal(v, want), (config, m, i, k)
+        assert bool(torch.isfinite(v).all())
+
+
+@needs_library
+@pytest.mark.parametrize("swizzle", [True, False])
+def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits(
+    monkeypatch: pytest.MonkeyPatch, swizzle: bool
+) -> None:
+    """From `cutlass_gemm.SWIGLU_MIN_ROWS` (0 here), `int8_gemm_swiglu` runs the one CUTLASS GEMM
+    where the table names a config for the interleaved weight (at 3,000 rows of 16,896 outputs the
+    clustered tile, or the swizzled one with SWIGLU_SWIZZLE) and Triton's kernel elsewhere; a row's
+    v is the same alone (M = 1, Triton) and inside any batch. Below it, Triton's."""
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_SWIZZLE", swizzle)
+    calls = _spy_pairs(monkeypatch)
+    i, k = 8448, 512
+    a, w, a_scale, w_scale = _pairs(3000, i, k, 5)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m in (16, 64, 65, 384, 3000):
+        calls.clear()
+        got = int8_gemm_swiglu(a[:m], w, a_scale[:m], w_scale)
+        name = config_for(m, 2 * i, sms)
+        assert calls == ([(cutlass_gemm.swiglu_config(name), 2 * i)] if name else [])
+        if m == 3000:
+            assert name == TABLE[-1][1]
+            assert calls[0][0] == (cutlass_gemm.SWIZZLED_TILE if swizzle else name)
+        for row in (0, m // 2, m - 1):
+            alone = int8_gemm_swiglu(a[row : row + 1], w, a_scale[row : row + 1], w_scale)
+            assert torch.equal(alone[0], got[row]), (m, row)
+    monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 385)
+    calls.clear()
+    int8_gemm_swiglu(a[:384], w, a_scale[:384], w_scale)
+    assert calls == []
 
 
 @needs_library
 @pytest.mark.parametrize("m", [257, 384, 3000])
-def test_the_mlps_quantized_v_has_quantize_rows_bits_where_the_epilogue_finds_the_absmax(
-    monkeypatch: pytest.MonkeyPatch, m: int
-) -> None:
-    """`int8_gemm_swiglu_quantize` on the two-GEMM form (the absmax in the gate GEMM's epilogue,
-    then the streamed quantizer) equals `quantize_rows(int8_gemm_swiglu(...), divisor)`, the path
-    it replaces, bit for bit (codes and scales), with the setting on and off; a row alone (M = 1,
-    Triton's fused kernel and `quantize_rows`) has the same codes as inside the batch."""
+def test_the_mlps_quantized_v_has_the_unfused_paths_bits(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
+    """`int8_gemm_swiglu_quantize` on the one-GEMM form equals the unfused path (the plain GEMM
+    over the interleaved weight, then `swiglu_quantize` on its even and odd columns) bit for bit,
+    codes and scales, with a divisor and without; a row alone (M = 1: Triton's fused kernel and
+    `quantize_rows`) keeps its codes; a graph captured after a first call replays the same bits."""
+    from engine.kernels.decode_quant import swiglu_quantize
     from engine.kernels.int8_gemm import int8_gemm_swiglu_quantize
-    from engine.kernels.quant import quantize_rows
 
-    calls: list[str] = []
-    real = cutlass_gemm.Library.swiglu_absmax
-
-    def spy(self, name, *args):  # noqa: ANN001, ANN202
-        calls.append(name)
-        return real(self, name, *args)
-
-    monkeypatch.setattr(cutlass_gemm.Library, "swiglu_absmax", spy)
+    calls = _spy_pairs(monkeypatch)
     i, k = 4352, 1024
-    a, w, a_scale, w_scale = _stacked(m, i, k, 9)
+    a, w, a_scale, w_scale = _pairs(m, i, k, 9)
     div = _divisor(i, 3)
-    want_q, want_s = quantize_rows(int8_gemm_swiglu(a, w, a_scale, w_scale), div, backend="triton")
-    q, scale = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
-    assert len(calls) == 1
-    assert torch.equal(scale, want_s) and torch.equal(q, want_q)
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_ABSMAX", False)
-    q_off, s_off = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
-    assert len(calls) == 1 and torch.equal(q_off, q) and torch.equal(s_off, scale)
+    y = int8_gemm(a, w, a_scale, w_scale)
+    for d in (div, None):
+        want_q, want_s = swiglu_quantize(y, d)
+        q, scale = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, d)
+        assert torch.equal(scale, want_s) and torch.equal(q, want_q)
+    assert len(calls) == 2
+    want_q, want_s = swiglu_quantize(y, div)
     for row in (0, m - 1):
         one = slice(row, row + 1)
         alone_q, alone_s = int8_gemm_swiglu_quantize(a[one], w, a_scale[one], w_scale, div)
-        assert torch.equal(alone_q[0], q[row]) and torch.equal(alone_s[0], scale[row])
+        assert torch.equal(alone_q[0], want_q[row]) and torch.equal(alone_s[0], want_s[row])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_graph, s_graph = int8_gemm_swiglu_quantize(a, w, a_scale, w_scale, div)
+    q_graph.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q_graph, want_q) and torch.equal(s_graph, want_s)
 
 
 def test_the_mlps_quantized_v_is_quantize_rows_of_v_without_the_library() -> None:
@@ -593,8 +482,8 @@ def test_the_mlps_quantized_v_is_quantize_rows_of_v_without_the_library() -> Non
 
 def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """`swiglu_fused` (speed alone: both forms give the same bits): SWIGLU_TABLE's choice where
-    Triton runs the GEMMs; where CUTLASS serves M, its two-GEMM SwiGLU form from SWIGLU_MIN_ROWS
-    rows and the stacked GEMM and `swiglu_quantize` below."""
+    Triton runs the GEMMs; where CUTLASS serves M, its one-GEMM SwiGLU from SWIGLU_MIN_ROWS rows
+    and the stacked GEMM and `swiglu_quantize` below."""
     from engine.kernels.int8_gemm import swiglu_config_for, swiglu_fused
 
     w = torch.zeros(2 * 1024, 512, dtype=torch.int8)
@@ -605,72 +494,9 @@ def test_the_mlp_runs_unfused_where_cutlass_serves_the_stacked_gemm(monkeypatch:
     monkeypatch.setattr(cutlass_gemm, "_sm_count", lambda device: 132)
     for m in (1, 16, 64, 65, 384, 3000):
         served = config_for(m) is not None
-        two_gemm = m >= cutlass_gemm.SWIGLU_MIN_ROWS
-        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None and (not served or two_gemm)), m
+        one_gemm = m >= cutlass_gemm.SWIGLU_MIN_ROWS
+        assert swiglu_fused(m, w) == (swiglu_config_for(m) is not None and (not served or one_gemm)), m
     monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 1 << 62)
     assert not swiglu_fused(384, w) and not swiglu_fused(3000, w)
     monkeypatch.setattr(cutlass_gemm, "SWIGLU_MIN_ROWS", 0)
     assert swiglu_fused(65, w) == (swiglu_config_for(65) is not None)
-
-
-def test_the_interleaved_weight_alternates_gate_and_up_rows() -> None:
-    """`interleave_gate_up`: row 2j is the gate's row j and row 2j + 1 the up's, scales alike (a
-    permutation of the stacked rows, checked row by row); a weight that is not two halves is refused."""
-    from engine.kernels.int8_gemm import interleave_gate_up
-
-    a, w, a_scale, w_scale, _ = _operands(4, 2 * 6, 32, 13, False)
-    rows, scales = interleave_gate_up(w, w_scale)
-    assert rows.shape == w.shape and scales.shape == w_scale.shape and rows.is_contiguous()
-    for j in range(6):
-        assert torch.equal(rows[2 * j], w[j]) and torch.equal(rows[2 * j + 1], w[6 + j])
-        assert scales[2 * j] == w_scale[j] and scales[2 * j + 1] == w_scale[6 + j]
-    with pytest.raises(ValueError, match="stacked"):
-        interleave_gate_up(w[:11], w_scale[:11])
-
-
-def test_the_interleaved_copy_is_made_once_per_weight_and_dropped_with_it() -> None:
-    """The candidate's copies (`_paired_weight`): the same tensors for the same weight; made again
-    after the weight changes in place (its version), never served to another weight; gone once
-    the weight is."""
-    import gc
-
-    ig = importlib.import_module("engine.kernels.int8_gemm")
-
-    _, w, _, w_scale, _ = _operands(1, 2 * 8, 16, 17, False)
-    first = ig._paired_weight(w, w_scale)
-    assert first is not None and ig._paired_weight(w, w_scale)[0] is first[0]
-    assert torch.equal(first[0], ig.interleave_gate_up(w, w_scale)[0])
-    w[0, 0] = -w[0, 0] - 1
-    again = ig._paired_weight(w, w_scale)
-    assert again[0] is not first[0] and torch.equal(again[0], ig.interleave_gate_up(w, w_scale)[0])
-    other = w.clone()
-    assert ig._paired_weight(other, w_scale)[0] is not again[0]
-    key = id(w)
-    del w, first, again
-    gc.collect()
-    assert key not in ig._PAIRED
-
-
-def test_the_one_gemm_swiglu_takes_the_swizzled_tile_only_where_the_table_clusters(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`swiglu_pairs_config`: SWIZZLED_TILE in place of the table's clustered tile (its last
-    entry) while SWIGLU_PAIRS_SWIZZLE is on; every other tile, and every tile with it off, as given."""
-    clustered = TABLE[-1][1]
-    assert cutlass_gemm.SWIGLU_PAIRS_SWIZZLE is True
-    assert cutlass_gemm.swiglu_pairs_config(clustered) == cutlass_gemm.SWIZZLED_TILE
-    for m in (65, 300, 2048):
-        name = config_for(m, 34816, 132)
-        assert name is not None and name != clustered
-        assert cutlass_gemm.swiglu_pairs_config(name) == name
-    monkeypatch.setattr(cutlass_gemm, "SWIGLU_PAIRS_SWIZZLE", False)
-    assert cutlass_gemm.swiglu_pairs_config(clustered) == clustered
-
-
-def test_the_one_gemm_swiglu_is_a_candidate_that_stays_off_by_default() -> None:
-    """Off by default (an engine run on the GPU decides); without the library (CPU here) no M takes it."""
-    ig = importlib.import_module("engine.kernels.int8_gemm")
-
-    assert cutlass_gemm.SWIGLU_PAIRS is False
-    a, w, a_scale, w_scale, _ = _operands(300, 2 * 64, 32, 21, False)
-    assert ig._pairs_form(a, w, w_scale) is None

@@ -221,10 +221,11 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
     w = torch.rand(dv, generator=gen).to(dev) + 0.5
     div = torch.rand(hv * dv, generator=gen).to(dev) + 0.5
     gate, up = torch.randn(b, k, generator=gen).to(dev), torch.randn(b, k, generator=gen).to(dev)
+    gate_up = torch.stack((gate, up), -1).flatten(1)  # interleaved: gate j at 2j, up j at 2j + 1
     sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
     cases = [
         (lambda be, d: gated_norm_quantize(o, z, w, d, 1e-6, backend=be), div),
-        (lambda be, d: swiglu_quantize(gate, up, d, backend=be), sdiv),
+        (lambda be, d: swiglu_quantize(gate_up, d, backend=be), sdiv),
     ]
     for fn, d in cases:
         for divisor in (None, d):
@@ -236,10 +237,10 @@ def test_fused_quantizations_match_reference(dev: torch.device, gen: torch.Gener
             assert (q != q_ref).float().mean() < 0.01
     # rows alone equal rows in the batch
     q_all, s_all = gated_norm_quantize(o, z, w, div, 1e-6)
-    g_all, gs_all = swiglu_quantize(gate, up, sdiv)
+    g_all, gs_all = swiglu_quantize(gate_up, sdiv)
     for r in range(b):
         q1, s1 = gated_norm_quantize(o[r : r + 1], z[r : r + 1], w, div, 1e-6)
-        g1, gs1 = swiglu_quantize(gate[r : r + 1], up[r : r + 1], sdiv)
+        g1, gs1 = swiglu_quantize(gate_up[r : r + 1], sdiv)
         assert torch.equal(q1[0], q_all[r]) and torch.equal(s1[0], s_all[r])
         assert torch.equal(g1[0], g_all[r]) and torch.equal(gs1[0], gs_all[r])
 
@@ -443,27 +444,27 @@ def test_swiglu_bits_do_not_depend_on_the_kernel_or_its_config(
 ) -> None:
     """SwiGLU + quantization under another block, warp count, loads ahead or kernel (row held
     in registers, read twice, or cut into chunks over two launches) gives the default's bits,
-    which agree with the torch reference to rounding (silu's exp is not torch's); gate and up
-    are column slices of one stacked GEMM output, as in the engine, and a zero row and a row
-    alone are in the checks."""
+    which agree with the torch reference to rounding (silu's exp is not torch's); the
+    interleaved gate_up is a column slice of a wider GEMM output (rows strided past 2K), and a
+    zero row and a row alone are in the checks."""
     import engine.kernels.decode_quant as dq
 
     b = 64 if dev.type == "cuda" else 3
     stacked = (torch.randn(b, 2 * k + 8, generator=gen) * 3).to(dev)
-    gate, up = stacked[:, :k], stacked[:, k + 8 :]
+    gate_up = stacked[:, 4 : 4 + 2 * k]
     stacked[1] = 0.0
     sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
     for divisor in (None, sdiv):
-        q_def, s_def = swiglu_quantize(gate, up, divisor)
+        q_def, s_def = swiglu_quantize(gate_up, divisor)
         with monkeypatch.context() as patch:
             for name, value in setting.items():
                 patch.setattr(dq, name, value)
-            q_new, s_new = swiglu_quantize(gate, up, divisor)
-            q_one, s_one = swiglu_quantize(gate[b - 1 :], up[b - 1 :], divisor)
+            q_new, s_new = swiglu_quantize(gate_up, divisor)
+            q_one, s_one = swiglu_quantize(gate_up[b - 1 :], divisor)
         assert torch.equal(s_new, s_def) and torch.equal(q_new, q_def)
         assert s_new[1] == 0 and not q_new[1].any()
         assert torch.equal(q_one[0], q_new[b - 1]) and torch.equal(s_one[0], s_new[b - 1])
-        q_ref, s_ref = swiglu_quantize(gate, up, divisor, backend="torch")
+        q_ref, s_ref = swiglu_quantize(gate_up, divisor, backend="torch")
         torch.testing.assert_close(s_def, s_ref, rtol=1e-6, atol=0)
         assert (q_def.int() - q_ref.int()).abs().max() <= 1
         assert (q_def != q_ref).float().mean() < 0.01
@@ -479,7 +480,7 @@ def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
 
     def kernels_of(rows: int, k: int) -> list[tuple[str, tuple[int, ...]]]:
         with record() as launches:
-            swiglu_quantize(torch.zeros(rows, k), torch.zeros(rows, k), None)
+            swiglu_quantize(torch.zeros(rows, 2 * k), None)
         return [(launch.name, launch.grid) for launch in launches]
 
     rows = dq.SPLIT_MAX_ROWS + 1
@@ -496,12 +497,13 @@ def test_long_swiglu_rows_take_the_long_row_kernel() -> None:
 
 def _swiglu_case(
     b: int, k: int, dev: torch.device, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gate and up as column slices of one stacked GEMM output (as in the engine), row 1 zero."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The interleaved gate_up [b, 2k] as a column slice of a wider GEMM output (rows strided
+    past 2k), row 1 zero, and a SmoothQuant divisor [k]."""
     stacked = (torch.randn(b, 2 * k + 8, generator=gen) * 3).to(dev)
     if b > 1:
         stacked[1] = 0.0
-    return stacked[:, :k], stacked[:, k + 8 :], torch.rand(k, generator=gen).to(dev) + 0.5
+    return stacked[:, 4 : 4 + 2 * k], torch.rand(k, generator=gen).to(dev) + 0.5
 
 
 @pytest.mark.parametrize(
@@ -522,21 +524,21 @@ def test_new_swiglu_forms_rows_alone_equal_rows_in_a_batch(
     import engine.kernels.decode_quant as dq
 
     k = 3 * 1024 + 200
-    gate, up, sdiv = _swiglu_case(70, k, dev, gen)
-    q_def, s_def = swiglu_quantize(gate, up, sdiv)
-    q_ref, s_ref = swiglu_quantize(gate, up, sdiv, backend="torch")
+    gate_up, sdiv = _swiglu_case(70, k, dev, gen)
+    q_def, s_def = swiglu_quantize(gate_up, sdiv)
+    q_ref, s_ref = swiglu_quantize(gate_up, sdiv, backend="torch")
     torch.testing.assert_close(s_def, s_ref, rtol=1e-6, atol=0)
     assert (q_def.int() - q_ref.int()).abs().max() <= 1
     assert (q_def != q_ref).float().mean() < 0.01
     with monkeypatch.context() as patch:
         for name, value in setting.items():
             patch.setattr(dq, name, value)
-        q_all, s_all = swiglu_quantize(gate, up, sdiv)
+        q_all, s_all = swiglu_quantize(gate_up, sdiv)
         assert torch.equal(q_all, q_def) and torch.equal(s_all, s_def)
         for r in (0, 37, 69):
-            q1, s1 = swiglu_quantize(gate[r : r + 1], up[r : r + 1], sdiv)
+            q1, s1 = swiglu_quantize(gate_up[r : r + 1], sdiv)
             assert torch.equal(q1[0], q_all[r]) and torch.equal(s1[0], s_all[r]), r
-        q_mid, s_mid = swiglu_quantize(gate[20:33], up[20:33], sdiv)
+        q_mid, s_mid = swiglu_quantize(gate_up[20:33], sdiv)
         assert torch.equal(q_mid, q_all[20:33]) and torch.equal(s_mid, s_all[20:33])
 
 
@@ -549,7 +551,7 @@ def test_swiglu_recompute_rows_route_calls_to_the_recompute_split(monkeypatch: p
 
     def kernels_of(rows: int, k: int = 17408) -> list[tuple[str, tuple[int, ...]]]:
         with record() as launches:
-            swiglu_quantize(torch.zeros(rows, k), torch.zeros(rows, k), torch.zeros(k))
+            swiglu_quantize(torch.zeros(rows, 2 * k), torch.zeros(k))
         return [(launch.name, launch.grid) for launch in launches]
 
     assert dq.RECOMPUTE_ROWS is None  # off: slower than the resident kernel where measured
@@ -565,6 +567,90 @@ def test_swiglu_recompute_rows_route_calls_to_the_recompute_split(monkeypatch: p
     assert kernels_of(1025) == [("_swiglu_resident_kernel", (1025,))]
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        dict(),  # 3 rows: the split form
+        dict(SPLIT_MAX_ROWS=0),  # the resident kernel, ordered
+        dict(SPLIT_MAX_ROWS=0, RESIDENT_ORDERED=False),
+        dict(SPLIT_MAX_ROWS=0, RESIDENT_VALUES=0),  # the long-row kernel
+        dict(_RECOMPUTE, RECOMPUTE_CHUNK=512),
+    ],
+    ids=["split", "ordered", "unordered", "long-row", "recompute"],
+)
+def test_swiglu_strided_gate_up_gives_the_contiguous_bits(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, setting: dict
+) -> None:
+    """Every form reads gate_up through one row pointer and stride: a column slice of a wider
+    output (row stride past 2K), a transposed (column-major) tensor and an every-other-column
+    view give the bits of their contiguous copy."""
+    import engine.kernels.decode_quant as dq
+
+    b, k = 3, 1500
+    for name, value in setting.items():
+        monkeypatch.setattr(dq, name, value)
+    wide = (torch.randn(b, 2 * k + 24, generator=gen) * 3).to(dev)
+    views = [
+        wide[:, 8 : 8 + 2 * k],
+        (torch.randn(2 * k, b, generator=gen) * 3).to(dev).t(),
+        (torch.randn(b, 4 * k, generator=gen) * 3).to(dev)[:, 1::2],
+    ]
+    assert views[0].stride(0) > 2 * k and views[1].stride(1) != 1 and views[2].stride(1) == 2
+    sdiv = torch.rand(k, generator=gen).to(dev) + 0.5
+    for view in views:
+        for divisor in (None, sdiv):
+            q, s = swiglu_quantize(view, divisor)
+            q_c, s_c = swiglu_quantize(view.contiguous(), divisor)
+            assert torch.equal(q, q_c) and torch.equal(s, s_c)
+            q_ref, s_ref = swiglu_quantize(view, divisor, backend="torch")
+            torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+            assert (q.int() - q_ref.int()).abs().max() <= 1
+            assert (q != q_ref).float().mean() < 0.01
+
+
+def test_swiglu_rejects_bad_shapes(dev: torch.device) -> None:
+    """gate_up must be 2-D with an even column count (pairs), the divisor [K]: ValueError on
+    either backend, before anything runs."""
+    for backend in ("triton", "torch"):
+        for bad in (torch.zeros(2, 7), torch.zeros(14), torch.zeros(2, 2, 14)):
+            with pytest.raises(ValueError, match="gate_up must be"):
+                swiglu_quantize(bad.to(dev), None, backend=backend)
+        for div in (torch.ones(8), torch.ones(14), torch.ones(1, 7)):
+            with pytest.raises(ValueError, match="divisor must be"):
+                swiglu_quantize(torch.zeros(2, 14).to(dev), div.to(dev), backend=backend)
+
+
+def test_swiglu_pairs_a_gate_with_its_up_on_a_hand_computed_case(dev: torch.device) -> None:
+    """gate_up built as torch.stack((g, u), -1).flatten(1) (gate j at column 2j, up j at 2j + 1)
+    against values worked by hand: silu(20) = 20 in fp32 (exp(-20) vanishes beside 1), silu(0) = 0,
+    silu(-20) * 3 ~ -1e-7 (code 0), so row 0's v = [100, 0, -40, ~0]: scale 100 / 127, codes
+    [127, 0, rint(-50.8), 0]; over the divisor [2, 1, 4, 1], v = [50, 0, -10, ~0]: codes
+    [127, 0, rint(-25.4), 0]. Row 1 (gates all 0) is zero whatever its ups. With the roles
+    swapped (stack((u, g))) the kernel computes silu(u) * g: checked against math.exp."""
+    import math
+
+    g = torch.tensor([[20.0, 0.0, 20.0, -20.0], [0.0, 0.0, 0.0, 0.0]])
+    u = torch.tensor([[5.0, 2.0, -2.0, 3.0], [1.0, -4.0, 2.5, 8.0]])
+    gate_up = torch.stack((g, u), -1).flatten(1).to(dev)
+    assert gate_up[0, :4].tolist() == [20.0, 5.0, 0.0, 2.0]
+    cases = [
+        (None, [127, 0, -51, 0], torch.tensor(100.0) / 127.0),
+        (torch.tensor([2.0, 1.0, 4.0, 1.0]), [127, 0, -25, 0], torch.tensor(50.0) / 127.0),
+    ]
+    for backend in ("triton", "torch"):
+        for div, codes, scale in cases:
+            q, s = swiglu_quantize(gate_up, None if div is None else div.to(dev), backend=backend)
+            assert q.dtype == torch.int8 and q.shape == (2, 4) and s.shape == (2,)
+            assert q.cpu().tolist() == [codes, [0, 0, 0, 0]], (backend, div)
+            assert s.cpu().tolist() == [scale.item(), 0.0], (backend, div)
+        # roles swapped: silu(u) * g, against a float64 oracle (no code near a rounding boundary)
+        q, s = swiglu_quantize(torch.stack((u, g), -1).flatten(1).to(dev), None, backend=backend)
+        v = [x / (1.0 + math.exp(-x)) * y for x, y in zip(u[0].tolist(), g[0].tolist(), strict=True)]
+        want_scale = max(abs(x) for x in v) / 127.0
+        assert q.cpu().tolist() == [[round(x / want_scale) for x in v], [0, 0, 0, 0]], backend
+        assert math.isclose(s[0].item(), want_scale, rel_tol=1e-6) and s[1].item() == 0.0
+
+
 _COMPILE_NEW_FORMS = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -578,7 +664,7 @@ for name, values in json.loads(sys.argv[1]).items():
     for n, v in values.items():
         setattr(dq, n, tuple(v) if isinstance(v, list) else v)
     with record() as launches:
-        dq.swiglu_quantize(torch.zeros(256, 17408), torch.zeros(256, 17408), torch.zeros(17408))
+        dq.swiglu_quantize(torch.zeros(256, 2 * 17408), torch.zeros(17408))
     for n, v in saved.items():
         setattr(dq, n, v)
     got[name] = [(l.name, *(lambda c: (c.registers, c.local_bytes))(compile_launch(l))) for l in launches]

@@ -1,10 +1,11 @@
 """The gate+up GEMM with SwiGLU in its epilogue (`int8_gemm_swiglu`).
 
-The acceptance is the unfused path's bits: `quantize_rows(int8_gemm_swiglu(...), smooth)` equals
-`swiglu_quantize(gate, up, smooth)` of the stacked `int8_gemm`'s halves, q and scale, with and
-without a SmoothQuant divisor. v itself is checked bit for bit against `_swiglu_value` applied
-by a small Triton kernel to the reference GEMM's gate and up (torch's exp is not Triton's, so
-the torch reference agrees only to rounding). Interpreted on CPU, compiled on CUDA (conftest).
+The weight is the MLP's stored layout, gate and up rows interleaved (`interleave_gate_up`). The
+acceptance is the unfused path's bits: `quantize_rows(int8_gemm_swiglu(...), smooth)` equals
+`swiglu_quantize(y, smooth)` of the stacked `int8_gemm`'s output y, q and scale, with and without a
+SmoothQuant divisor. v itself is checked bit for bit against `_swiglu_value` applied by a small
+Triton kernel to the separate gate and up linears' reference GEMMs (torch's exp is not Triton's,
+so the torch reference agrees only to rounding). Interpreted on CPU, compiled on CUDA (conftest).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from engine.kernels.int8_gemm import (
     int8_gemm_swiglu,
     int8_gemm_swiglu_quantize,
     int8_gemm_swiglu_reference,
+    interleave_gate_up,
     swiglu_config_for,
 )
 from engine.kernels.quant import quantize_rows
@@ -39,13 +41,22 @@ CONFIGS = SMALL + ([c for c in SWIGLU_CANDIDATES] if ON_CUDA else [])
 
 
 def _operands(gen: torch.Generator, m: int, k: int, inter: int, dev: torch.device):
-    """int8 rows, a stacked [gate; up] weight [2I, K] and their scales; scales sized so that
+    """int8 rows, the interleaved gate+up weight [2I, K] and their scales; scales sized so that
     silu sees both signs and |g| up to ~10."""
     a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=gen)
-    w = torch.randint(-127, 128, (2 * inter, k), dtype=torch.int8, generator=gen)
+    gate, up = torch.randint(-127, 128, (2, inter, k), dtype=torch.int8, generator=gen)
     a_scale = torch.rand(m, generator=gen) * 0.02 + 1e-3
-    w_scale = torch.rand(2 * inter, generator=gen) * (1.0 / k) + 1e-4
+    gate_scale, up_scale = torch.rand(2, inter, generator=gen) * (1.0 / k) + 1e-4
+    w, w_scale = interleave_gate_up(gate, up), interleave_gate_up(gate_scale, up_scale)
     return a.to(dev), w.to(dev), a_scale.to(dev), w_scale.to(dev)
+
+
+def _gate_and_up(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """The separate gate and up linears (weight, scales) of the interleaved weight, as copies."""
+    return (w[0::2].contiguous(), w_scale[0::2].contiguous()), (
+        w[1::2].contiguous(),
+        w_scale[1::2].contiguous(),
+    )
 
 
 def _swiglu_values_kernel(g_ptr, u_ptr, v_ptr, n, BLOCK: tl.constexpr, ON_GPU: tl.constexpr):
@@ -61,12 +72,29 @@ _swiglu_values = kernel(_swiglu_values_kernel)
 
 
 def _oracle(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up with Triton's own exp and division, on the reference GEMM's exact halves."""
-    gate, up = (t.contiguous() for t in int8_gemm_reference(a, w, a_scale, w_scale).chunk(2, dim=1))
+    """silu(gate) * up with Triton's own exp and division, gate and up the separate linears'
+    reference GEMMs (not read off the interleaved output: the layout is under test too)."""
+    (gw, gs), (uw, us) = _gate_and_up(w, w_scale)
+    gate, up = int8_gemm_reference(a, gw, a_scale, gs), int8_gemm_reference(a, uw, a_scale, us)
     v = torch.empty_like(gate)
     n = gate.numel()
     _swiglu_values[(-(-n // 1024),)](gate, up, v, n, BLOCK=1024, num_warps=4, enable_fp_fusion=False)
     return v
+
+
+def test_interleave_gate_up_alternates_rows_and_scales() -> None:
+    """Hand-checked: row 2j is gate j, row 2j + 1 up j; scales likewise; shapes must match."""
+    gate = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int8)
+    up = torch.tensor([[-1, -2], [-3, -4], [-5, -6]], dtype=torch.int8)
+    assert interleave_gate_up(gate, up).tolist() == [[1, 2], [-1, -2], [3, 4], [-3, -4], [5, 6], [-5, -6]]
+    assert interleave_gate_up(torch.tensor([0.5, 1.5]), torch.tensor([2.5, 3.5])).tolist() == [
+        0.5,
+        2.5,
+        1.5,
+        3.5,
+    ]
+    with pytest.raises(ValueError, match="one shape"):
+        interleave_gate_up(gate, up[:2])
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -87,7 +115,7 @@ def test_kernel_equals_the_swiglu_of_the_reference_gemm_bitwise(
 def test_fused_path_equals_unfused_path_bitwise(
     gen: torch.Generator, dev: torch.device, config: GemmConfig | None, m: int
 ) -> None:
-    """The acceptance: quantize_rows(fused v, s) == swiglu_quantize(stacked GEMM's gate, up, s),
+    """The acceptance: quantize_rows(fused v, s) == swiglu_quantize(stacked GEMM's output, s),
     q and scale bit for bit, with and without a divisor; a zero row too (scale 0, q 0)."""
     k, inter = 200, 150
     a, w, a_scale, w_scale = _operands(gen, m, k, inter, dev)
@@ -96,7 +124,7 @@ def test_fused_path_equals_unfused_path_bitwise(
     y = int8_gemm(a, w, a_scale, w_scale, backend="triton")
     v = int8_gemm_swiglu(a, w, a_scale, w_scale, backend="triton", config=config)
     for d in (None, divisor):
-        q_old, s_old = swiglu_quantize(y[:, :inter], y[:, inter:], d, backend="triton")
+        q_old, s_old = swiglu_quantize(y, d, backend="triton")
         q_new, s_new = quantize_rows(v, d, backend="triton")
         assert torch.equal(q_new, q_old) and torch.equal(s_new, s_old)
         assert s_new[-1] == 0 and not q_new[-1].any()
@@ -128,11 +156,10 @@ def test_bad_inputs_are_named(dev: torch.device) -> None:
     a = torch.zeros(4, 32, dtype=torch.int8, device=dev)
     s4 = torch.ones(4, device=dev)
     odd = torch.zeros(7, 32, dtype=torch.int8, device=dev)
-    with pytest.raises(ValueError, match="stacked"):
+    with pytest.raises(ValueError, match="interleaved"):
         int8_gemm_swiglu(a, odd, s4, torch.ones(7, device=dev))
-    # the quantizing entry too (on Hopper it may take the two-GEMM form, which would split 7 rows
-    # into halves of 3 and 4): the same error before any launch
-    with pytest.raises(ValueError, match="stacked"):
+    # the quantizing entry too: the same error before any launch
+    with pytest.raises(ValueError, match="interleaved"):
         int8_gemm_swiglu_quantize(a, odd, s4, torch.ones(7, device=dev), torch.ones(3, device=dev))
     w = torch.zeros(8, 32, dtype=torch.int8, device=dev)
     with pytest.raises(ValueError, match="tile configs"):
