@@ -16,8 +16,8 @@ blocks / warps / loads ahead / register caps, with its loads kept in order
 (`RESIDENT_ORDERED`), and as the recompute split (`RECOMPUTE_*`: two launches, v computed again
 instead of stored), the conv at other tilings; the MLP's v (K = 17,408) quantized over the
 divisor by `quantize_rows` (which finds each row's absmax) and by `quantize_rows_by_absmax` (the
-absmax given, as the gate GEMM's epilogue makes it: "v by absmax"). Every variant's outputs are checked
-equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
+absmax given, as a GEMM epilogue could fold it: "v by absmax"). Every variant's outputs are
+checked equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
 GB/s counts the bytes each kernel must read and write once (per-channel vectors, read by every
 row from L2, not counted). The last lines are a table: us per call of the default and of the
 fastest variant, per size. Sizes run in the order given; with --budget-s, no new size starts
@@ -149,7 +149,7 @@ CONV_VARIANTS: dict[str, dict[str, Any]] = {
     "64x128x8 g8": _conv(64, 128, 8, 8),
     "32x256x8 g4": _conv(32, 256, 8, 4),
 }
-# the two-GEMM MLP's v [M, 17,408] over the divisor: plain rows, any blocking the same bits
+# the MLP's v [M, 17,408] (the one-GEMM SwiGLU's) over the divisor: plain rows, any blocking the same bits
 V_QUANT_VARIANTS: dict[str, dict[str, Any]] = {
     "rule (default)": {},
     "1024x8": {"PLAIN_BLOCKING": (1024, 8)},
@@ -288,10 +288,10 @@ def main() -> None:
             "gated+quant", m, dq, list(GATED_VARIANTS.items()),
             lambda: dq.gated_norm_quantize(o, z, wg, gdiv, 1e-6), m * GDN_HEADS * GDN_DV * 9,
         )  # fmt: skip
-        v = gu[:, 0::2].contiguous()  # [m, INTER], as the two-GEMM form's epilogue writes it
+        v = gu[:, 0::2].contiguous()  # [m, INTER], as the one-GEMM SwiGLU writes it
         compare("v quant/div", m, kq, vq, lambda: kq.quantize_rows(v, sdiv), m * INTER * 5)
-        # the same codes from v / divisor and its rows' absmax, as the gate GEMM's epilogue makes
-        # them (`cutlass_gemm.SWIGLU_ABSMAX`): the quantizer a stream
+        # the same codes from v / divisor and its rows' absmax, as a GEMM epilogue could fold them
+        # (session 21's two-GEMM form did): the quantizer a stream
         vd = v / sdiv
         amax = vd.abs().amax(dim=1)
         by_absmax = list(BY_ABSMAX_VARIANTS.items())
