@@ -326,14 +326,19 @@ CONFIGS: tuple[CutlassConfig, ...] = tuple(
 # (session 27, one process, 27B, 0 against the two-GEMM form's 257) (a)'s 256 rows 20.82 / 20.84 ->
 # 20.59 / 20.69 ms and the README's (b) (192 rows) 19.43 / 19.48 -> 19.06 / 19.13, decode at 1 and
 # 64 sequences unchanged (their buckets, and the 5-16-row ones, not timed, keep the unfused path).
-# Benches set 0 (always) or 1 << 62 (never).
+# Triton's fused kernel instead of this form up to 512 rows lost in the engine the same session
+# ((a) +1.1 ms, (b) +1.1-1.7, README (b) +5-6), although alone at 384 rows it took 145 us against
+# 185-225 for every CUTLASS tile (`bench_cutlass.py --pairs`). Benches set 0 (always) or 1 << 62 (never).
 SWIGLU_MIN_ROWS = 65
 
 # Whether the one-GEMM SwiGLU takes SWIZZLED_TILE where the table names its clustered tile (above
 # 2,048 rows), although its output (34,816 columns at 27B) is wider than SWIZZLED_MAX_COLUMNS: on
 # an H100 (session 26, one process, 27B) (c) took 467.5 ms swizzled against 478.9 clustered, and
 # the 328-row bucket lost 5 ms on the swizzled tile, so the swizzle is for the clustered bucket
-# only. Which tile serves never changes the bits.
+# only. Alone at 8,192 rows (session 27, `bench_cutlass.py --pairs`, H100, us) it is also the
+# fastest of eight tiles: 2,173 against 2,246 (clustered 1x2, swizzled 8), 2,315 (clustered 2x1),
+# 2,334 (cooperative 128x256, clustered 2x1) and 2,548-2,810 for the rest. Which tile serves never
+# changes the bits.
 SWIGLU_SWIZZLE = True
 
 

@@ -11,6 +11,7 @@
 #   STAGE=gemm64  bash ops/device/candidates_check.sh  # decode GEMMs by shape in the step vs alone (~4 min)
 #   STAGE=narrow64 bash ops/device/candidates_check.sh # 64x40 / 64x32 tiles for the decoder's narrow outputs (~2 min)
 #   STAGE=pairs   bash ops/device/candidates_check.sh  # the one-GEMM SwiGLU: bit tests, alone, tile A/B (~10 min)
+#   STAGE=oldnew  bash ops/device/candidates_check.sh  # an older commit's default against this one's (~2 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -87,6 +88,26 @@ pairs)
         --json "$OUT/engine-pairs.json" > "$OUT/engine-pairs.log" 2>&1
     echo "bench rc=$?"
     grep -E "^(---|a_one|a_timed|b_three|b_readme|c_one|d_64)" "$OUT/engine-pairs.log" | cut -c1-400
+    ;;
+oldnew)
+    # the default of an older commit (ops/device/old_tree.sh REV on the dev machine; carry
+    # .cache/oldtree) against this tree's, old, new, old, new, one process each on this machine
+    # (OLDNEW_VARIANTS: each tree's variants, tc64inv by default; a variant must exist in both)
+    root=$PWD
+    lib=$root/.cache/cutlass/$(cat .cache/oldtree/CUTLASS_DIGEST)/libprism_int8_gemm.so
+    run_tree() {  # $1 label, $2 tree
+        (cd "$2" && env PYTHONPATH="/tmp/site:$PWD" ${3:+PRISM_CUTLASS_LIB="$3"} timeout 200 python3 \
+            ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
+            --variants "${OLDNEW_VARIANTS:-tc64inv}" --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1)
+        echo "$1 rc=$?"
+    }
+    echo "old tree $(cat .cache/oldtree/REV)"
+    run_tree old1 .cache/oldtree "$lib"; run_tree new1 "$root"; run_tree old2 .cache/oldtree "$lib"
+    run_tree new2 "$root"
+    grep -c "cutlass_loaded" "$OUT/old1.log" | sed 's/^/old tree loaded its CUTLASS library: /'
+    for f in old1 new1 old2 new2; do
+        echo "== $f"; grep -E "^(---|a_one|b_three|b_readme|c_one|d_64)" "$OUT/$f.log" | cut -c1-130
+    done
     ;;
 session)
     # SESSION_VARIANTS: what is A/B'd against the default (set it empty for the default alone;
