@@ -6,6 +6,7 @@ Triton's interpreter (needs `TRITON_INTERPRET=1` before triton's first import; t
 Configs are fixed (never chosen by timing), so results never depend on batch composition.
 """
 
+from engine.kernels.gate_up import interleave_gate_up, split_gate_up
 from engine.kernels.int8_gemm import (
     GemmConfig,
     config_for,
@@ -15,14 +16,12 @@ from engine.kernels.int8_gemm import (
     int8_gemm_swiglu_quantize,
     int8_gemm_swiglu_reference,
     int8_matmul_exact,
-    interleave_gate_up,
     scale_int32,
     swiglu_config_for,
     swiglu_fused,
 )
 from engine.kernels.quant import (
     quantize_rows,
-    quantize_rows_by_absmax,
     quantize_rows_reference,
     rms_norm_fp32,
     rms_norm_quantize,
@@ -40,10 +39,10 @@ __all__ = [
     "int8_matmul_exact",
     "interleave_gate_up",
     "scale_int32",
+    "split_gate_up",
     "swiglu_config_for",
     "swiglu_fused",
     "quantize_rows",
-    "quantize_rows_by_absmax",
     "quantize_rows_reference",
     "rms_norm_fp32",
     "rms_norm_quantize",

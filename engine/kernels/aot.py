@@ -167,7 +167,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         decode_quant,
         int8_gemm,
         quantize_rows,
-        quantize_rows_by_absmax,
         rms_norm_quantize,
     )
     from engine.kernels import forest_attention as forest_attention_module
@@ -261,8 +260,6 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             quantize_rows(f32(t, k), f32(k), backend="triton")
             rms_norm_quantize(f32(t, k), f32(k), 1e-6, backend="triton")
             norm_rows(f32(t, k), f32(k), 1e-6, backend="triton")
-        # rows quantized by an absmax found elsewhere (a GEMM epilogue's: session 21's two-GEMM MLP)
-        quantize_rows_by_absmax(f32(t, inter), f32(t), backend="triton")
         norm_rows(f32(t, hqk, dk), None, 1e-6, mean=False, backend="triton")
         norm_rows(f32(t, hv, dv), f32(dv), 1e-6, backend="triton")
         # the decoder's step kernels

@@ -17,7 +17,7 @@ ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs c
 
 The MLP's gate+up with SwiGLU (`int8_gemm_swiglu`) runs here as one GEMM from SWIGLU_MIN_ROWS rows
 (`Library.swiglu_pairs`): the stored gate+up weight's rows alternate gate and up
-(`int8_gemm.interleave_gate_up`), so a tile holds both values of each output and one thread holds
+(`gate_up.interleave_gate_up`), so a tile holds both values of each output and one thread holds
 them in neighbouring accumulator registers; the epilogue's own visitor nodes pair them with the
 Triton kernels' instructions (`swiglu_value` in the header) and store only v from registers
 (`PairNode`), so v has the Triton fused kernel's bits, and `quantize_rows(v, divisor)` follows.
@@ -537,7 +537,7 @@ class Library:
         v: torch.Tensor,
     ) -> None:
         """The one-GEMM SwiGLU: w_pairs int8 [2I, K] and w_scale_pairs [2I] the stacked gate+up
-        interleaved (row 2j gate j, 2j + 1 up j: `int8_gemm.interleave_gate_up`); v fp32 [M, I]
+        interleaved (row 2j gate j, 2j + 1 up j: `gate_up.interleave_gate_up`); v fp32 [M, I]
         gets silu(g) * u with `int8_gemm_swiglu`'s bits, g and u the plain GEMM's columns 2j, 2j + 1."""
         if v.shape != (a.shape[0], w_pairs.shape[0] // 2) or not v.is_contiguous():
             raise ValueError(f"swiglu_pairs: v must be contiguous [{a.shape[0]}, {w_pairs.shape[0] // 2}]")

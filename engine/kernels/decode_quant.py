@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels._triton import Backend, cdiv, helper, kernel, next_pow2, use_triton
+from engine.kernels.gate_up import split_gate_up
 from engine.kernels.quant import _round_int8, quantize_rows_reference
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
@@ -545,7 +546,8 @@ def swiglu_quantize(
     if divisor is not None and divisor.shape != (k,):
         raise ValueError(f"the divisor must be [{k}] (gate_up [{b}, {2 * k}]), got {tuple(divisor.shape)}")
     if not use_triton(backend, gate_up):
-        return quantize_rows_reference(F.silu(gate_up[:, 0::2].float()) * gate_up[:, 1::2].float(), divisor)
+        gate, up = split_gate_up(gate_up)
+        return quantize_rows_reference(F.silu(gate.float()) * up.float(), divisor)
     gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
     q = torch.empty(b, k, dtype=torch.int8, device=gate_up.device)
     scale = torch.empty(b, dtype=torch.float32, device=gate_up.device)

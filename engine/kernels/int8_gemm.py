@@ -9,7 +9,7 @@ table by M for speed only, never by timing. The epilogue is elementwise in one f
 compiled without FMA contraction, so row m of y depends on row m of a alone - the int8
 path's batch-invariance contract - and equals the torch reference below bit for bit.
 
-`int8_gemm_swiglu` is the MLP's gate+up GEMM (over the interleaved weight, `interleave_gate_up`)
+`int8_gemm_swiglu` is the MLP's gate+up GEMM (over the interleaved weight, `gate_up.interleave_gate_up`)
 with silu(gate) * up in the same tile kernel's epilogue (half the bytes out; the unfused path's
 bits after quantization).
 """
@@ -24,6 +24,7 @@ import torch
 from engine.kernels import cutlass_gemm
 from engine.kernels._triton import Backend, cdiv, helper, kernel, use_triton
 from engine.kernels.decode_quant import _swiglu_value
+from engine.kernels.gate_up import split_gate_up
 from engine.kernels.quant import quantize_rows
 
 tl: Any = None  # bound to triton.language at first launch (see engine.kernels._triton)
@@ -885,17 +886,6 @@ def _check_pairs(w: torch.Tensor) -> None:
         raise ValueError(f"int8_gemm_swiglu needs the interleaved gate+up weight [2I, K]: {tuple(w.shape)}")
 
 
-def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate and up (weights [I, K] or their scales [I]) as the MLP's stored layout: rows alternating,
-    row 2j the gate's row j and row 2j + 1 the up's. Why this layout: a GEMM tile then holds both
-    values of each SwiGLU output, so Hopper's CUTLASS GEMM pairs them in one thread's registers and
-    writes only v (`cutlass_gemm.Library.swiglu_pairs`); every reader of the stacked weight's output
-    takes gate and up as its even and odd columns. A copy; the same rows, only their order changes."""
-    if gate.shape != up.shape or gate.dim() not in (1, 2):
-        raise ValueError(f"gate and up: one shape, [I, K] or [I], got {tuple(gate.shape)}, {tuple(up.shape)}")
-    return torch.stack((gate, up), dim=1).flatten(0, 1)
-
-
 def _pairs_form(a: torch.Tensor, w: torch.Tensor) -> tuple[cutlass_gemm.Library, str] | None:
     """(library, config) where Hopper's one-GEMM SwiGLU takes a's M rows times the interleaved w
     (from `cutlass_gemm.SWIGLU_MIN_ROWS` rows, where the table serves the stacked GEMM), else None."""
@@ -916,8 +906,7 @@ def int8_gemm_swiglu_reference(
     expression, but torch's exp is not Triton's (the interpreter's numpy exp, or the GPU's
     ex2.approx), so v agrees with the kernel to rounding: the bit oracle is the unfused path (see the
     tests)."""
-    y = scale_int32(int8_matmul_exact(a, w), a_scale, w_scale)
-    gate, up = y[:, 0::2], y[:, 1::2]
+    gate, up = split_gate_up(scale_int32(int8_matmul_exact(a, w), a_scale, w_scale))
     return (gate / (1.0 + torch.exp(-gate))) * up
 
 
@@ -979,7 +968,7 @@ def int8_gemm(
     n = w.shape[0]
     if not use_triton(backend, a) or m == 0 or n == 0 or k == 0:
         return int8_gemm_reference(a, w, a_scale, w_scale, residual, out_dtype)
-    if m * k >= 2**31 or n * k >= 2**31 or m * n >= 2**31:
+    if m * k >= 2**31 or n * max(k, w.stride(0)) >= 2**31 or m * n >= 2**31:  # w's rows may be strided
         raise ValueError(f"int8_gemm shape {m}x{k}x{n} exceeds 32-bit indexing")
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if config is None and backend == "auto" and (cutlass := cutlass_gemm.serves(a, w, residual, out_dtype)):
@@ -1079,7 +1068,7 @@ def int8_gemm_swiglu(
 ) -> torch.Tensor:
     """v [M, I] fp32 = silu(gate) * up of the stacked GEMM y = int8_gemm(a, w, a_scale, w_scale),
     gate = y[:, 0::2] and up = y[:, 1::2]; w int8 [2I, K] the MLP's interleaved gate+up weight
-    (`interleave_gate_up`: row 2j gate j, row 2j + 1 up j), w_scale fp32 [2I] likewise.
+    (`gate_up.interleave_gate_up`: row 2j gate j, row 2j + 1 up j), w_scale fp32 [2I] likewise.
 
     Why: the unfused path writes y (fp32 [M, 2I]: 1.14 GB a layer at the 27B's 8,192 rows) and
     `swiglu_quantize` reads it back; here the epilogue combines each gate column with its up

@@ -75,13 +75,6 @@ NORM_BLOCKING: tuple[int, int] | None = None
 # Measured on the H200 (bench_rows.py, 2026-12-01, then the only kernel): unrolling 4 made no
 # difference at one row and cost 33-60% at 8,192 rows, so the passes stay rolled.
 LONG_ROW_UNROLL = 1
-# `quantize_rows_by_absmax`: a program quantizes BLOCK_BY_ABSMAX values of one row (16 a thread on
-# BY_ABSMAX_WARPS warps: four 16-byte loads each). Any blocking gives the same codes (elementwise).
-# H100 (bench_rows.py "v by absmax", 27B's 17,408 row, session 21): 1,024 x 4 fastest at 256 /
-# 384 / 8,192 rows, 6.5 / 8.9 / 242 us (2,048 x 4: 8.6 / 11.1 / 247; 2,048 x 8 7.5 / 10.1 / 245;
-# quantize_rows finding the absmax itself: 12.2 / 17.3 / 300).
-BLOCK_BY_ABSMAX = 1024
-BY_ABSMAX_WARPS = 4
 # 1.5 * 2^23: adding and subtracting it rounds an fp32 |r| < 2^22 to an integer, ties to even
 _RINT_MAGIC = 12582912.0
 
@@ -211,32 +204,12 @@ def _row_value(x, w, div_ptr, k0, offs, K, inv, NORM: tl.constexpr, HAS_DIV: tl.
     return v
 
 
-def _quant_by_absmax_kernel(
-    w_ptr, amax_ptr, q_ptr, s_ptr,
-    K, stride_w, stride_q,
-    BLOCK: tl.constexpr, ON_GPU: tl.constexpr,
-):  # fmt: skip
-    """Program (row, block): the row's scale from its given absmax, then the block's codes. The
-    row's values are only read and quantized, each element once (`quantize_rows_by_absmax`)."""
-    row = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    m = offs < K
-    w = tl.load(w_ptr + row * stride_w + offs, mask=m, other=0.0).to(tl.float32)
-    scale = tl.math.div_rn(tl.load(amax_ptr + row), 127.0)
-    safe = tl.where(scale > 0, scale, 1.0)
-    tl.store(q_ptr + row * stride_q + offs, _round_int8(tl.math.div_rn(w, safe), ON_GPU), mask=m)
-    if blk == 0:
-        tl.store(s_ptr + row, scale)
-
-
 _norm_weight = helper(_norm_weight)  # type: ignore[assignment]
 _row_value = helper(_row_value)  # type: ignore[assignment]
 _row_block = helper(_row_block)  # type: ignore[assignment]
 _round_int8 = helper(_round_int8)  # type: ignore[assignment]
 _resident = kernel(_quant_resident_kernel)
 _long_row = kernel(_quant_long_row_kernel)
-_by_absmax = kernel(_quant_by_absmax_kernel)
 
 
 # ------------------------------------------------------------------------ torch references
@@ -376,40 +349,6 @@ def quantize_rows(
     if not use_triton(backend, x):
         return quantize_rows_reference(x, divisor)
     return _launch(x, divisor, None, 0.0)
-
-
-def quantize_rows_by_absmax(
-    x: torch.Tensor, absmax: torch.Tensor, *, backend: Backend = "auto"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row int8 of x [M, K] whose rows' absmax [M] (fp32) is already known: (q int8 [M, K],
-    scale fp32 [M]), the codes and scales `quantize_rows(x)` gives when absmax[m] = max |x[m, :]|.
-
-    Why: a GEMM epilogue that makes x can fold each row's absmax as it goes (a maximum is exact in
-    any order; session 21's two-GEMM SwiGLU did, and the one-GEMM form's epilogue may again once its
-    division is cheap: RESULTS.md session 26), and then quantizing is a stream over x
-    (every element read once, any number of programs a row) instead of one program holding a
-    whole row. The steps after the absmax are `quantize_rows`' own (scale = absmax / 127, IEEE;
-    q = clamp(rint(x / scale))), so the bits are the same. Blocks of BLOCK_BY_ABSMAX values."""
-    if x.dim() != 2 or x.dtype != torch.float32:
-        raise ValueError(f"quantize_rows_by_absmax expects fp32 x [M, K], got {x.dtype} {tuple(x.shape)}")
-    if absmax.shape != (x.shape[0],) or absmax.dtype != torch.float32 or absmax.device != x.device:
-        raise ValueError(
-            f"quantize_rows_by_absmax: absmax must be fp32 [{x.shape[0]}] on {x.device}, "
-            f"got {absmax.dtype} {tuple(absmax.shape)} on {absmax.device}"
-        )
-    m, k = x.shape
-    if not use_triton(backend, x):
-        return _codes_reference(x, absmax)
-    x = x if x.stride(1) == 1 else x.contiguous()
-    q, scale = _codes_for(x)
-    if not m or not k:
-        return q, scale
-    block = min(BLOCK_BY_ABSMAX, next_pow2(k))
-    _by_absmax[(m, cdiv(k, block))](
-        x, absmax.contiguous(), q, scale, k, x.stride(0), q.stride(0),
-        BLOCK=block, num_warps=BY_ABSMAX_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
-    return q, scale
 
 
 def rms_norm_quantize(

@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 
+from engine.kernels.gate_up import split_gate_up
 from engine.model.config import ModelConfig
 from engine.model.weights import Weights
 from engine.run import elementwise
 from engine.run.forest import Forest, SegmentState
+from engine.run.int8_rows import MLP_INPUTS, stored_group
 from engine.run.reference import (
     apply_partial_rope,
     causal_conv,
@@ -227,8 +229,20 @@ def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return elementwise.silu(gate) * up
 
 
+def _gate_up(layer: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ffn_gate(x) and ffn_up(x). Where a CUDA body stored them interleaved (`int8_rows.input_group`:
+    the layer's entries are then strided row views, which Hopper's CUTLASS GEMM does not take), one
+    GEMM over the stored weight and its even and odd columns: the same exact dots and epilogue, so
+    the same bits, at the stacked GEMM's speed (the image evidence path runs here on a GPU)."""
+    group = stored_group(layer, MLP_INPUTS)
+    if group is None:
+        return linear(x, layer["ffn_gate"]), linear(x, layer["ffn_up"])
+    gate, up = split_gate_up(linear(x, group.linear))
+    return gate.contiguous(), up.contiguous()
+
+
 def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
-    hidden = _spanwise(_swiglu, spans, linear(x, layer["ffn_gate"]), linear(x, layer["ffn_up"]))
+    hidden = _spanwise(_swiglu, spans, *_gate_up(layer, x))
     return linear(hidden, layer["ffn_down"])
 
 

@@ -102,8 +102,9 @@ class InputGroup:
     `interleaved` (the MLP's gate and up): the members' rows alternate, row 2j gate j and row
     2j + 1 up j (`kernels.interleave_gate_up`), so gate and up are the output's even and odd
     columns. Why: a GEMM tile then holds both values of each SwiGLU output, and Hopper's one
-    CUTLASS GEMM pairs them in its epilogue (`kernels.int8_gemm_swiglu`); the members are then
-    strided row views.
+    CUTLASS GEMM pairs them in its epilogue (`kernels.int8_gemm_swiglu`); the members' weights are
+    then strided row views, their scale vectors (I floats) contiguous copies, as the kernels read
+    scales: an edit in place of the stacked scales does not reach them.
     """
 
     linear: QuantLinear
@@ -114,7 +115,7 @@ class InputGroup:
     def outputs(self, y: torch.Tensor) -> list[torch.Tensor]:
         """The members' outputs (column views of y, the stacked GEMM's [B, sum(splits)]), in order."""
         if self.interleaved:
-            return [y[:, i :: len(self.splits)] for i in range(len(self.splits))]
+            return list(kernels.split_gate_up(y))
         return list(y.split(self.splits, dim=1))
 
     def to(self, device: torch.device | str) -> InputGroup:
@@ -128,6 +129,15 @@ def _same_smooth(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a is b or (a.shape == b.shape and a.device == b.device and torch.equal(a, b))
 
 
+def stored_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
+    """The stacked form of `layer`'s linears `names` if `input_group` made it and its members are
+    still the layer's entries; None otherwise (nothing is made here)."""
+    group = layer.get("input_group:" + "+".join(names))
+    if not isinstance(group, InputGroup):
+        return None
+    return group if all(a is layer.get(n) for a, n in zip(group.members, names, strict=True)) else None
+
+
 def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
     """The stacked form of `layer`'s linears `names`, made on first use (and again if one of
     them was replaced since); None where they cannot share one GEMM (not all plain
@@ -139,9 +149,7 @@ def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
     if not all(type(lin) is QuantLinear for lin in lins):
         return None
     first: QuantLinear = lins[0]  # type: ignore[assignment]
-    key = "input_group:" + "+".join(names)
-    group = layer.get(key)
-    if isinstance(group, InputGroup) and all(a is b for a, b in zip(group.members, lins, strict=True)):
+    if (group := stored_group(layer, names)) is not None:
         return group
     if any(
         lin.qweight.device != first.qweight.device  # type: ignore[union-attr]
@@ -163,8 +171,8 @@ def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
             first.smooth,
         )
         # strided row views of the weight; the scales' tiny copies contiguous, as kernels read them
-        rows_of = [slice(i, None, 2) for i in range(2)]
-        views = [(stacked.qweight[r], stacked.w_scale[r].contiguous()) for r in rows_of]
+        weights, scales = kernels.split_gate_up(stacked.qweight, 0), kernels.split_gate_up(stacked.w_scale, 0)
+        views = [(q, s.contiguous()) for q, s in zip(weights, scales, strict=True)]
     else:
         stacked = QuantLinear(
             torch.cat([lin.qweight for lin in lins]),  # type: ignore[union-attr]
@@ -180,7 +188,7 @@ def input_group(layer: dict, names: tuple[str, ...]) -> InputGroup | None:
         layer[name] = view
         members.append(view)
     group = InputGroup(stacked, tuple(members), splits, interleaved)
-    layer[key] = group
+    layer["input_group:" + "+".join(names)] = group
     return group
 
 
@@ -278,7 +286,7 @@ def mlp_residual(h: torch.Tensor, layer: dict, eps: float) -> torch.Tensor:
     group = input_group(layer, MLP_INPUTS)
     if group is None:  # not stackable: one GEMM each, then the pairs the quantizer reads
         gate, up = whole_rows(down, *projections(h, norm, eps, [layer[n] for n in MLP_INPUTS]))
-        q, s = swiglu_quantize(torch.stack((gate, up), dim=-1).flatten(1), down.smooth)
+        q, s = swiglu_quantize(kernels.interleave_gate_up(gate, up, dim=-1), down.smooth)
         return gemm(q, s, down, residual=h)
     if h.is_cuda and kernels.swiglu_fused(h.shape[0], group.linear.qweight):
         ((lin, (q, s)),) = norm_quantize(h, norm, eps, [group.linear])

@@ -15,9 +15,9 @@ the row re-read in each pass, what runs past the resident kernel's registers), S
 blocks / warps / loads ahead / register caps, with its loads kept in order
 (`RESIDENT_ORDERED`), and as the recompute split (`RECOMPUTE_*`: two launches, v computed again
 instead of stored), the conv at other tilings; the MLP's v (K = 17,408) quantized over the
-divisor by `quantize_rows` (which finds each row's absmax) and by `quantize_rows_by_absmax` (the
-absmax given, as a GEMM epilogue could fold it: "v by absmax"). Every variant's outputs are
-checked equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
+divisor by `quantize_rows` (session 21's "v by absmax", a stream given each row's absmax, went with
+the two-GEMM SwiGLU in session 27: commit 9f4898b has it). Every variant's outputs are checked
+equal, bit for bit, to the default's (a variant that changes bits is reported, never chosen).
 GB/s counts the bytes each kernel must read and write once (per-channel vectors, read by every
 row from L2, not counted). The last lines are a table: us per call of the default and of the
 fastest variant, per size. Sizes run in the order given; with --budget-s, no new size starts
@@ -72,14 +72,6 @@ _SWIGLU_DEFAULT = (
     f"{'ord' if dq.RESIDENT_ORDERED else 'res'} {dq.RESIDENT_BLOCK}x{dq.RESIDENT_WARPS} a{dq.RESIDENT_AHEAD}"
     f"{'' if dq.RESIDENT_MAXNREG is None else f' r{dq.RESIDENT_MAXNREG}'} (default)"
 )
-# `quantize_rows_by_absmax`'s (BLOCK, warps): any gives the same codes (elementwise)
-BY_ABSMAX_VARIANTS: dict[str, dict[str, Any]] = {
-    f"stream {kq.BLOCK_BY_ABSMAX}x{kq.BY_ABSMAX_WARPS} (default)": {},
-    "stream 1024x4": {"BLOCK_BY_ABSMAX": 1024, "BY_ABSMAX_WARPS": 4},
-    "stream 4096x8": {"BLOCK_BY_ABSMAX": 4096, "BY_ABSMAX_WARPS": 8},
-    "stream 2048x8": {"BLOCK_BY_ABSMAX": 2048, "BY_ABSMAX_WARPS": 8},
-    "stream 8192x8": {"BLOCK_BY_ABSMAX": 8192, "BY_ABSMAX_WARPS": 8},
-}
 _SWIGLU_LONG = f"long-row {dq.LONG_ROW_BLOCK}x{dq.LONG_ROW_WARPS} u{dq.LONG_ROW_UNROLL}"
 _CONV_DEFAULT = f"{fg.CONV_BLOCK_T}x{fg.CONV_BLOCK_C}x{fg.CONV_WARPS} g{fg.CONV_GENERAL_ROWS} (default)"
 
@@ -290,12 +282,6 @@ def main() -> None:
         )  # fmt: skip
         v = gu[:, 0::2].contiguous()  # [m, INTER], as the one-GEMM SwiGLU writes it
         compare("v quant/div", m, kq, vq, lambda: kq.quantize_rows(v, sdiv), m * INTER * 5)
-        # the same codes from v / divisor and its rows' absmax, as a GEMM epilogue could fold them
-        # (session 21's two-GEMM form did): the quantizer a stream
-        vd = v / sdiv
-        amax = vd.abs().amax(dim=1)
-        by_absmax = list(BY_ABSMAX_VARIANTS.items())
-        compare("v by absmax", m, kq, by_absmax, lambda: kq.quantize_rows_by_absmax(vd, amax), m * INTER * 5)
         case = conv_case(m, gen)
 
         def conv() -> tuple[torch.Tensor, torch.Tensor]:

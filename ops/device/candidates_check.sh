@@ -94,9 +94,10 @@ oldnew)
     # .cache/oldtree) against this tree's, old, new, old, new, one process each on this machine
     # (OLDNEW_VARIANTS: each tree's variants, tc64inv by default; a variant must exist in both)
     root=$PWD
-    lib=$root/.cache/cutlass/$(cat .cache/oldtree/CUTLASS_DIGEST)/libprism_int8_gemm.so
-    run_tree() {  # $1 label, $2 tree
-        (cd "$2" && env PYTHONPATH="/tmp/site:$PWD" ${3:+PRISM_CUTLASS_LIB="$3"} timeout 200 python3 \
+    lib=$root/.cache/cutlass/$(cat .cache/oldtree/CUTLASS_DIGEST 2>/dev/null)/libprism_int8_gemm.so
+    [ -f "$lib" ] || { echo "no old tree or its library: run ops/device/old_tree.sh REV here, carry .cache/oldtree"; exit 1; }
+    run_tree() {  # $1 label, $2 tree, $3 its CUTLASS library (the old tree's)
+        (cd "$2" && env PYTHONPATH="/tmp/site:$PWD" ${3:+PRISM_CUTLASS_LIB="$3"} timeout 140 python3 \
             ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
             --variants "${OLDNEW_VARIANTS:-tc64inv}" --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1)
         echo "$1 rc=$?"
@@ -104,9 +105,8 @@ oldnew)
     echo "old tree $(cat .cache/oldtree/REV)"
     run_tree old1 .cache/oldtree "$lib"; run_tree new1 "$root"; run_tree old2 .cache/oldtree "$lib"
     run_tree new2 "$root"
-    grep -c "cutlass_loaded" "$OUT/old1.log" | sed 's/^/old tree loaded its CUTLASS library: /'
     for f in old1 new1 old2 new2; do
-        echo "== $f"; grep -E "^(---|a_one|b_three|b_readme|c_one|d_64)" "$OUT/$f.log" | cut -c1-130
+        echo "== $f (CUTLASS library loaded: $(grep -c cutlass_loaded "$OUT/$f.log"))"; grep -E "^(---|a_one|b_three|b_readme|c_one|d_64)" "$OUT/$f.log" | cut -c1-130
     done
     ;;
 session)
@@ -123,8 +123,8 @@ session)
     ;;
 rows)
     # session 22's gated-norm forms (tiles of heads, o and z loaded before the sums) beside the
-    # padded default, and the streamed v quantizer, at the (a)/(b) and (c) row counts
-    timeout 240 python3 ops/bench/bench_rows.py --kernels "gated+quant,v by absmax" --rows 256,8192,64 \
+    # padded default, and the v quantizer over its divisor, at the (a)/(b) and (c) row counts
+    timeout 240 python3 ops/bench/bench_rows.py --kernels "gated+quant,v quant/div" --rows 256,8192,64 \
         --budget-s 200 --out "$OUT/rows-gated.json" > "$OUT/rows-gated.log" 2>&1
     tail -30 "$OUT/rows-gated.log"
     ;;

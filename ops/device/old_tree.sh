@@ -8,21 +8,26 @@
 #   bash ops/device/old_tree.sh REV      # then carry .cache/oldtree and .cache/cutlass
 # The old tree's library goes under .cache/cutlass/<its digest>/ beside the new one's: the
 # device run points the old tree at it (PRISM_CUTLASS_LIB), since without it the old engine would
-# quietly run Triton's GEMMs only (it prints "old cutlass None" then).
+# quietly run Triton's GEMMs only (the digest names the header by its absolute path, so a tree in
+# another folder never finds the new tree's libraries by itself; STAGE=oldnew checks the log).
 set -euo pipefail
 REV=${1:?usage: bash ops/device/old_tree.sh REV}
 OLD=.cache/oldtree
 rm -rf "$OLD" && mkdir -p "$OLD"
-git archive "$REV" | tar -x -C "$OLD" --exclude='*.gguf' --exclude='ops/bench/data'
+git archive "$REV" | tar -xf - -C "$OLD" --exclude='*.gguf' --exclude='ops/bench/data'
 git rev-parse "$REV" > "$OLD/REV"
 # the old tree's library, by the old tree's own builder (its digest names its own header): the
 # libraries and the toolchain here are lent to it first, so a library already built is found, not
 # rebuilt, and nothing is downloaded again
 ROOT=$PWD
 mkdir -p "$OLD/.cache"
-if [ -d .cache/cutlass-toolchain ]; then ln -s "$ROOT/.cache/cutlass-toolchain" "$OLD/.cache/cutlass-toolchain"; fi
+unpack=--toolchain  # the old tree's own wheels, unless this tree's toolchain is lent (never upgraded)
+if [ -d .cache/cutlass-toolchain ]; then
+    ln -s "$ROOT/.cache/cutlass-toolchain" "$OLD/.cache/cutlass-toolchain"
+    unpack=
+fi
 if [ -d .cache/cutlass ]; then cp -r .cache/cutlass "$OLD/.cache/cutlass"; fi
-lib=$(cd "$OLD" && PYTHONPATH=$PWD "$ROOT/.venv/bin/python" ops/build_cutlass.py --toolchain | tail -1)
+lib=$(cd "$OLD" && PYTHONPATH=$PWD "$ROOT/.venv/bin/python" ops/build_cutlass.py $unpack | tail -1)
 digest=$(basename "$(dirname "$lib")")
 mkdir -p ".cache/cutlass/$digest"
 cp "$lib" ".cache/cutlass/$digest/"

@@ -71,7 +71,7 @@ struct PairedOutput {
 
 // A visitor node of the one-GEMM SwiGLU over a tile whose even column 2j is a gate value and odd
 // column 2j + 1 its up value. Store = false: v = silu(g) * u at the even column (`swiglu_value`,
-// the third epilogue's instructions, so the same bits) and 0 at the odd one. Store = true (the
+// the Triton kernels' instructions, so the same bits) and 0 at the odd one. Store = true (the
 // tree's root): the even columns written to out[m, j] from registers. Each thread checks the
 // pairing it relies on (its fragment's neighbours are columns 2j and 2j + 1 of one row) and traps
 // if a layout ever breaks it: a wrong pairing would be silently wrong numbers.

@@ -183,6 +183,40 @@ def test_mlp_residual_equals_the_separate_linears_swiglu(smooth: bool) -> None:
         assert torch.equal(mlp_residual(h[r : r + 1], layer, 1e-6)[0], want[r])
 
 
+def test_mlp_residual_without_a_stacked_group_pairs_the_separate_outputs() -> None:
+    """Gate and up with SmoothQuant divisors of their own cannot share one GEMM (no group): the MLP
+    then multiplies each and pairs their outputs for the quantizer, with the separate linears' bits
+    (the oracle: their own projections, each through its own divisor, paired by hand)."""
+    layer = _mlp_layer(48, K, smooth=True)
+    gen = torch.Generator().manual_seed(9)
+    for name in MLP_INPUTS:
+        layer[name] = _linear(gen, 48, smooth=(torch.rand(K, generator=gen) + 0.5).to(DEVICE))
+    assert input_group(layer, MLP_INPUTS) is None
+    h = (torch.randn(4, K, generator=gen) * 2).to(DEVICE)
+    norm, down = layer["post_attention_norm"], layer["ffn_down"]
+    (g_out,), (u_out,) = (projections(h, norm, 1e-6, [layer[n]]) for n in MLP_INPUTS)
+    pairs = torch.empty(h.shape[0], 2 * g_out.shape[1], device=DEVICE)
+    pairs[:, 0::2], pairs[:, 1::2] = g_out, u_out
+    from engine.run.int8_rows import gemm
+
+    want = gemm(*swiglu_quantize(pairs, down.smooth), down, residual=h)
+    assert torch.equal(mlp_residual(h, layer, 1e-6), want)
+
+
+def test_the_level_executors_mlp_reads_the_stored_group_with_the_separate_bits() -> None:
+    """Once a body stored gate and up interleaved, the level executor (image evidence) multiplies the
+    stored weight once and takes its even and odd columns: the same bits as the separate linears,
+    whole-batch and segment by segment."""
+    from engine.run.executor import _mlp
+
+    separate = _mlp_layer(48, K, smooth=True)
+    grouped = dict(separate)
+    assert input_group(grouped, MLP_INPUTS) is not None
+    x = torch.randn(7, K, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    for spans in (None, [(0, 3), (3, 7)]):
+        assert torch.equal(_mlp(grouped, x, spans), _mlp(separate, x, spans))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the fused SwiGLU GEMM runs on CUDA only (mlp_residual)")
 @pytest.mark.parametrize("rows", [1, 5, 16, 100, 700])
 @pytest.mark.parametrize("smooth", [False, True])

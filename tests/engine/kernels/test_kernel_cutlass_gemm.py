@@ -429,7 +429,7 @@ def test_int8_gemm_swiglu_hands_the_table_buckets_to_it_and_a_row_keeps_its_bits
 
 
 @needs_library
-@pytest.mark.parametrize("m", [257, 384, 3000])
+@pytest.mark.parametrize("m", [100, 257, 384, 3000])
 def test_the_mlps_quantized_v_has_the_unfused_paths_bits(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
     """`int8_gemm_swiglu_quantize` on the one-GEMM form equals the unfused path (the plain GEMM
     over the interleaved weight, then `swiglu_quantize` on its even and odd columns) bit for bit,

@@ -17,6 +17,7 @@ import torch
 
 from engine.kernels._triton import kernel
 from engine.kernels.decode_quant import _swiglu_value, swiglu_quantize
+from engine.kernels.gate_up import interleave_gate_up, split_gate_up
 from engine.kernels.int8_gemm import (
     SWIGLU_CANDIDATES,
     SWIGLU_SMALL,
@@ -27,7 +28,6 @@ from engine.kernels.int8_gemm import (
     int8_gemm_swiglu,
     int8_gemm_swiglu_quantize,
     int8_gemm_swiglu_reference,
-    interleave_gate_up,
     swiglu_config_for,
 )
 from engine.kernels.quant import quantize_rows
@@ -95,6 +95,22 @@ def test_interleave_gate_up_alternates_rows_and_scales() -> None:
     ]
     with pytest.raises(ValueError, match="one shape"):
         interleave_gate_up(gate, up[:2])
+
+
+def test_split_gate_up_inverts_the_interleave_along_either_dim() -> None:
+    """Rows (the stored weight) and columns (the stacked GEMM's output): even indices gate, odd up;
+    an odd size is refused."""
+    gen = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(2, 5, 7, generator=gen)
+    for dim in (0, 1, -1):
+        both = interleave_gate_up(gate, up, dim=dim)
+        assert both.shape[dim % 2] == 2 * gate.shape[dim % 2]
+        g, u = split_gate_up(both, dim)
+        assert torch.equal(g, gate) and torch.equal(u, up)
+    cols = interleave_gate_up(gate, up, dim=-1)
+    assert torch.equal(cols[:, 0], gate[:, 0]) and torch.equal(cols[:, 1], up[:, 0])
+    with pytest.raises(ValueError, match="even size"):
+        split_gate_up(torch.zeros(3, 5))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)

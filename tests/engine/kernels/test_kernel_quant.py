@@ -8,7 +8,6 @@ import torch
 
 from engine.kernels.quant import (
     quantize_rows,
-    quantize_rows_by_absmax,
     quantize_rows_reference,
     rms_norm_fp32,
     rms_norm_quantize,
@@ -63,43 +62,6 @@ def test_quantize_rows_kernel_equals_reference(
     q_ref, s_ref = quantize_rows_reference(x, div)
     assert torch.equal(scale, s_ref)
     assert torch.equal(q, q_ref)
-
-
-# 40: one partial block; 5000: two full 2,048 blocks and a ragged third; 17,408: the 27B's
-# ffn_down input row (8.5 blocks)
-@pytest.mark.parametrize("k", [40, 5000, 17408])
-def test_quantizing_by_a_given_absmax_gives_quantize_rows_bits(
-    gen: torch.Generator, dev: torch.device, k: int
-) -> None:
-    """The oracle is `quantize_rows` (itself bit-equal to the torch reference): given each row's
-    true absmax, the streamed kernel gives the same codes and scales, ties and zero rows included;
-    and it uses the absmax it is given (a doubled absmax doubles the scale), it does not find one."""
-    x = _rows(gen, 64 if ON_CUDA else 5, k, dev)
-    x[1, :9] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -4.5])
-    x[1, 9:] = 0.25  # row 1: absmax 127, exact ties
-    x[3] = 0.0  # an all-zero row: scale 0, codes 0
-    absmax = x.abs().amax(dim=1)
-    q, scale = quantize_rows_by_absmax(x, absmax, backend="triton")
-    q_rows, s_rows = quantize_rows(x, backend="triton")
-    assert torch.equal(scale, s_rows)
-    assert torch.equal(q, q_rows)
-    q_torch, s_torch = quantize_rows_by_absmax(x.cpu(), absmax.cpu(), backend="torch")
-    assert torch.equal(s_torch, s_rows.cpu()) and torch.equal(q_torch, q_rows.cpu())
-    q2, s2 = quantize_rows_by_absmax(x, 2 * absmax, backend="triton")
-    assert torch.equal(s2, 2 * s_rows)
-    assert torch.equal(q2, quantize_rows_by_absmax(x.cpu(), 2 * absmax.cpu(), backend="torch")[0].to(dev))
-
-
-def test_quantizing_by_absmax_refuses_what_it_cannot_read(dev: torch.device) -> None:
-    x = torch.ones(3, 8, device=dev)
-    with pytest.raises(ValueError, match="absmax must be fp32"):
-        quantize_rows_by_absmax(x, torch.ones(2, device=dev))
-    with pytest.raises(ValueError, match="absmax must be fp32"):
-        quantize_rows_by_absmax(x, torch.ones(3, dtype=torch.float16, device=dev))
-    with pytest.raises(ValueError, match="expects fp32 x"):
-        quantize_rows_by_absmax(x.half(), torch.ones(3, device=dev))
-    q, scale = quantize_rows_by_absmax(torch.empty(0, 8, device=dev), torch.empty(0, device=dev))
-    assert q.shape == (0, 8) and scale.shape == (0,)
 
 
 @pytest.mark.parametrize("long_row", [False, True])  # 10,240: past 8,192, the long-row kernel
