@@ -50,13 +50,6 @@ WIDE_RESIDENT_VALUES = 48
 # 256 rows 14.2 -> 12.0 us (2,048 x 8 warps: 353 / 14.2, the row past 48 values a thread: 290 /
 # 13.4; 4,096 x 16: 487 / 17.2).
 WIDE_MIN_BLOCK = 2048
-# A register cap (ptxas `maxnreg`) for the plain rows held at 16 warps (None: ptxas's own count).
-# Why: the 17,408-wide v row compiles to 65 registers a thread at 16 warps (triton 3.9, sm_90), and
-# a warp's registers are allocated in 256s, so one program fills an SM (16 x 2,304 > 32,768) and
-# the SM's loads stop while that program reduces its absmax and stores its codes; at 64 two
-# programs share an SM and one's loads overlap the other's divisions and stores (the swiglu
-# quantizer's `RESIDENT_MAXNREG` gain, session 21). The same instructions: the same bits.
-WIDE_MAXNREG: int | None = None
 # The resident kernel loads the norm's weight with the row (before the sum of squares) instead
 # of after the sum: one dependent memory round trip less per row. Same bits either way. H200,
 # 27B's 5,120 row (bench_rows.py "w ahead" / "w behind", 2026-12-04 session 14): 1 row 6.2 ->
@@ -283,13 +276,11 @@ def _launch(
     resident = resident_blocking(k, norm)
     if resident is not None:
         block, warps = resident
-        capped = WIDE_MAXNREG is not None and warps == 16 and not norm
         _resident[(m,)](
             x, div, wgt,
             q, scale, k, x.stride(0), q.stride(0), float(eps),
             HAS_DIV=divisor is not None, NORM=norm, BLOCK=block, NB=cdiv(k, block),
             WEIGHT_AHEAD=NORM_WEIGHT_AHEAD, num_warps=warps, enable_fp_fusion=False,
-            **({"maxnreg": WIDE_MAXNREG} if capped else {}),
         )  # fmt: skip
         return q, scale
     block, warps = pass_blocking(k)

@@ -1067,9 +1067,6 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention output allocated uninitialized and only its dead rows
     # zeroed, not zero-filled whole (`forest_attention.ZERO_DEAD_ROWS_ONLY`): the same bits
     "tc64inv-attnzerodead": _tc64inv(set={"engine.kernels.forest_attention.ZERO_DEAD_ROWS_ONLY": True}),
-    # the CUDA default with the 16-warp plain rows (the MLP's v over its divisor) under a register
-    # cap of 64 (`quant.WIDE_MAXNREG`): two programs an SM instead of one; the same bits
-    "tc64inv-vquantr64": _tc64inv(set={"engine.kernels.quant.WIDE_MAXNREG": 64}),
     # the CUDA default with the GDN output gate's row held as tiles of 16 heads, all of o and z
     # loaded before the sums (`decode_quant.GATED_FORM` "blocks"): the padded form's bits; and as
     # tiles of 8 heads on 8 warps (4 values a lane, the resident norm's loads): other bits

@@ -150,9 +150,6 @@ V_QUANT_VARIANTS: dict[str, dict[str, Any]] = {
     "4096x16": {"PLAIN_BLOCKING": (4096, 16)},
     "4096x32": {"PLAIN_BLOCKING": (4096, 32)},
     "long-row": {"RESIDENT_VALUES": 0},
-    "rule r64": {"WIDE_MAXNREG": 64},
-    "rule r56": {"WIDE_MAXNREG": 56},
-    "2048x32": {"PLAIN_BLOCKING": (2048, 32)},
 }
 # the GDN output gate (48 heads x 128 at 27B): per-head sums, so another warp count may move bits
 # ("blocks": tiles of 16 heads on 4 warps keep the padded form's bits; 8 heads on 8 or 4 warps,

@@ -166,31 +166,6 @@ def test_resident_and_long_row_kernels_give_the_same_bits(
         assert torch.equal(q1, q_res[m - 1 :]) and torch.equal(s1, s_res[m - 1 :])
 
 
-@pytest.mark.parametrize("cap", [64, 56])
-def test_a_register_cap_on_the_wide_rows_keeps_the_bits(
-    gen: torch.Generator, dev: torch.device, monkeypatch: pytest.MonkeyPatch, cap: int
-) -> None:
-    """The 16-warp rows (27B's 17,408-wide v over its divisor) under `WIDE_MAXNREG`: ptxas may
-    schedule or spill differently, never compute differently, so the codes and scales equal the
-    uncapped kernel's and the torch reference's (under the interpreter the cap is not passed on,
-    and only the reference is checked)."""
-    import engine.kernels.quant as kq
-
-    k = 17_408
-    assert kq.resident_blocking(k, False) is not None and kq.resident_blocking(k, False)[1] == 16
-    x = _rows(gen, 64 if ON_CUDA else 3, k, dev, torch.float32)
-    x[1] = 0.0  # an all-zero row: scale 0, q 0
-    x[2, :9] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -4.5])  # exact ties
-    div = (torch.rand(k, generator=gen) + 0.5).to(dev)
-    monkeypatch.setattr(kq, "WIDE_MAXNREG", None)
-    q_free, s_free = quantize_rows(x, div, backend="triton")
-    monkeypatch.setattr(kq, "WIDE_MAXNREG", cap)
-    q_cap, s_cap = quantize_rows(x, div, backend="triton")
-    q_ref, s_ref = quantize_rows_reference(x, div)
-    assert torch.equal(s_cap, s_free) and torch.equal(q_cap, q_free)
-    assert torch.equal(s_cap, s_ref) and torch.equal(q_cap, q_ref)
-
-
 def test_long_rows_take_the_long_row_kernel() -> None:
     """Where the line falls at the default RESIDENT_VALUES (the launches recorded, not run):
     rows up to 24,576 plain (the 27B MLP's 17,408 among them, at 16 warps) and 8,192 normed are
