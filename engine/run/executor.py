@@ -233,12 +233,13 @@ def _gate_up(layer: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ffn_gate(x) and ffn_up(x). Where a CUDA body stored them interleaved (`int8_rows.input_group`:
     the layer's entries are then strided row views, which Hopper's CUTLASS GEMM does not take), one
     GEMM over the stored weight and its even and odd columns: the same exact dots and epilogue, so
-    the same bits, at the stacked GEMM's speed (the image evidence path runs here on a GPU)."""
+    the same bits, at the stacked GEMM's speed (the image evidence path runs here on a GPU). The
+    columns stay views: `elementwise`'s activations give an element the same bits wherever it sits,
+    so no copy is needed (`_spanwise` still copies each span, as for every layer)."""
     group = stored_group(layer, MLP_INPUTS)
     if group is None:
         return linear(x, layer["ffn_gate"]), linear(x, layer["ffn_up"])
-    gate, up = split_gate_up(linear(x, group.linear))
-    return gate.contiguous(), up.contiguous()
+    return split_gate_up(linear(x, group.linear))
 
 
 def _mlp(layer: dict, x: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> torch.Tensor:
