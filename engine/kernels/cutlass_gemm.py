@@ -50,6 +50,11 @@ import torch
 log = structlog.get_logger(__name__)
 
 HEADER = Path(__file__).resolve().parent / "cuda" / "int8_gemm_sm90.cuh"
+# The long attention tier's own causal block (`forest_attention.FMHA_LONG_TIER`): CUTLASS's Hopper
+# FMHA example kernel with a tile scheduler and an epilogue of ours, one translation unit of its own
+# in the same library (its header names what it takes from the example and why).
+FMHA_HEADER = HEADER.parent / "forest_fmha_sm90.cuh"
+FMHA_UNIT = "forest_fmha"
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "cutlass"
 LIBRARY_NAME = "libprism_int8_gemm.so"
@@ -378,8 +383,9 @@ def config_for(m: int, n: int | None = None, sm_count: int | None = None) -> str
 
 
 def digest(configs: tuple[CutlassConfig, ...] = CONFIGS) -> str:
-    """Names the build: the header's text and every config's source."""
+    """Names the build: the headers' text and every config's source."""
     h = hashlib.sha256(HEADER.read_bytes())
+    h.update(FMHA_HEADER.read_bytes())
     for c in configs:
         h.update(c.source().encode())
     return h.hexdigest()[:16]
@@ -421,7 +427,7 @@ def _nvcc() -> str:
 
 def _cutlass_include() -> list[Path]:
     """CUTLASS's headers: CUTLASS_HOME, the toolchain folder's nvidia-cutlass, or that wheel on
-    sys.path."""
+    sys.path; with them its Hopper FMHA example's folder, whose collective the FMHA unit includes."""
     home = os.environ.get("CUTLASS_HOME")
     if home:
         root = Path(home)
@@ -434,7 +440,7 @@ def _cutlass_include() -> list[Path]:
         if spec is None or spec.origin is None:
             raise FileNotFoundError("no CUTLASS headers: set CUTLASS_HOME or run `make cutlass`")
         root = Path(spec.origin).parent / "source"
-    return [root / "include", root / "tools" / "util" / "include"]
+    return [root / "include", root / "tools" / "util" / "include", root / "examples" / "88_hopper_fmha"]
 
 
 def build(
@@ -447,25 +453,32 @@ def build(
     work = lib.parent / "src"
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(HEADER, work / HEADER.name)
+    shutil.copy(FMHA_HEADER, work / FMHA_HEADER.name)
     nvcc = _nvcc()
     cuda_root = Path(nvcc).resolve().parent.parent
     flags = [
-        "-std=c++17", "-O3", "-DNDEBUG", "-fmad=false", "--expt-relaxed-constexpr",
+        "-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr",
         "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
         f"-I{work}",
     ] + [f"-I{p}" for p in _cutlass_include()]  # fmt: skip
+    # (name, source, extra flags): the GEMMs without FMA contraction (their epilogue's bits); the
+    # FMHA unit with it, as CUTLASS builds it (its bits need only be the same run to run)
+    units = [(c.name, c.source(), ["-fmad=false"]) for c in configs]
+    units.append((FMHA_UNIT, f'#include "{FMHA_HEADER.name}"\n', []))
 
-    def compile_one(c: CutlassConfig) -> Path:
-        src = work / f"{c.name}.cu"
-        src.write_text(c.source())
-        obj = work / f"{c.name}.o"
-        run = subprocess.run([nvcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+    def compile_one(unit: tuple[str, str, list[str]]) -> Path:
+        name, source, extra = unit
+        src = work / f"{name}.cu"
+        src.write_text(source)
+        obj = work / f"{name}.o"
+        cmd = [nvcc, *flags, *extra, "-c", str(src), "-o", str(obj)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
-            raise RuntimeError(f"nvcc failed on {c.name}:\n{run.stderr[-4000:]}")
+            raise RuntimeError(f"nvcc failed on {name}:\n{run.stderr[-4000:]}")
         return obj
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        objects = list(pool.map(compile_one, configs))
+        objects = list(pool.map(compile_one, units))
     tmp = lib.with_suffix(".tmp")
     link = [nvcc, "-shared", "-cudart", "static", f"-L{cuda_root / 'lib'}", f"-L{cuda_root / 'lib64'}"]
     link += ["-gencode=arch=compute_90a,code=sm_90a", "-o", str(tmp), *map(str, objects)]
@@ -502,6 +515,43 @@ class Library:
             ws.argtypes = [ctypes.c_int] * 3
             self._workspace_bytes[c.name] = ws
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
+        # (q, k, v, out, lse, tiles, count, capacity, rows, kv_rows, heads, kv heads, stream); None in
+        # a library built before the unit existed (`PRISM_CUTLASS_LIB`)
+        self._forest_fmha = getattr(self._lib, "prism_forest_fmha", None)
+        if self._forest_fmha is not None:
+            self._forest_fmha.restype = ctypes.c_int
+            self._forest_fmha.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+
+    @property
+    def has_forest_fmha(self) -> bool:
+        return self._forest_fmha is not None
+
+    def forest_fmha(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        tiles: torch.Tensor,
+        count: torch.Tensor,
+        rows: int,
+    ) -> None:
+        """The long tier's own causal blocks (`cuda/forest_fmha_sm90.cuh`): q bf16 [>= rows + 128,
+        nh, 256], k / v bf16 [nkv, kv_rows, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
+        and lse fp32 [rows, nh] get the listed tiles' rows (`forest_attention.fmha_plan`'s tiles
+        int32 [capacity, 4] and count int32 [1]). The caller checks shapes and dtypes."""
+        if self._forest_fmha is None:
+            raise RuntimeError(f"{self.path} has no forest FMHA unit: rebuild it (`make cutlass`)")
+        nkv, kv_rows, _ = k.shape
+        with torch.cuda.device(q.device):
+            rc = self._forest_fmha(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), tiles.data_ptr(),
+                count.data_ptr(), tiles.shape[0], rows, kv_rows, q.shape[1], nkv,
+                torch.cuda.current_stream(q.device).cuda_stream,
+            )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"CUTLASS forest FMHA failed ({rc}) at rows={rows} heads={q.shape[1]}/{nkv}")
 
     def _workspace(self, name: str, m: int, n: int, k: int, device: torch.device) -> int:
         """A zeroed buffer per (config, shape, device), kept: a captured graph holds its address,

@@ -502,6 +502,7 @@ def launch_prep(
     packed: bool,
     part: str = "all",
     q_dtype: torch.dtype = torch.float32,
+    pad_rows: int = 0,
 ) -> torch.Tensor:
     """Run the prep kernel over decode rows (`engine.kernels.decode_rows`) or packed forest rows
     (`engine.kernels.forest_tables`, `packed`) and return the normed, rotated queries.
@@ -511,7 +512,9 @@ def launch_prep(
     value heads only, as the kernel built with NH = 0 (every program is then a KV head: the same
     instructions on the same inputs, one constant apart, so the same stored bits - tested) and
     returns an empty [n, 0, hd] query tensor. Why: the body's last layer needs every row's keys
-    and values (the segments' states) but the queries of its read rows only."""
+    and values (the segments' states) but the queries of its read rows only. `pad_rows`: the
+    queries are the first n rows of a buffer with that many more (uninitialized) rows, for a
+    reader whose tiles may run past the last row (`forest_attention`'s FMHA tier)."""
     if part not in PREP_PARTS:
         raise ValueError(f"part must be one of {PREP_PARTS}, got {part!r}")
     _check_alignment(pieces)
@@ -523,7 +526,9 @@ def launch_prep(
     device = x.k.device if part == "keys" else x.qg.device
     if q_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"q_dtype must be float32 or bfloat16, got {q_dtype}")
-    q_out = torch.empty(n, 0 if part == "keys" else nh, hd, dtype=q_dtype, device=device)
+    if pad_rows < 0:
+        raise ValueError(f"pad_rows must be >= 0, got {pad_rows}")
+    q_out = torch.empty(n + pad_rows, 0 if part == "keys" else nh, hd, dtype=q_dtype, device=device)[:n]
     if n == 0:
         return q_out
     grid_heads = {"all": nh + nkv, "queries": nh, "keys": nkv}[part]

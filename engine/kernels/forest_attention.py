@@ -143,6 +143,22 @@ ZERO_DEAD_ROWS_ONLY = False
 # tokens a 27B layer writes and reads 100 MB of queries less (201 MB fp32) and skips the q16
 # staging copy (another 100 MB). Built on the CPU (session 22), not yet timed: off.
 QUERIES_BF16 = False
+# Whether the last large-block tier (segments of at least TIER_LENGTH tokens; head_dim 256, bf16
+# dots) attends its segments' own causal block in CUTLASS's Hopper FMHA kernel
+# (`cutlass_gemm.Library.forest_fmha`, `cuda/forest_fmha_sm90.cuh`: a TMA producer warp group, two
+# wgmma consumer groups, 128 query rows by 64-key steps) instead of its Triton tiles; the tier's
+# Triton kernel then walks the ancestors as before and folds the kernel's (output, LSE) in as one
+# more piece (`OWN_FMHA`), then the gate. Why: the Triton tier runs head 256 at ~300-330 TFLOP/s
+# (255 registers, spills); the example kernel ran 590-655 on the same H100 (session 28), ~1 ms a
+# 27B layer at 8k. Other rounding than the Triton tier (another tile and softmax order), the same
+# invariance: a segment's tiles read its own rows only (the header says why). Off until an H200
+# times it in the engine and #27's accuracy check passes with it; on CUDA it needs the library.
+FMHA_LONG_TIER = False
+FMHA_TILE = 128  # query rows of the FMHA kernel's tile: the unit of its work list
+# Rows past the call's last that a segment's tail tile may read: Q and the K/V shadow carry them
+# (K/V zeroed: a value the kernel multiplies by a probability of 0 must be finite).
+FMHA_PAD = 128
+FMHA_HEAD_DIM = 256  # the one head size the library's kernel is built for
 # `_zero_dead_rows_kernel`'s tile: rows a program checks, and columns it stores a step.
 ZERO_ROWS = 16
 ZERO_COLUMNS = 1024
@@ -492,11 +508,11 @@ def _long_tile(
 
 
 def _long_attention_kernel(
-    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, q16_ptr, t_rows,
-    stride_qg, qk_scale,
+    q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, q16_ptr, lse_ptr,
+    t_rows, stride_qg, qk_scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, LONG_MAX: tl.constexpr,
-    KV16: tl.constexpr, Q16: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
+    KV16: tl.constexpr, Q16: tl.constexpr, OWN_FMHA: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
     # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
     # query blocks last first, so the longest causal walks start first
@@ -556,31 +572,43 @@ def _long_attention_kernel(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
                 HD, BLA, DOTS, True, False, False, ON_GPU,
             )  # fmt: skip
-    n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
-    full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
-    if KV16:  # the own keys' bf16 shadow: [NKV, T, HD], row = packed token
-        k_base = k16_ptr + (kvh * t_rows + tok_lo) * HD
-        v_base = v16_ptr + (kvh * t_rows + tok_lo) * HD
+    o_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
+    if OWN_FMHA:  # the own block is done (`forest_fmha`): its normalised output in out, its LSE
+        # (natural, of the scaled scores) in lse: one more piece of weight exp(lse) and sum 1
+        m_p = tl.load(lse_ptr + rows * NH + h, mask=valid, other=0.0) * _LOG2E
+        m_new = tl.maximum(m, m_p)
+        alpha = tl.exp2(m - m_new)  # 0 without ancestors (m = -inf)
+        beta = tl.exp2(m_p - m_new)
+        total = total * alpha + beta
+        o_lo = tl.load(out_ptr + o_at, mask=valid[:, None], other=0.0)
+        acc_lo = acc_lo * alpha[:, None] + o_lo * beta[:, None]
+        o_hi = tl.load(out_ptr + HH + o_at, mask=valid[:, None], other=0.0)
+        acc_hi = acc_hi * alpha[:, None] + o_hi * beta[:, None]
     else:
-        rec = pieces_ptr + (seg * P + P - 1) * 4
-        head_rows = tl.load(rec + 3)
-        k_off, v_off = _piece_offsets(rec, ALIGN)
-        k_base = base_ptr + k_off + kvh * head_rows * HD
-        v_base = base_ptr + v_off + kvh * head_rows * HD
-    for start in range(0, full, BL):
-        m, total, acc_lo, acc_hi = _long_tile(
-            q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-            HD, BL, DOTS, False, False, KV16, ON_GPU,
-        )  # fmt: skip
-    for start in range(full, n, BL):
-        m, total, acc_lo, acc_hi = _long_tile(
-            q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-            HD, BL, DOTS, True, True, KV16, ON_GPU,
-        )  # fmt: skip
+        n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
+        full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
+        if KV16:  # the own keys' bf16 shadow: [NKV, t_rows, HD], row = packed token
+            k_base = k16_ptr + (kvh * t_rows + tok_lo) * HD
+            v_base = v16_ptr + (kvh * t_rows + tok_lo) * HD
+        else:
+            rec = pieces_ptr + (seg * P + P - 1) * 4
+            head_rows = tl.load(rec + 3)
+            k_off, v_off = _piece_offsets(rec, ALIGN)
+            k_base = base_ptr + k_off + kvh * head_rows * HD
+            v_base = base_ptr + v_off + kvh * head_rows * HD
+        for start in range(0, full, BL):
+            m, total, acc_lo, acc_hi = _long_tile(
+                q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                HD, BL, DOTS, False, False, KV16, ON_GPU,
+            )  # fmt: skip
+        for start in range(full, n, BL):
+            m, total, acc_lo, acc_hi = _long_tile(
+                q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
+                HD, BL, DOTS, True, True, KV16, ON_GPU,
+            )  # fmt: skip
 
     inv = 1.0 / tl.where(total > 0, total, 1.0)
     g_at = rows[:, None] * stride_qg + h * 2 * HD + HD + offs_d[None, :]
-    o_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
     gate = tl.load(qg_ptr + g_at, mask=valid[:, None], other=0.0)
     o = (acc_lo * inv[:, None]) * (1.0 / (1.0 + tl.exp(-gate)))
     tl.store(out_ptr + o_at, o, mask=valid[:, None])
@@ -614,6 +642,33 @@ def _shadow_kernel(
     k_off, v_off = _piece_offsets(own, ALIGN)
     tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + k_off + at), ON_GPU))
     tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + v_off + at), ON_GPU))
+
+
+def _fmha_plan_kernel(
+    segs_ptr, tiles_ptr, count_ptr, n_segs, capacity,
+    LONG_MIN: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr, ON_GPU: tl.constexpr,
+):  # fmt: skip
+    """One program: the FMHA tier's work list. For every live segment of at least LONG_MIN tokens,
+    in slot order, its TILE-row query tiles last first (the longest causal walks start first):
+    tiles[i] = (segment-local tile, first packed row, length, 0), and count. A tile's place in the
+    list decides only which CTA runs it, never its bits."""
+    done = n_segs * 0
+    for s in range(0, n_segs):
+        length = tl.load(segs_ptr + s * 8 + 1)
+        live = tl.load(segs_ptr + s * 8 + 7)
+        row = tl.load(segs_ptr + s * 8)
+        n = tl.where((live != 0) & (length >= LONG_MIN), (length + TILE - 1) // TILE, 0)
+        for start in range(0, n, CHUNK):
+            i = start + tl.arange(0, CHUNK)
+            at = done + i
+            ok = (i < n) & (at < capacity)
+            entry = tiles_ptr + at * 4
+            tl.store(entry, (n - 1 - i).to(tl.int32), mask=ok)
+            tl.store(entry + 1, (row + i * 0).to(tl.int32), mask=ok)
+            tl.store(entry + 2, (length + i * 0).to(tl.int32), mask=ok)
+            tl.store(entry + 3, (i * 0).to(tl.int32), mask=ok)
+        done += n
+    tl.store(count_ptr, tl.minimum(done, capacity).to(tl.int32))
 
 
 def _split_plan_kernel(
@@ -785,6 +840,7 @@ _attn = kernel(_attention_kernel)
 _long_attn = kernel(_long_attention_kernel)
 _shadow = kernel(_shadow_kernel)
 _split_plan = kernel(_split_plan_kernel)
+_fmha_plan = kernel(_fmha_plan_kernel)
 _split = kernel(_split_kernel)
 _zero_dead_rows = kernel(_zero_dead_rows_kernel)
 
@@ -848,11 +904,13 @@ def forest_attention_prep(
     *,
     part: str = "all",
     q_dtype: torch.dtype = torch.float32,
+    pad_rows: int = 0,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Normed, rotated queries [T, nh, hd] (fp32, or rounded to bf16 for bf16 dots: `q_dtype`,
     `QUERIES_BF16`); stores each live row's key and value in its segment's own K/V block (the last
-    piece of `pieces[seg]`) at the row's local index.
+    piece of `pieces[seg]`) at the row's local index. `pad_rows`: the queries are the first T rows
+    of a buffer with that many more (`FMHA_PAD` lets the FMHA tier read them in place).
 
     rows [T, 4], segs [S, 8] and one attention layer's pieces [S, P, 4] as in
     `engine.kernels.forest_tables`; `x` as in `PrepInputs`. `part` (`PREP_PARTS`): "queries"
@@ -882,7 +940,9 @@ def forest_attention_prep(
     _check_head_dim(heads.head_dim)
     if part == "queries":  # placeholders for the never-read k / v pointers: the query rows
         x = x._replace(k=x.qg, v=x.qg)
-    return launch_prep(x, base, rows, pieces, heads, packed=True, part=part, q_dtype=q_dtype)
+    return launch_prep(
+        x, base, rows, pieces, heads, packed=True, part=part, q_dtype=q_dtype, pad_rows=pad_rows
+    )
 
 
 def forest_attention(
@@ -898,6 +958,7 @@ def forest_attention(
     dots: str = "ieee",
     long: LongConfig | tuple[LongConfig, ...] | bool = True,
     split: SplitConfig | bool | None = None,
+    fmha: bool | None = None,
     backend: Backend = "triton",
 ) -> torch.Tensor:
     """Gated attention output fp32 [T, nh * hd] of queries q [T, nh, hd] over their segments' pieces.
@@ -914,6 +975,10 @@ def forest_attention(
     only, `SplitConfig`): True is the shipped config (`split_config`), False walks every
     block's ancestors in its own program (the previous behaviour), a SplitConfig is that config,
     None is `SPLIT_BY_DEFAULT`.
+    `fmha`: the last tier's own blocks in CUTLASS's FMHA kernel (`FMHA_LONG_TIER`, None: that
+    setting); it applies where that tier is unbounded, bf16 with the K/V shadow, at head_dim
+    FMHA_HEAD_DIM. On CUDA it needs the CUTLASS library's FMHA unit; under the interpreter
+    `forest_fmha_reference` stands in for the kernel.
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
@@ -961,14 +1026,18 @@ def forest_attention(
     group = nh // num_kv_heads
     common = dict(NH=nh, HD=hd, G=group, P=pieces.shape[1], DOTS=dots)
     tiers = tuple(c for c in tiers if c.min_length <= t)  # a tier no segment of T rows reaches: idle
+    fmha_tier = _fmha_tier(tiers, hd, dots, FMHA_LONG_TIER if fmha is None else fmha, q.device)
     # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding the
     # rounded values
     dt = torch.float32 if interpreting() else torch.bfloat16
-    k16 = v16 = q16 = base  # not read
+    k16 = v16 = q16 = lse = base  # not read
+    kv_rows = t + FMHA_PAD if fmha_tier is not None else t
     if tiers and dots == "bf16" and any(c.bf16_kv for c in tiers):
-        # transient bf16 copies of the long segments' own K/V (storage stays fp32)
-        k16 = torch.empty(num_kv_heads, t, hd, dtype=dt, device=q.device)
-        v16 = torch.empty_like(k16)
+        # transient bf16 copies of the long segments' own K/V (storage stays fp32); zeroed for the
+        # FMHA tier, whose tail tiles read rows the shadow does not write
+        alloc = torch.zeros if fmha_tier is not None else torch.empty
+        k16 = alloc(num_kv_heads, kv_rows, hd, dtype=dt, device=q.device)
+        v16 = torch.empty_like(k16) if fmha_tier is None else torch.zeros_like(k16)
     staged = q.dtype == torch.float32  # bf16 queries are loaded as the staged copy would be
     if tiers and dots == "bf16" and staged and any(c.q16 for c in tiers):
         q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
@@ -979,16 +1048,19 @@ def forest_attention(
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if tiers and k16 is not base:
             _shadow[(t, num_kv_heads)](
-                base, rows, segs, pieces, k16, v16, t,
+                base, rows, segs, pieces, k16, v16, kv_rows,
                 HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ALIGN=PIECE_ALIGN, num_warps=1,
             )  # fmt: skip
+        if fmha_tier is not None:  # its segments' own blocks first: (output, LSE) into out and lse
+            lse = _fmha_own_blocks(q, k16, v16, out, segs, fmha_tier.min_length, num_kv_heads)
         for cfg in tiers:
             kv16 = dots == "bf16" and cfg.bf16_kv
             _long_attn[(nh, qblocks.shape[0])](
                 q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
-                q16 if q16 is not base and cfg.q16 else base, t, qg.stride(0), hd**-0.5 * _LOG2E,
+                q16 if q16 is not base and cfg.q16 else base, lse, kv_rows, qg.stride(0), hd**-0.5 * _LOG2E,
                 BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
-                LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16, ALIGN=PIECE_ALIGN,
+                LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16,
+                OWN_FMHA=cfg is fmha_tier, ALIGN=PIECE_ALIGN,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
             )  # fmt: skip
     rank = ws_ml = ws_acc = ml = out  # not read without a split
@@ -1006,6 +1078,85 @@ def forest_attention(
     if side is not None:
         main.wait_stream(side)
     return out
+
+
+def _fmha_tier(
+    tiers: tuple[LongConfig, ...], head_dim: int, dots: str, wanted: bool, device: torch.device
+) -> LongConfig | None:
+    """The tier whose own blocks the FMHA kernel takes, or None: the last tier, if wanted and it
+    is unbounded, bf16 with the K/V shadow, at FMHA_HEAD_DIM. On CUDA the library must have the
+    kernel: a silent fallback would give other bits than the setting promises."""
+    if not wanted or not tiers or dots != "bf16" or head_dim != FMHA_HEAD_DIM:
+        return None
+    last = tiers[-1]
+    if last.max_length or not last.bf16_kv:
+        return None
+    if device.type == "cuda":
+        from engine.kernels import cutlass_gemm
+
+        lib = cutlass_gemm.library()
+        if lib is None or not lib.has_forest_fmha:
+            raise RuntimeError(
+                "FMHA_LONG_TIER needs the CUTLASS library with its FMHA unit on an sm_90 GPU (`make cutlass`)"
+            )
+    return last
+
+
+def fmha_capacity(t: int, long_min: int) -> int:
+    """Entries of the FMHA work list for T rows: at most T / FMHA_TILE whole tiles plus one partial
+    tile per segment of at least long_min tokens, so the list never overflows."""
+    return t // FMHA_TILE + t // long_min + 1
+
+
+def fmha_plan(segs: torch.Tensor, t: int, long_min: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FMHA tier's work list (`_fmha_plan_kernel`): tiles int32 [capacity, 4], count int32 [1]."""
+    cap = fmha_capacity(t, long_min)
+    tiles = torch.empty(cap, 4, dtype=torch.int32, device=segs.device)
+    count = torch.empty(1, dtype=torch.int32, device=segs.device)
+    _fmha_plan[(1,)](
+        segs, tiles, count, segs.shape[0], cap, LONG_MIN=long_min, TILE=FMHA_TILE, CHUNK=64, num_warps=1
+    )  # fmt: skip
+    return tiles, count
+
+
+def _fmha_queries(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """q as the FMHA kernel reads it: bf16 values (dtype: bf16, or fp32 under the interpreter) with
+    FMHA_PAD rows after the last. In place where the prep made them (`pad_rows`), else a copy
+    rounded to nearest even (the rounding the Triton tier applies in registers)."""
+    t, nh, hd = q.shape
+    need = (q.storage_offset() + (t + FMHA_PAD) * nh * hd) * q.element_size()
+    if q.dtype == dtype and q.is_contiguous() and q.untyped_storage().nbytes() >= need:
+        return q
+    padded = torch.empty(t + FMHA_PAD, nh, hd, dtype=dtype, device=q.device)
+    padded[:t] = q.to(torch.bfloat16)
+    return padded
+
+
+def _fmha_own_blocks(
+    q: torch.Tensor,
+    k16: torch.Tensor,
+    v16: torch.Tensor,
+    out: torch.Tensor,
+    segs: torch.Tensor,
+    long_min: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """The FMHA tier's own causal blocks: plan the list, then the kernel (CUDA) or its torch
+    stand-in (interpreter) writes each listed row's normalised output into out and returns the
+    rows' LSE [T, nh] fp32 (rows outside the tier's segments are not written)."""
+    t, nh, _ = q.shape
+    tiles, count = fmha_plan(segs, t, long_min)
+    lse = torch.empty(t, nh, dtype=torch.float32, device=q.device)
+    qp = _fmha_queries(q, k16.dtype)
+    if q.is_cuda:
+        from engine.kernels import cutlass_gemm
+
+        lib = cutlass_gemm.library()
+        assert lib is not None  # `_fmha_tier` checked
+        lib.forest_fmha(qp, k16, v16, out, lse, tiles, count, t)
+    else:
+        forest_fmha_reference(qp, k16, v16, out, lse, tiles, count)
+    return lse
 
 
 @functools.cache
@@ -1069,6 +1220,39 @@ def _launch_split(
 
 
 # ------------------------------------------------------------------------ torch references
+def forest_fmha_reference(
+    q: torch.Tensor,
+    k16: torch.Tensor,
+    v16: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    tiles: torch.Tensor,
+    count: torch.Tensor,
+) -> None:
+    """What `cutlass_gemm.Library.forest_fmha` computes, in fp32 torch: for each listed tile
+    (segment-local tile m, first packed row, length), its rows' causal softmax over the segment's
+    own keys from key 0 (k16 / v16 [nkv, rows, hd] at packed rows, q [rows, nh, hd]; bf16 values),
+    the normalised output into out [rows, nh * hd] and the natural LSE of the scaled scores into
+    lse [rows, nh], rows past the segment's length not written. The kernel's oracle, and its
+    stand-in under the interpreter."""
+    nkv, _, hd = k16.shape
+    nh = q.shape[1]
+    group = nh // nkv
+    for m, row, length, _ in tiles[: int(count[0])].tolist():
+        lo, hi = m * FMHA_TILE, min((m + 1) * FMHA_TILE, length)
+        if lo >= hi:
+            continue
+        qs = q[row + lo : row + hi].float().transpose(0, 1)  # [nh, n, hd]
+        keys = k16[:, row : row + hi].float().repeat_interleave(group, dim=0)  # [nh, hi, hd]
+        values = v16[:, row : row + hi].float().repeat_interleave(group, dim=0)
+        scores = (qs @ keys.transpose(1, 2)) * hd**-0.5  # [nh, n, hi]
+        seen = torch.arange(hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
+        scores = scores.masked_fill(~seen, float("-inf"))
+        lse[row + lo : row + hi] = torch.logsumexp(scores, dim=-1).transpose(0, 1)
+        o = torch.softmax(scores, dim=-1) @ values  # [nh, n, hd]
+        out[row + lo : row + hi] = o.transpose(0, 1).reshape(hi - lo, nh * hd)
+
+
 def forest_attention_prep_reference(
     x: PrepInputs,
     base: torch.Tensor,

@@ -1081,6 +1081,16 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention's queries stored in bf16 by the prep (every bf16-dot
     # kernel rounds them so anyway; no q16 staging): the same bits
     "tc64inv-qbf16": _tc64inv(set={"engine.kernels.forest_attention.QUERIES_BF16": True}),
+    # the CUDA default with the long tier's own causal blocks in CUTLASS's Hopper FMHA kernel
+    # (`forest_attention.FMHA_LONG_TIER`; other bits in the long tier's segments), alone and with
+    # the prep's bf16 queries, which the kernel then reads in place (padded rows, no copy)
+    "tc64inv-fmha": _tc64inv(set={"engine.kernels.forest_attention.FMHA_LONG_TIER": True}),
+    "tc64inv-fmhaqbf16": _tc64inv(
+        set={
+            "engine.kernels.forest_attention.FMHA_LONG_TIER": True,
+            "engine.kernels.forest_attention.QUERIES_BF16": True,
+        }
+    ),
     # sessions 21 and 22's same-bits prefill candidates together (zeroed dead rows only, bf16
     # queries, the gated norm in tiles of 16 heads): what flipping all three would give
     "tc64inv-prefill22": _tc64inv(

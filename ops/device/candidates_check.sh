@@ -12,6 +12,8 @@
 #   STAGE=narrow64 bash ops/device/candidates_check.sh # 64x40 / 64x32 tiles for the decoder's narrow outputs (~2 min)
 #   STAGE=pairs   bash ops/device/candidates_check.sh  # the one-GEMM SwiGLU: bit tests, alone, tile A/B (~10 min)
 #   STAGE=oldnew  bash ops/device/candidates_check.sh  # an older commit's default against this one's (~2 min)
+#   STAGE=fmha    bash ops/device/candidates_check.sh  # the FMHA long tier: CUDA tests, 27B A/B with clocks (~7 min)
+#   STAGE=fmhaacc bash ops/device/candidates_check.sh  # the FMHA long tier: 4B accuracy against fp32, both ways (~4 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -107,6 +109,34 @@ oldnew)
     run_tree new2 "$root"
     for f in old1 new1 old2 new2; do
         echo "== $f (CUTLASS library loaded: $(grep -c cutlass_loaded "$OUT/$f.log"))"; grep -E "^(---|a_one|b_three|b_readme|c_one|d_64)" "$OUT/$f.log" | cut -c1-130
+    done
+    ;;
+fmha)
+    # session 29's FMHA long tier (`forest_attention.FMHA_LONG_TIER`, the CUTLASS library's FMHA
+    # unit): its CUDA tests (the kernel against its torch reference, alone == packed, the tier in
+    # forest_attention), then the 27B engine A/B (FMHA_VARIANTS) with the SM clock sampled beside
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+        --format=csv -lms 500 > "$OUT/clocks.csv" 2>/dev/null &
+    sampler=$!
+    timeout 200 python3 -m pytest -q -p no:cacheprovider $K/test_kernel_forest_attention.py -k "fmha or 27b_tiers" \
+        > "$OUT/fmha-tests.log" 2>&1
+    echo "tests rc=$?"; tail -6 "$OUT/fmha-tests.log"
+    timeout 330 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
+        --variants "${FMHA_VARIANTS:-tc64inv,tc64inv-fmha,tc64inv-fmhaqbf16,tc64inv}" \
+        --json "$OUT/engine-fmha.json" > "$OUT/engine-fmha.log" 2>&1
+    echo "bench rc=$?"
+    kill "$sampler" 2>/dev/null
+    grep -E "^(---|a_one|b_three|b_readme|c_one|d_64)" "$OUT/engine-fmha.log" | cut -c1-400
+    tail -3 "$OUT/engine-fmha.log"
+    ;;
+fmhaacc)
+    # #27's accuracy check for the FMHA tier at 4B: the default's read-outs and the FMHA tier's
+    # against the fp32 path (2,048-token forests reach the long tier, >= 1,024 tokens)
+    for on in False True; do
+        timeout 260 python3 ops/bench/bench_engine.py --shape 4B --accuracy --accuracy-settings tc64inv \
+            --accuracy-long 4 --set "engine.kernels.forest_attention.FMHA_LONG_TIER=$on" \
+            --json "$OUT/accuracy-fmha-$on.json" > "$OUT/accuracy-fmha-$on.log" 2>&1
+        echo "accuracy FMHA=$on rc=$?"; grep -E "tc64inv" "$OUT/accuracy-fmha-$on.log" | cut -c1-400
     done
     ;;
 session)

@@ -184,7 +184,9 @@ def test_each_config_source_declares_its_entry_points() -> None:
     assert "-fmad=false" in Path(cutlass_gemm.__file__).read_text()  # the epilogue's bits depend on it
 
 
-def test_the_digest_names_the_header_and_the_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_digest_names_the_headers_and_the_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base = cutlass_gemm.digest()
     assert cutlass_gemm.digest() == base
     assert cutlass_gemm.digest(cutlass_gemm.CANDIDATES) != base
@@ -193,6 +195,11 @@ def test_the_digest_names_the_header_and_the_configs(tmp_path: Path, monkeypatch
     monkeypatch.setattr(cutlass_gemm, "HEADER", edited)
     assert cutlass_gemm.digest() != base
     assert cutlass_gemm.default_library().parent.name == cutlass_gemm.digest()
+    monkeypatch.undo()
+    fmha = tmp_path / cutlass_gemm.FMHA_HEADER.name  # the FMHA unit's header is in the build too
+    fmha.write_text(cutlass_gemm.FMHA_HEADER.read_text() + "\n// edited\n")
+    monkeypatch.setattr(cutlass_gemm, "FMHA_HEADER", fmha)
+    assert cutlass_gemm.digest() != base
 
 
 def test_calls_it_cannot_take_stay_with_triton(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,14 +238,18 @@ def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pyte
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
     assert hasattr(lib, "prism_int8_gemm_swiglu_pairs_p64x128x128")
+    assert hasattr(lib, "prism_forest_fmha")
     assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
 
 
 def test_the_build_finds_cutlass_from_its_wheel_or_home(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    def includes(root: Path) -> list[Path]:  # the headers, then the FMHA example's folder
+        return [root / "include", root / "tools" / "util" / "include", root / "examples" / "88_hopper_fmha"]
+
     monkeypatch.setenv("CUTLASS_HOME", str(tmp_path))
-    assert cutlass_gemm._cutlass_include() == [tmp_path / "include", tmp_path / "tools" / "util" / "include"]
+    assert cutlass_gemm._cutlass_include() == includes(tmp_path)
     monkeypatch.delenv("CUTLASS_HOME")
     toolchain = tmp_path / "toolchain"
     monkeypatch.setattr(cutlass_gemm, "TOOLCHAIN", toolchain)
@@ -248,7 +259,7 @@ def test_the_build_finds_cutlass_from_its_wheel_or_home(
     # `make cutlass` unpacks the wheel into the toolchain folder, which is searched before sys.path
     source = toolchain / "cutlass_library" / "source"
     (source / "include").mkdir(parents=True)
-    assert cutlass_gemm._cutlass_include() == [source / "include", source / "tools" / "util" / "include"]
+    assert cutlass_gemm._cutlass_include() == includes(source)
 
 
 def test_the_toolchain_is_unpacked_apart_from_the_venv(

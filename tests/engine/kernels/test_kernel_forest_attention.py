@@ -9,6 +9,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -1113,3 +1114,246 @@ def test_27b_read_rows_in_the_decode_kernel_alone_equal_packed_and_within_bound(
     bound = 2 * unit * (1 + unit) * float(base.abs().max())
     err = (packed - want[idx]).abs().max()
     assert err <= bound + 1e-5, f"splits {splits}: {err:.3g} over {bound:.3g}"
+
+
+# ------------------------------------------------------------------ the FMHA tier (own blocks)
+def _plan_oracle(segs: torch.Tensor, long_min: int) -> list[list[int]]:
+    """The work list by hand: every live segment of at least long_min tokens, in slot order, its
+    128-row tiles last first, as (tile, first row, length, 0)."""
+    want = []
+    for tok_lo, length, *rest in segs.tolist():
+        if rest[SEG_LIVE - 2] and length >= long_min:
+            n = -(-length // fa.FMHA_TILE)
+            want += [[m, tok_lo, length, 0] for m in reversed(range(n))]
+    return want
+
+
+def test_fmha_plan_lists_the_long_segments_tiles_last_first(dev: torch.device) -> None:
+    """The plan kernel against its hand-made list: long live segments only (a dead long slot and
+    a short one skipped), a segment of exactly one tile, one a row past a tile, one of many
+    chunks; the count, and a capacity that holds the worst case."""
+    lengths = [(0, 1000, 1), (1000, 1024, 1), (2024, 300, 1), (2324, 5000, 0), (2324, 1153, 1),
+               (3477, 128 * 70 + 5, 1)]  # fmt: skip
+    segs = torch.tensor([_seg_record(*r) for r in lengths], dtype=torch.int64, device=dev)
+    t = 3477 + 128 * 70 + 5
+    tiles, count = fa.fmha_plan(segs, t, 1024)
+    want = _plan_oracle(segs.cpu(), 1024)
+    assert int(count[0]) == len(want)
+    assert tiles[: len(want)].tolist() == want
+    assert tiles.shape[0] == fa.fmha_capacity(t, 1024) >= len(want)
+
+
+def test_fmha_capacity_holds_every_forest() -> None:
+    """The list's capacity against forests of T rows built to need many tiles: as many long
+    segments as fit, each a row past a whole number of tiles (every one with a one-row tail tile),
+    one segment of all the rows, and random splits of T into long segments and a short rest."""
+    rng = random.Random(5)
+    for long_min in (128, 1000, 1024):
+        for t in (long_min, 1500, 4096, 8192, 8192 + 7):
+            forests = [[t]]
+            step = -(-(long_min - 1) // fa.FMHA_TILE) * fa.FMHA_TILE + 1  # >= long_min, tail of one row
+            forests.append([step] * (t // step))
+            for _ in range(50):
+                lengths, left = [], t
+                while left >= long_min:
+                    n = rng.randint(long_min, left)
+                    lengths.append(n)
+                    left -= n
+                forests.append(lengths)
+            for lengths in forests:
+                need = sum(-(-n // fa.FMHA_TILE) for n in lengths)
+                assert need <= fa.fmha_capacity(t, long_min), (t, long_min, lengths)
+
+
+def _fmha_on_tiny_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch stand-in of the FMHA kernel takes any head size: let the tiny heads use it."""
+    monkeypatch.setattr(fa, "FMHA_HEAD_DIM", HD)
+
+
+def test_fmha_tier_moves_only_its_segments_and_stays_within_the_bf16_bound(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last tier's own blocks through the FMHA path (interpreter: `forest_fmha_reference`
+    stands in for the CUTLASS kernel; the fold, the ancestors and the gate are the Triton
+    kernel's): the 70-token segment of "tiers" changes and stays within the bf16 oracle's bound,
+    every other segment keeps the bits it had without the FMHA path, padding rows stay zero."""
+    if dev.type == "cuda":
+        pytest.skip("on CUDA the FMHA tier needs head_dim 256 (the 27B test below)")
+    _fmha_on_tiny_heads(monkeypatch)
+    case = _case(dev, gen)
+    lay = _launch(case, list(range(len(SEGMENTS))), dev, spread=True)
+    q = _prep(case, lay, "torch")
+    tiers = LONG["tiers"]
+    plain = forest_attention(
+        q, lay.inputs()[0], case.pool.base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV,
+        dots="bf16", long=tiers, split=False, fmha=False,
+    )  # fmt: skip
+    fmha = forest_attention(
+        q, lay.inputs()[0], case.pool.base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV,
+        dots="bf16", long=tiers, split=False, fmha=True,
+    )  # fmt: skip
+    want, bound = _oracle(case, lay, q, **TENSOR_CORE_ORACLE["bf16"])
+    covered = torch.zeros(q.shape[0], dtype=torch.bool, device=dev)
+    for s, row0 in lay.row_of.items():
+        rows = slice(row0, row0 + SEGMENTS[s][1])
+        covered[rows] = True
+        if SEGMENTS[s][1] >= tiers[-1].min_length:
+            assert not torch.equal(fmha[rows], plain[rows]), s  # the FMHA path ran
+        else:
+            assert torch.equal(fmha[rows], plain[rows]), s
+    err = (fmha - want).abs()
+    assert (err <= bound + 1e-5).all(), f"error {err.max():.3g} over its bound"
+    assert torch.equal(fmha[~covered], torch.zeros_like(fmha[~covered]))
+
+
+def test_fmha_tier_segment_bits_do_not_depend_on_the_launch(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment's bits alone equal its bits in the spread launch with the FMHA path on."""
+    if dev.type == "cuda":
+        pytest.skip("on CUDA the FMHA tier needs head_dim 256 (the 27B test below)")
+    _fmha_on_tiny_heads(monkeypatch)
+    case = _case(dev, gen)
+    members = list(range(len(SEGMENTS)))
+    big = _launch(case, members, dev, spread=True)
+    q_big = _prep(case, big, "triton")
+
+    def attend(lay: Launch, q: torch.Tensor) -> torch.Tensor:
+        return forest_attention(
+            q, lay.inputs()[0], case.pool.base, lay.rows, lay.segs, lay.pieces, lay.qblocks, num_kv_heads=NKV,
+            dots="bf16", long=LONG["tiers"], split=False, fmha=True,
+        )  # fmt: skip
+
+    out_big = attend(big, q_big)
+    for s in members:
+        alone = _launch(case, [s], dev, spread=False)
+        out = attend(alone, _prep(case, alone, "triton"))
+        assert torch.equal(out, out_big[big.row_of[s] : big.row_of[s] + SEGMENTS[s][1]]), s
+
+
+def test_fmha_queries_are_read_in_place_only_with_their_padding(dev: torch.device) -> None:
+    """`_fmha_queries` reads a prep's padded bf16 queries where they lie, and copies (rounded to
+    nearest even) queries without the padding rows or in fp32."""
+    q = torch.randn(5 + fa.FMHA_PAD, 2, 4, device=dev).to(torch.bfloat16)[:5]
+    assert fa._fmha_queries(q, torch.bfloat16).data_ptr() == q.data_ptr()
+    short = q.clone()
+    copied = fa._fmha_queries(short, torch.bfloat16)
+    assert copied.shape == (5 + fa.FMHA_PAD, 2, 4) and torch.equal(copied[:5], short)
+    wide = torch.randn(5, 2, 4, device=dev)
+    assert torch.equal(fa._fmha_queries(wide, torch.float32)[:5], wide.bfloat16().float())
+
+
+def test_fmha_tier_refuses_a_library_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA without the library's FMHA unit the setting raises instead of silently giving the
+    Triton tier's (other) bits; off, or at another head size or dot format, it does not apply."""
+    from engine.kernels import cutlass_gemm
+
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: None)
+    tiers = long_configs(256, "bf16")
+    cuda = torch.device("cuda")
+    with pytest.raises(RuntimeError, match="FMHA_LONG_TIER needs the CUTLASS library"):
+        fa._fmha_tier(tiers, 256, "bf16", True, cuda)
+    assert fa._fmha_tier(tiers, 256, "bf16", False, cuda) is None
+    assert fa._fmha_tier(tiers, 128, "bf16", True, cuda) is None
+    assert fa._fmha_tier(tiers, 256, "tf32", True, cuda) is None
+    assert fa._fmha_tier(tiers, 256, "bf16", True, torch.device("cpu")) is tiers[-1]
+
+
+# The FMHA kernel alone at its real size: segments of odd lengths (a tail tile of one row, one of
+# 127), several tiles, two KV heads' worth of launches at the 27B's 24 / 4 heads.
+FMHA_SEGMENTS = [1025, 3000, 1151]
+
+
+def _fmha_inputs(lengths: list[int], gen: torch.Generator, pad: int) -> tuple[torch.Tensor, ...]:
+    dev = torch.device("cuda")
+    t = sum(lengths) + pad * (len(lengths) + 1)
+    q = torch.randn(t + fa.FMHA_PAD, BIG_NH, BIG_HD, generator=gen).bfloat16().to(dev)
+    kv = torch.randn(2, BIG_NKV, t + fa.FMHA_PAD, BIG_HD, generator=gen).bfloat16().to(dev)
+    segs, row = [], pad
+    for n in lengths:
+        segs.append(_seg_record(row, n, 1))
+        row += n + pad
+    return q, kv[0], kv[1], torch.tensor(segs, dtype=torch.int64, device=dev), torch.tensor(t)
+
+
+def _fmha_library() -> Any:
+    """The CUTLASS library with its FMHA unit, or skip."""
+    from engine.kernels import cutlass_gemm
+
+    lib = cutlass_gemm.library()
+    if lib is None or not lib.has_forest_fmha:
+        pytest.skip("needs the CUTLASS library with its FMHA unit (make cutlass) on an sm_90 GPU")
+    return lib
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUTLASS FMHA kernel runs on sm_90")
+def test_27b_fmha_kernel_matches_its_reference_and_writes_only_listed_rows(gen: torch.Generator) -> None:
+    """`Library.forest_fmha` against `forest_fmha_reference` (fp32 softmax over the same bf16
+    values): the output within the bf16 rounding of the probabilities (2u(1 + u) max |v|), the
+    LSE within a few fp32 ulps of its size; rows outside the listed segments keep their sentinel."""
+    lib = _fmha_library()
+    q, k, v, segs, t_ = _fmha_inputs(FMHA_SEGMENTS, gen, pad=8)
+    t = int(t_)
+    tiles, count = fa.fmha_plan(segs, t, 1024)
+    out = torch.full((t, BIG_NH * BIG_HD), 7.0, device="cuda")
+    lse = torch.full((t, BIG_NH), 7.0, device="cuda")
+    lib.forest_fmha(q, k, v, out, lse, tiles, count, t)
+    want, want_lse = out.clone().fill_(7.0), lse.clone().fill_(7.0)
+    fa.forest_fmha_reference(q, k, v, want, want_lse, tiles, count)
+    torch.cuda.synchronize()
+    listed = want_lse[:, 0] != 7.0
+    assert torch.equal(out[~listed], want[~listed]) and torch.equal(lse[~listed], want_lse[~listed])
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(v.float().abs().max())
+    err = (out[listed] - want[listed]).abs().max()
+    assert err <= bound, f"output {err:.3g} over {bound:.3g}"
+    torch.testing.assert_close(lse[listed], want_lse[listed], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUTLASS FMHA kernel runs on sm_90")
+def test_27b_fmha_kernel_segment_bits_do_not_depend_on_the_launch(gen: torch.Generator) -> None:
+    """A segment's output and LSE alone (its rows first, nothing after) equal its bits in the
+    packed call (other segments before and after it, other rows), bit for bit."""
+    lib = _fmha_library()
+    q, k, v, segs, t_ = _fmha_inputs(FMHA_SEGMENTS, gen, pad=8)
+    t = int(t_)
+    tiles, count = fa.fmha_plan(segs, t, 1024)
+    out = torch.zeros(t, BIG_NH * BIG_HD, device="cuda")
+    lse = torch.zeros(t, BIG_NH, device="cuda")
+    lib.forest_fmha(q, k, v, out, lse, tiles, count, t)
+    for s, n in enumerate(FMHA_SEGMENTS):
+        row = int(segs[s, 0])
+        q1 = torch.zeros(n + fa.FMHA_PAD, BIG_NH, BIG_HD, dtype=torch.bfloat16, device="cuda")
+        q1[:n] = q[row : row + n]
+        k1 = torch.zeros(BIG_NKV, n + fa.FMHA_PAD, BIG_HD, dtype=torch.bfloat16, device="cuda")
+        v1 = torch.zeros_like(k1)
+        k1[:, :n], v1[:, :n] = k[:, row : row + n], v[:, row : row + n]
+        one = torch.tensor([_seg_record(0, n, 1)], dtype=torch.int64, device="cuda")
+        tiles1, count1 = fa.fmha_plan(one, n, 1024)
+        out1 = torch.zeros(n, BIG_NH * BIG_HD, device="cuda")
+        lse1 = torch.zeros(n, BIG_NH, device="cuda")
+        lib.forest_fmha(q1, k1, v1, out1, lse1, tiles1, count1, n)
+        assert torch.equal(out1, out[row : row + n]), s
+        assert torch.equal(lse1, lse[row : row + n]), s
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the 27B head shape runs compiled, on CUDA")
+def test_27b_fmha_tier_alone_equals_packed_and_within_bound(gen: torch.Generator) -> None:
+    """The FMHA tier in forest_attention at the 27B heads (the 1,100-token root in it, a 300-token
+    child and a 40-token question outside it): each segment's bits alone equal its bits packed,
+    the segments outside the tier keep the Triton path's bits, the output stays within the bf16
+    bound of the reference."""
+    _fmha_library()
+    run, base = _big_case(TIER_BIG_SEGMENTS, "bf16", gen)
+    packed, row_of = run([2, 0, 1], pad=8, fmha=True)
+    plain, _ = run([2, 0, 1], pad=8, fmha=False)
+    want, _ = run([2, 0, 1], pad=8, backend="torch")
+    for s, (n, _) in enumerate(TIER_BIG_SEGMENTS):
+        rows = slice(row_of[s], row_of[s] + n)
+        alone, _ = run([s], pad=0, fmha=True)
+        assert torch.equal(alone[:n], packed[rows]), s
+        assert torch.equal(packed[rows], plain[rows]) == (n < fa.TIER_LENGTH), s
+    unit = 2.0**-8
+    bound = 2 * unit * (1 + unit) * float(base.abs().max())
+    err = (packed - want).abs().max()
+    assert err <= bound + 1e-5, f"fmha: {err:.3g} over {bound:.3g}"
