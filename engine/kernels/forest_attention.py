@@ -43,6 +43,14 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   partials in range order and goes on with the own block. Blocks past the workspace's capacity
   run their ranges one after another in one unit (the same loop), folding as they go.
 
+- `_fmha_plan_kernel` + the CUTLASS FMHA kernel (`FMHA_LONG_TIER`, head_dim 256, bf16 dots): the
+  last tier's own causal blocks in CUTLASS's Hopper FMHA example kernel with a tile scheduler and
+  an epilogue of ours (`cuda/forest_fmha_sm90.cuh`): the plan lists each long segment's 128-row
+  query tiles, the kernel reads its queries and bf16 K/V shadow rows from the segment's first
+  packed row (a batch stride of one row) and writes the normalised output and its LSE for the
+  segment's rows only; the tier's `_long_attention_kernel` launch (`OWN_FMHA`, `FMHA_FOLD`'s
+  light blocks) then walks the ancestors and folds that output in as one more piece.
+
 Length tiers (`long_configs`, `LongConfig.max_length`): the large-block kernel may run once per
 tier of segment lengths, each tier with its own block config (short evidence in smaller blocks,
 to fill the GPU); `LongConfig.q16` stages a block's rounded queries through a bf16 copy so the
@@ -250,6 +258,14 @@ TIER_LENGTH = 1024
 LONG_TIER = LongConfig(
     block_m=128, block_l=32, num_warps=8, min_length=TIER_LENGTH, num_stages=3, ancestor_block_l=16, q16=True
 )
+
+
+# The FMHA tier's Triton launch (ancestors, then the fold and the gate): no own tiles left to
+# feed, so light blocks - 32 rows on 4 warps ([32, 128] fp32 halves, no spills) - instead of the
+# long tier's 128-row, 255-register ones, whose 1,536 programs at 8k ran ~0.68 ms a 27B layer
+# (H100, session 29) for what is mostly moving the output, the gate and the queries once.
+# min_length / max_length are the tier's.
+FMHA_FOLD = LongConfig(block_m=32, block_l=32, num_warps=4, min_length=1, ancestor_block_l=16)
 
 
 def long_configs(head_dim: int, dots: str = "bf16", form: str | None = None) -> tuple[LongConfig, ...]:
@@ -575,7 +591,7 @@ def _long_attention_kernel(
     o_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
     if OWN_FMHA:  # the own block is done (`forest_fmha`): its normalised output in out, its LSE
         # (natural, of the scaled scores) in lse: one more piece of weight exp(lse) and sum 1
-        m_p = tl.load(lse_ptr + rows * NH + h, mask=valid, other=0.0) * _LOG2E
+        m_p = tl.load(lse_ptr + rows * NH + h, mask=valid, other=0.0) * 1.4426950408889634  # log2(e)
         m_new = tl.maximum(m, m_p)
         alpha = tl.exp2(m - m_new)  # 0 without ancestors (m = -inf)
         beta = tl.exp2(m_p - m_new)
@@ -618,30 +634,37 @@ def _long_attention_kernel(
 
 
 def _shadow_kernel(
-    base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, t_rows,
-    HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
+    base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, t_rows, n_rows,
+    HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ZERO: tl.constexpr, ALIGN: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (packed row, KV head): a live row of a long segment copies its key and value from
-    its segment's own fp32 block into the bf16 shadow [NKV, T, HD] at its packed row, rounded to
-    nearest even exactly as `_bf16_operand` rounds them in registers (so the large-block kernel
+    its segment's own fp32 block into the bf16 shadow [NKV, t_rows, HD] at its packed row, rounded
+    to nearest even exactly as `_bf16_operand` rounds them in registers (so the large-block kernel
     gives the same bits either way). Loaded as bf16, the tiles go to shared memory (cp.async
     when pipelined) and from there to the tensor cores, with no conversion in registers. Under
-    the interpreter the rounded values stay fp32."""
+    the interpreter the rounded values stay fp32. ZERO (the FMHA tier, whose tail tiles read past
+    a segment's end): every other row, the padding rows past n_rows included, is zeroed instead
+    of left as it was, so all the kernel reads is finite."""
     row = tl.program_id(0)
     kv = tl.program_id(1)
-    live = tl.load(rows_ptr + row * 4 + 2)
-    if live == 0:
-        return
-    seg = tl.load(rows_ptr + row * 4)
-    if tl.load(segs_ptr + seg * 8 + 1) < LONG_MIN:  # short segments keep the 16-row kernel
-        return
-    local = tl.load(rows_ptr + row * 4 + 1)
-    own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
-    at = (kv * tl.load(own + 3) + local) * HD + tl.arange(0, HD)
+    live = tl.load(rows_ptr + row * 4 + 2, mask=row < n_rows, other=0)
+    seg = tl.load(rows_ptr + row * 4, mask=live != 0, other=0)
+    # short segments keep the 16-row kernel
+    long = (live != 0) & (tl.load(segs_ptr + seg * 8 + 1, mask=live != 0, other=0) >= LONG_MIN)
     to = (kv * t_rows + row) * HD + tl.arange(0, HD)
-    k_off, v_off = _piece_offsets(own, ALIGN)
-    tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + k_off + at), ON_GPU))
-    tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + v_off + at), ON_GPU))
+    if long:
+        local = tl.load(rows_ptr + row * 4 + 1)
+        own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
+        at = (kv * tl.load(own + 3) + local) * HD + tl.arange(0, HD)
+        k_off, v_off = _piece_offsets(own, ALIGN)
+        tl.store(k16_ptr + to, _bf16_operand(tl.load(base_ptr + k_off + at), ON_GPU))
+        tl.store(v16_ptr + to, _bf16_operand(tl.load(base_ptr + v_off + at), ON_GPU))
+    else:
+        if ZERO:
+            zeros = tl.zeros((HD,), dtype=k16_ptr.dtype.element_ty)
+            tl.store(k16_ptr + to, zeros)
+            tl.store(v16_ptr + to, zeros)
 
 
 def _fmha_plan_kernel(
@@ -657,7 +680,7 @@ def _fmha_plan_kernel(
         length = tl.load(segs_ptr + s * 8 + 1)
         live = tl.load(segs_ptr + s * 8 + 7)
         row = tl.load(segs_ptr + s * 8)
-        n = tl.where((live != 0) & (length >= LONG_MIN), (length + TILE - 1) // TILE, 0)
+        n = tl.where((live != 0) & (length >= LONG_MIN), (length + TILE - 1) // TILE, 0).to(tl.int32)
         for start in range(0, n, CHUNK):
             i = start + tl.arange(0, CHUNK)
             at = done + i
@@ -1033,11 +1056,10 @@ def forest_attention(
     k16 = v16 = q16 = lse = base  # not read
     kv_rows = t + FMHA_PAD if fmha_tier is not None else t
     if tiers and dots == "bf16" and any(c.bf16_kv for c in tiers):
-        # transient bf16 copies of the long segments' own K/V (storage stays fp32); zeroed for the
-        # FMHA tier, whose tail tiles read rows the shadow does not write
-        alloc = torch.zeros if fmha_tier is not None else torch.empty
-        k16 = alloc(num_kv_heads, kv_rows, hd, dtype=dt, device=q.device)
-        v16 = torch.empty_like(k16) if fmha_tier is None else torch.zeros_like(k16)
+        # transient bf16 copies of the long segments' own K/V (storage stays fp32); for the FMHA
+        # tier the shadow zeroes every other row (`_shadow_kernel`'s ZERO)
+        k16 = torch.empty(num_kv_heads, kv_rows, hd, dtype=dt, device=q.device)
+        v16 = torch.empty_like(k16)
     staged = q.dtype == torch.float32  # bf16 queries are loaded as the staged copy would be
     if tiers and dots == "bf16" and staged and any(c.q16 for c in tiers):
         q16 = torch.empty(t, nh, hd, dtype=dt, device=q.device)  # each block writes its own rows
@@ -1047,21 +1069,29 @@ def forest_attention(
         side.wait_stream(main)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if tiers and k16 is not base:
-            _shadow[(t, num_kv_heads)](
-                base, rows, segs, pieces, k16, v16, kv_rows,
-                HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ALIGN=PIECE_ALIGN, num_warps=1,
+            _shadow[(kv_rows, num_kv_heads)](
+                base, rows, segs, pieces, k16, v16, kv_rows, t,
+                HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ZERO=fmha_tier is not None, ALIGN=PIECE_ALIGN,
+                num_warps=1,
             )  # fmt: skip
         if fmha_tier is not None:  # its segments' own blocks first: (output, LSE) into out and lse
             lse = _fmha_own_blocks(q, k16, v16, out, segs, fmha_tier.min_length, num_kv_heads)
-        for cfg in tiers:
+        for tier in tiers:
+            # the FMHA tier's launch only walks the ancestors and folds: `FMHA_FOLD`'s lighter blocks
+            own = tier is fmha_tier
+            cfg = (
+                dataclasses.replace(FMHA_FOLD, min_length=tier.min_length, max_length=tier.max_length)
+                if own
+                else tier
+            )
             kv16 = dots == "bf16" and cfg.bf16_kv
             _long_attn[(nh, qblocks.shape[0])](
                 q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
                 q16 if q16 is not base and cfg.q16 else base, lse, kv_rows, qg.stride(0), hd**-0.5 * _LOG2E,
                 BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
-                LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16,
-                OWN_FMHA=cfg is fmha_tier, ALIGN=PIECE_ALIGN,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
+                LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16, OWN_FMHA=own,
+                ALIGN=PIECE_ALIGN, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+                **common,
             )  # fmt: skip
     rank = ws_ml = ws_acc = ml = out  # not read without a split
     if scfg is not None:
