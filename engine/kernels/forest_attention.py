@@ -1155,7 +1155,7 @@ def _fmha_queries(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     rounded to nearest even (the rounding the Triton tier applies in registers)."""
     t, nh, hd = q.shape
     need = (q.storage_offset() + (t + FMHA_PAD) * nh * hd) * q.element_size()
-    if q.dtype == dtype and q.is_contiguous() and q.untyped_storage().nbytes() >= need:
+    if q.dtype == dtype == torch.bfloat16 and q.is_contiguous() and q.untyped_storage().nbytes() >= need:
         return q
     padded = torch.empty(t + FMHA_PAD, nh, hd, dtype=dtype, device=q.device)
     padded[:t] = q.to(torch.bfloat16)

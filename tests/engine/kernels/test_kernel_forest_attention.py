@@ -1241,6 +1241,8 @@ def test_fmha_queries_are_read_in_place_only_with_their_padding(dev: torch.devic
     assert copied.shape == (5 + fa.FMHA_PAD, 2, 4) and torch.equal(copied[:5], short)
     wide = torch.randn(5, 2, 4, device=dev)
     assert torch.equal(fa._fmha_queries(wide, torch.float32)[:5], wide.bfloat16().float())
+    roomy = torch.randn(5 + fa.FMHA_PAD, 2, 4, device=dev)[:5]  # fp32 with room: still rounded
+    assert torch.equal(fa._fmha_queries(roomy, torch.float32)[:5], roomy.bfloat16().float())
 
 
 def test_fmha_tier_refuses_a_library_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
