@@ -345,6 +345,20 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
                     q_long, lqg, base, lrows, segs, fpieces, lblocks, num_kv_heads=nkv, dots="bf16",
                     long=long_configs(hd, "bf16", form),
                 )  # fmt: skip
+        # the FMHA long tier (forest_attention.FMHA_LONG_TIER, the CUDA default; head 256 only): its plan
+        # kernel, the shadow that zeroes the rows it does not copy, and the ancestor fold in
+        # FMHA_FOLD's blocks. `make cutlass` compiles the CUTLASS kernel itself; its torch stand-in
+        # would read the unwritten plan here, so it is held off while recording
+        if hd == forest_attention_module.FMHA_HEAD_DIM:
+            stand_in = forest_attention_module.forest_fmha_reference
+            forest_attention_module.forest_fmha_reference = lambda *args: None
+            try:
+                forest_attention(
+                    torch.empty(t_long, nh, hd, dtype=torch.bfloat16), lqg, base, lrows, segs, fpieces,
+                    lblocks, num_kv_heads=nkv, dots="bf16", fmha=True,
+                )  # fmt: skip
+            finally:
+                forest_attention_module.forest_fmha_reference = stand_in
         # every form of the large-block tiers (forest_attention.LONG_FORMS; one is LONG_FORM)
         for form in LONG_FORMS:
             forest_attention(

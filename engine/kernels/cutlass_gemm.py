@@ -490,6 +490,71 @@ def build(
     return lib
 
 
+# `cuda/forest_fmha_sm90.cuh`'s head size and query tile (its kHeadDim and kTileRows): a segment's
+# tail tile reads up to a tile less one row past the call's last row, so Q and K/V carry that
+# many more (`forest_attention` plans in these tiles and pads by them)
+FMHA_HEAD_DIM = 256
+FMHA_TILE_ROWS = 128
+
+
+def check_forest_fmha_operands(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    tiles: torch.Tensor,
+    count: torch.Tensor,
+    rows: int,
+) -> None:
+    """Raise ValueError unless the operands are what `prism_forest_fmha` reads and writes through
+    raw pointers: q bf16 [rows, nh, 256] contiguous with storage for FMHA_TILE_ROWS more rows (a tail
+    tile loads them), k and v bf16 [nkv, kv_rows >= rows + FMHA_TILE_ROWS, 256] contiguous with nkv
+    dividing nh, out fp32 [rows, nh, 256] and lse fp32 [rows, nh] contiguous, tiles int32 [capacity,
+    4] and count int32 [1], all on one device. A wrong one would not fail in the kernel: it would
+    read or write other memory."""
+    if q.dim() != 3 or q.dtype != torch.bfloat16 or not q.is_contiguous() or q.shape[0] < rows:
+        raise ValueError(
+            f"forest FMHA: q must be contiguous bf16 [>= {rows}, nh, 256], got {q.dtype} {tuple(q.shape)}"
+        )
+    nh, hd = q.shape[1], q.shape[2]
+    if hd != FMHA_HEAD_DIM:
+        raise ValueError(f"forest FMHA: head dim must be {FMHA_HEAD_DIM}, got {hd}")
+    room = q.untyped_storage().nbytes() // q.element_size() - q.storage_offset()
+    if room < (rows + FMHA_TILE_ROWS) * nh * hd:
+        raise ValueError(f"forest FMHA: q's storage must hold {FMHA_TILE_ROWS} rows past its {rows}")
+    for name, kv in (("k", k), ("v", v)):
+        if kv.dim() != 3 or kv.dtype != torch.bfloat16 or not kv.is_contiguous() or kv.shape[2] != hd:
+            raise ValueError(
+                f"forest FMHA: {name} must be contiguous bf16 [nkv, rows, 256], got {tuple(kv.shape)}"
+            )
+    if k.shape != v.shape or nh % k.shape[0] or k.shape[1] < rows + FMHA_TILE_ROWS:
+        raise ValueError(
+            f"forest FMHA: k and v must be [nkv | {nh}, >= {rows + FMHA_TILE_ROWS}, {hd}], got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if (
+        out.dtype != torch.float32
+        or not out.is_contiguous()
+        or out.shape[0] < rows
+        or out[:1].numel() != nh * hd
+    ):
+        raise ValueError(
+            f"forest FMHA: out must be contiguous fp32 [rows, {nh}, {hd}], got {tuple(out.shape)}"
+        )
+    if lse.dtype != torch.float32 or not lse.is_contiguous() or tuple(lse.shape) != (rows, nh):
+        raise ValueError(f"forest FMHA: lse must be contiguous fp32 [{rows}, {nh}], got {tuple(lse.shape)}")
+    if tiles.dtype != torch.int32 or tiles.dim() != 2 or tiles.shape[1] != 4 or not tiles.is_contiguous():
+        raise ValueError(
+            f"forest FMHA: tiles must be contiguous int32 [capacity, 4], got {tuple(tiles.shape)}"
+        )
+    if count.dtype != torch.int32 or count.numel() != 1:
+        raise ValueError(f"forest FMHA: count must be int32 [1], got {count.dtype} {tuple(count.shape)}")
+    devices = {t.device for t in (q, k, v, out, lse, tiles, count)}
+    if len(devices) != 1:
+        raise ValueError(f"forest FMHA: operands on several devices: {sorted(map(str, devices))}")
+
+
 class Library:
     """The built library's entry points, called on torch tensors."""
 
@@ -540,9 +605,10 @@ class Library:
         """The long tier's own causal blocks (`cuda/forest_fmha_sm90.cuh`): q bf16 [>= rows + 128,
         nh, 256], k / v bf16 [nkv, kv_rows, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
         and lse fp32 [rows, nh] get the listed tiles' rows (`forest_attention.fmha_plan`'s tiles
-        int32 [capacity, 4] and count int32 [1]). The caller checks shapes and dtypes."""
+        int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else."""
         if self._forest_fmha is None:
             raise RuntimeError(f"{self.path} has no forest FMHA unit: rebuild it (`make cutlass`)")
+        check_forest_fmha_operands(q, k, v, out, lse, tiles, count, rows)
         nkv, kv_rows, _ = k.shape
         with torch.cuda.device(q.device):
             rc = self._forest_fmha(

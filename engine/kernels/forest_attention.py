@@ -76,6 +76,7 @@ from typing import Any
 import torch
 
 from engine.kernels._triton import Backend, helper, interpreting, kernel, next_pow2, use_triton
+from engine.kernels.cutlass_gemm import FMHA_HEAD_DIM, FMHA_TILE_ROWS
 from engine.kernels.decode_attention import (
     PIECE_ALIGN,
     PREP_PARTS,
@@ -149,8 +150,10 @@ ZERO_DEAD_ROWS_ONLY = False
 # (`forest_attention_prep(q_dtype=torch.bfloat16)`): every kernel here rounds a query to bf16 before
 # its first product anyway, so the prep storing the rounded value gives the same bits, and at 8k
 # tokens a 27B layer writes and reads 100 MB of queries less (201 MB fp32) and skips the q16
-# staging copy (another 100 MB). Built on the CPU (session 22), not yet timed: off.
-QUERIES_BF16 = False
+# staging copy (another 100 MB). On since session 30, with the FMHA tier below (which reads them in
+# place): H100, 27B (c) 466.8-469.9 ms against 472.1-476.9 without both, four pairs, one process each
+# (ops/bench/RESULTS.md, session 30).
+QUERIES_BF16 = True
 # Whether the last large-block tier (segments of at least TIER_LENGTH tokens; head_dim 256, bf16
 # dots) attends its segments' own causal block in CUTLASS's Hopper FMHA kernel
 # (`cutlass_gemm.Library.forest_fmha`, `cuda/forest_fmha_sm90.cuh`: a TMA producer warp group, two
@@ -159,14 +162,17 @@ QUERIES_BF16 = False
 # more piece (`OWN_FMHA`), then the gate. Why: the Triton tier runs head 256 at ~300-330 TFLOP/s
 # (255 registers, spills); the example kernel ran 590-655 on the same H100 (session 28), ~1 ms a
 # 27B layer at 8k. Other rounding than the Triton tier (another tile and softmax order), the same
-# invariance: a segment's tiles read its own rows only (the header says why). Off until an H200
-# times it in the engine and #27's accuracy check passes with it; on CUDA it needs the library.
-FMHA_LONG_TIER = False
-FMHA_TILE = 128  # query rows of the FMHA kernel's tile: the unit of its work list
+# invariance: a segment's tiles read its own rows only (the header says why). #27's accuracy check
+# (4B, session 30): 36 of 36 decisive read-outs agree with the fp32 path, as without it, max |dp|
+# the same 0.109. None (the default): on CUDA where the CUTLASS library has the unit (`make
+# cutlass`; a GPU without it runs the Triton tier, as it runs the Triton GEMMs), off elsewhere (the
+# interpreter keeps the Triton tier's arithmetic); True: always (CUDA without the unit raises, the
+# interpreter runs `forest_fmha_reference`); False: never.
+FMHA_LONG_TIER: bool | None = None
+FMHA_TILE = FMHA_TILE_ROWS  # query rows of the FMHA kernel's tile: the unit of its work list
 # Rows past the call's last that a segment's tail tile may read: Q and the K/V shadow carry them
 # (K/V zeroed: a value the kernel multiplies by a probability of 0 must be finite).
-FMHA_PAD = 128
-FMHA_HEAD_DIM = 256  # the one head size the library's kernel is built for
+FMHA_PAD = FMHA_TILE_ROWS
 # `_zero_dead_rows_kernel`'s tile: rows a program checks, and columns it stores a step.
 ZERO_ROWS = 16
 ZERO_COLUMNS = 1024
@@ -998,10 +1004,10 @@ def forest_attention(
     only, `SplitConfig`): True is the shipped config (`split_config`), False walks every
     block's ancestors in its own program (the previous behaviour), a SplitConfig is that config,
     None is `SPLIT_BY_DEFAULT`.
-    `fmha`: the last tier's own blocks in CUTLASS's FMHA kernel (`FMHA_LONG_TIER`, None: that
-    setting); it applies where that tier is unbounded, bf16 with the K/V shadow, at head_dim
-    FMHA_HEAD_DIM. On CUDA it needs the CUTLASS library's FMHA unit; under the interpreter
-    `forest_fmha_reference` stands in for the kernel.
+    `fmha`: the last tier's own blocks in CUTLASS's FMHA kernel (True, False, or None: where the
+    library has it on CUDA; `FMHA_LONG_TIER` is the default); it applies where that tier is
+    unbounded, bf16 with the K/V shadow, at head_dim FMHA_HEAD_DIM. True on CUDA needs the CUTLASS
+    library's FMHA unit; under the interpreter `forest_fmha_reference` stands in for the kernel.
     """
     if dots not in ATTENTION_DOTS:
         raise ValueError(f"dots must be one of {ATTENTION_DOTS}, got {dots!r}")
@@ -1049,7 +1055,7 @@ def forest_attention(
     group = nh // num_kv_heads
     common = dict(NH=nh, HD=hd, G=group, P=pieces.shape[1], DOTS=dots)
     tiers = tuple(c for c in tiers if c.min_length <= t)  # a tier no segment of T rows reaches: idle
-    fmha_tier = _fmha_tier(tiers, hd, dots, FMHA_LONG_TIER if fmha is None else fmha, q.device)
+    fmha_tier = _fmha_tier(tiers, hd, dots, fmha, q.device)
     # bf16 when compiled; the interpreter has no bf16 arithmetic, so there fp32 holding the
     # rounded values
     dt = torch.float32 if interpreting() else torch.bfloat16
@@ -1111,24 +1117,29 @@ def forest_attention(
 
 
 def _fmha_tier(
-    tiers: tuple[LongConfig, ...], head_dim: int, dots: str, wanted: bool, device: torch.device
+    tiers: tuple[LongConfig, ...], head_dim: int, dots: str, fmha: bool | None, device: torch.device
 ) -> LongConfig | None:
-    """The tier whose own blocks the FMHA kernel takes, or None: the last tier, if wanted and it
-    is unbounded, bf16 with the K/V shadow, at FMHA_HEAD_DIM. On CUDA the library must have the
-    kernel: a silent fallback would give other bits than the setting promises."""
-    if not wanted or not tiers or dots != "bf16" or head_dim != FMHA_HEAD_DIM:
+    """The tier whose own blocks the FMHA kernel takes, or None: the last tier, if wanted (`fmha`,
+    None: `FMHA_LONG_TIER`) and it is unbounded, bf16 with the K/V shadow, at FMHA_HEAD_DIM.
+    Wanted as None, only on CUDA where the library has the kernel. Wanted as True, on CUDA the
+    library must have it: a silent fallback would give other bits than the setting promises."""
+    wanted = FMHA_LONG_TIER if fmha is None else fmha
+    if wanted is False or not tiers or dots != "bf16" or head_dim != FMHA_HEAD_DIM:
         return None
     last = tiers[-1]
     if last.max_length or not last.bf16_kv:
         return None
-    if device.type == "cuda":
-        from engine.kernels import cutlass_gemm
+    if device.type != "cuda":
+        return last if wanted else None
+    from engine.kernels import cutlass_gemm
 
-        lib = cutlass_gemm.library()
-        if lib is None or not lib.has_forest_fmha:
-            raise RuntimeError(
-                "FMHA_LONG_TIER needs the CUTLASS library with its FMHA unit on an sm_90 GPU (`make cutlass`)"
-            )
+    lib = cutlass_gemm.library()
+    if lib is None or not lib.has_forest_fmha:
+        if wanted is None:
+            return None
+        raise RuntimeError(
+            "FMHA_LONG_TIER needs the CUTLASS library with its FMHA unit on an sm_90 GPU (`make cutlass`)"
+        )
     return last
 
 

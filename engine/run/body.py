@@ -1021,8 +1021,12 @@ class ForestBody(Int8Layers):
     def _attend(self, pieces: torch.Tensor, layer: dict, x: AttentionInputs, bucket: _Bucket) -> torch.Tensor:
         prep = PrepInputs(*x, layer["attn_q_norm"], layer["attn_k_norm"], bucket.rope)
         bf16 = self.attention_dots == "bf16" and forest_attention_module.QUERIES_BF16
-        # bf16 queries with the FMHA tier's padding rows: it reads them in place, no copy
-        pad = forest_attention_module.FMHA_PAD if bf16 and forest_attention_module.FMHA_LONG_TIER else 0
+        # bf16 queries with the FMHA tier's padding rows wherever it may run: it reads them in place
+        pad = (
+            forest_attention_module.FMHA_PAD
+            if bf16 and forest_attention_module.FMHA_LONG_TIER is not False
+            else 0
+        )
         q = forest_attention_prep(
             prep, self.base, bucket.rows, bucket.segs, pieces, self.attention_heads,
             q_dtype=torch.bfloat16 if bf16 else torch.float32, pad_rows=pad,

@@ -220,6 +220,45 @@ def test_calls_it_cannot_take_stay_with_triton(monkeypatch: pytest.MonkeyPatch) 
     assert cutlass_gemm.serves(a, w, res, torch.float32) is None
 
 
+def test_the_forest_fmha_refuses_operands_its_pointers_cannot_take() -> None:
+    """`check_forest_fmha_operands` (run before every `Library.forest_fmha` call, which hands raw
+    pointers to the kernel) accepts the layout `forest_attention` builds, and names each operand
+    that would make the kernel read or write outside it."""
+    rows, nh, nkv, hd, pad = 5, 4, 2, cutlass_gemm.FMHA_HEAD_DIM, cutlass_gemm.FMHA_TILE_ROWS
+    bf = torch.bfloat16
+
+    def operands() -> dict[str, torch.Tensor]:
+        return {
+            "q": torch.zeros(rows + pad, nh, hd, dtype=bf)[:rows],  # padding rows in its storage
+            "k": torch.zeros(nkv, rows + pad, hd, dtype=bf),
+            "v": torch.zeros(nkv, rows + pad, hd, dtype=bf),
+            "out": torch.zeros(rows, nh, hd),
+            "lse": torch.zeros(rows, nh),
+            "tiles": torch.zeros(3, 4, dtype=torch.int32),
+            "count": torch.zeros(1, dtype=torch.int32),
+        }
+
+    cutlass_gemm.check_forest_fmha_operands(**operands(), rows=rows)
+    broken = {
+        "q": torch.zeros(rows, nh, hd, dtype=bf),  # no padding rows behind it
+        "k": torch.zeros(nkv, rows + pad - 1, hd, dtype=bf),
+        "v": torch.zeros(nkv, rows + pad, hd),  # fp32
+        "out": torch.zeros(rows, nh, hd, dtype=bf),
+        "lse": torch.zeros(rows, nh + 1),
+        "tiles": torch.zeros(3, 4, dtype=torch.int64),
+        "count": torch.zeros(2, dtype=torch.int32),
+    }
+    for name, bad in broken.items():
+        with pytest.raises(ValueError, match=rf"forest FMHA: {name}\b|{name} and"):
+            cutlass_gemm.check_forest_fmha_operands(**{**operands(), name: bad}, rows=rows)
+    with pytest.raises(ValueError, match="head dim"):
+        q = torch.zeros(rows + pad, nh, 128, dtype=bf)[:rows]
+        cutlass_gemm.check_forest_fmha_operands(**{**operands(), "q": q}, rows=rows)
+    with pytest.raises(ValueError, match="k and v"):  # 3 KV heads do not divide 4 query heads
+        kv3 = torch.zeros(3, rows + pad, hd, dtype=bf)
+        cutlass_gemm.check_forest_fmha_operands(**{**operands(), "k": kv3, "v": kv3}, rows=rows)
+
+
 def _toolchain() -> bool:
     try:
         cutlass_gemm._nvcc()

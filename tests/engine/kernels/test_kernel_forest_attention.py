@@ -1245,9 +1245,35 @@ def test_fmha_queries_are_read_in_place_only_with_their_padding(dev: torch.devic
     assert torch.equal(fa._fmha_queries(roomy, torch.float32)[:5], roomy.bfloat16().float())
 
 
+def test_fmha_padding_is_the_kernels_tile() -> None:
+    """The rows the Python side plans in (`FMHA_TILE`) and pads Q and K/V with (`FMHA_PAD`) are the
+    CUDA kernel's query tile, and its head size the kernel's (`kTileRows`, `TileShape`, `kHeadDim`
+    in `cuda/forest_fmha_sm90.cuh`): a tail tile reads up to a tile less one row past a segment,
+    so fewer padding rows would let it read past the buffers. The header is read as text because
+    CI builds no CUDA."""
+    import re
+    from pathlib import Path
+
+    from engine.kernels import cutlass_gemm
+
+    text = (Path(fa.__file__).parent / "cuda" / "forest_fmha_sm90.cuh").read_text()
+    tile = re.search(r"constexpr int kTileRows = (\d+);", text)
+    head = re.search(r"constexpr int kHeadDim = (\d+);", text)
+    shape = re.search(r"using TileShape = Shape<_(\d+),", text)
+    assert tile is not None and head is not None and shape is not None
+    assert (
+        int(tile.group(1))
+        == int(shape.group(1))
+        == cutlass_gemm.FMHA_TILE_ROWS
+        == fa.FMHA_PAD
+        == fa.FMHA_TILE
+    )
+    assert int(head.group(1)) == cutlass_gemm.FMHA_HEAD_DIM == fa.FMHA_HEAD_DIM
+
+
 def test_fmha_tier_refuses_a_library_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA without the library's FMHA unit the setting raises instead of silently giving the
-    Triton tier's (other) bits; off, or at another head size or dot format, it does not apply."""
+    """On CUDA without the library's FMHA unit the setting True raises instead of silently giving
+    the Triton tier's (other) bits; off, or at another head size or dot format, it does not apply."""
     from engine.kernels import cutlass_gemm
 
     monkeypatch.setattr(cutlass_gemm, "library", lambda: None)
@@ -1256,6 +1282,19 @@ def test_fmha_tier_refuses_a_library_without_it(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(RuntimeError, match="FMHA_LONG_TIER needs the CUTLASS library"):
         fa._fmha_tier(tiers, 256, "bf16", True, cuda)
     assert fa._fmha_tier(tiers, 256, "bf16", False, cuda) is None
+    # the default (None): the kernel where the library has it, else the Triton tier, and the
+    # Triton tier under the interpreter
+    monkeypatch.setattr(fa, "FMHA_LONG_TIER", None)
+    assert fa._fmha_tier(tiers, 256, "bf16", None, cuda) is None
+    assert fa._fmha_tier(tiers, 256, "bf16", None, torch.device("cpu")) is None
+
+    class WithUnit:
+        has_forest_fmha = True
+
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: WithUnit())
+    assert fa._fmha_tier(tiers, 256, "bf16", None, cuda) is tiers[-1]
+    assert fa._fmha_tier(tiers, 256, "bf16", False, cuda) is None
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: None)
     assert fa._fmha_tier(tiers, 128, "bf16", True, cuda) is None
     assert fa._fmha_tier(tiers, 256, "tf32", True, cuda) is None
     assert fa._fmha_tier(tiers, 256, "bf16", True, torch.device("cpu")) is tiers[-1]
