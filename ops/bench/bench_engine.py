@@ -920,6 +920,22 @@ def _tc64inv(**change: object) -> dict:
     return TC64INV | change
 
 
+# the CUDA default with the long tier's own causal blocks in CUTLASS's Hopper FMHA kernel and the
+# prep's bf16 queries, which the kernel then reads in place (padded rows, no copy)
+FMHA_QBF16 = _tc64inv(
+    set={
+        "engine.kernels.forest_attention.FMHA_LONG_TIER": True,
+        "engine.kernels.forest_attention.QUERIES_BF16": True,
+    }
+)
+
+NO_FMHA = _tc64inv(
+    set={
+        "engine.kernels.forest_attention.FMHA_LONG_TIER": False,
+        "engine.kernels.forest_attention.QUERIES_BF16": False,
+    }
+)
+
 # --accuracy: the settings measured against the fp32 path (the exact body first: the int8 error
 # every setting starts from)
 ACCURACY_SETTINGS: dict[str, dict] = {
@@ -935,6 +951,10 @@ ACCURACY_SETTINGS: dict[str, dict] = {
     # the CUDA default without the SwiGLU-fused gate+up GEMM (`int8_gemm.SWIGLU_TABLE` all None
     # for the variant): the same bits, so only the time moves
     "tc64inv-unfused": _tc64inv(swiglu=False),
+    # the long tier's own blocks in CUTLASS's FMHA kernel, with bf16 queries (other bits in
+    # segments of at least the tier's length: the accuracy-long forests reach it)
+    "tc64inv-fmhaqbf16": FMHA_QBF16,
+    "tc64inv-nofmha": NO_FMHA,
 }
 MARGIN = 0.1  # an fp32 read-out whose top two letters are closer than this has no answer to keep
 
@@ -996,8 +1016,9 @@ def run_accuracy(weights: Weights, args: argparse.Namespace, record: Callable[[s
     del reference
     names = args.accuracy_settings.split(",") if args.accuracy_settings else list(ACCURACY_SETTINGS)
     for name in names:
-        body = ForestBody(weights, graphs=False, **ACCURACY_SETTINGS[name])
-        got = [p for f in forests for p in letter_probabilities(body.run(f).logits)]
+        with applied(ACCURACY_SETTINGS[name]) as settings:
+            body = ForestBody(weights, graphs=False, **(settings or {}))
+            got = [p for f in forests for p in letter_probabilities(body.run(f).logits)]
         record(name, compare_readouts(got, want))
         del body
 
@@ -1081,16 +1102,14 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the attention's queries stored in bf16 by the prep (every bf16-dot
     # kernel rounds them so anyway; no q16 staging): the same bits
     "tc64inv-qbf16": _tc64inv(set={"engine.kernels.forest_attention.QUERIES_BF16": True}),
-    # the CUDA default with the long tier's own causal blocks in CUTLASS's Hopper FMHA kernel
-    # (`forest_attention.FMHA_LONG_TIER`; other bits in the long tier's segments), alone and with
-    # the prep's bf16 queries, which the kernel then reads in place (padded rows, no copy)
+    # the long tier's own causal blocks in CUTLASS's Hopper FMHA kernel, insisted on
+    # (`forest_attention.FMHA_LONG_TIER` True: raises where the library lacks it; the default uses
+    # it where built). Since session 30 bf16 queries are the default too, so tc64inv-fmha and
+    # tc64inv-fmhaqbf16 run the same settings (kept: older records name them)
     "tc64inv-fmha": _tc64inv(set={"engine.kernels.forest_attention.FMHA_LONG_TIER": True}),
-    "tc64inv-fmhaqbf16": _tc64inv(
-        set={
-            "engine.kernels.forest_attention.FMHA_LONG_TIER": True,
-            "engine.kernels.forest_attention.QUERIES_BF16": True,
-        }
-    ),
+    # the CUDA default before session 30: the Triton long tier, fp32 queries from the prep
+    "tc64inv-nofmha": NO_FMHA,
+    "tc64inv-fmhaqbf16": FMHA_QBF16,
     # sessions 21 and 22's same-bits prefill candidates together (zeroed dead rows only, bf16
     # queries, the gated norm in tiles of 16 heads): what flipping all three would give
     "tc64inv-prefill22": _tc64inv(
@@ -1288,6 +1307,32 @@ def main() -> None:
         save()
 
 
+@contextlib.contextmanager
+def applied(settings: dict | None) -> Iterator[dict | None]:
+    """A variant's or accuracy setting's keys that are not `ForestBody` arguments, in force inside
+    the block: `"swiglu": False` runs the unfused MLP path (every SWIGLU_TABLE entry None, so graphs
+    are captured that way), `"cutlass": False` the Triton GEMM tiles only (every `cutlass_gemm.TABLE`
+    entry None), `"set": {"MODULE.NAME": value}` those module constants (as `--set`). Yields the
+    body's own settings (None stays None: the level executor); everything is put back after."""
+    body = None if settings is None else dict(settings)
+    fused = True if body is None else body.pop("swiglu", True)
+    cutlass = True if body is None else body.pop("cutlass", True)
+    constants = {} if body is None else body.pop("set", {})
+    int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
+    table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
+    saved = {target: set_constant(f"{target}={value!r}") for target, value in constants.items()}
+    if not fused:
+        int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
+    if not cutlass:
+        cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
+    try:
+        yield body
+    finally:
+        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
+        for target, value in saved.items():
+            set_constant(f"{target}={value!r}")
+
+
 def run_variant(
     args: argparse.Namespace,
     weights: Weights,
@@ -1299,32 +1344,14 @@ def run_variant(
     decode: bool,
     profile: bool,
 ) -> None:
-    """One variant's workloads (with `profile`, the first variant's, also the kernel profiles);
-    a `"swiglu": False` setting runs it with the unfused MLP path (every SWIGLU_TABLE entry None
-    while it runs: its graphs are captured that way), `"cutlass": False` with the Triton GEMM
-    tiles only (every `cutlass_gemm.TABLE` entry None), and `"set": {"MODULE.NAME": value}` with
-    those module constants (as `--set`, for this variant only: its graphs are captured with them)."""
-    settings = None if settings is None else dict(settings)
-    fused = True if settings is None else settings.pop("swiglu", True)
-    cutlass = True if settings is None else settings.pop("cutlass", True)
-    constants = {} if settings is None else settings.pop("set", {})
-    int8_gemm = importlib.import_module("engine.kernels.int8_gemm")  # the module, not the function
-    table, cutlass_table = int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE
-    saved = {target: set_constant(f"{target}={value!r}") for target, value in constants.items()}
-    if not fused:
-        int8_gemm.SWIGLU_TABLE = tuple((m, None) for m, _ in table)
-    if not cutlass:
-        cutlass_gemm.TABLE = tuple((m, None) for m, _ in cutlass_table)
-    record("cutlass", cutlass and cutlass_gemm.library() is not None)
-    record("cutlass_swiglu_min_rows", cutlass_gemm.SWIGLU_MIN_ROWS)
-    record("cutlass_narrow_max_rows", cutlass_gemm.NARROW_MAX_ROWS)
-    record("cutlass_swizzled_max_columns", cutlass_gemm.SWIZZLED_MAX_COLUMNS)
-    try:
-        _run_variant(args, weights, device, name, settings, record, decode=decode, profile=profile)
-    finally:
-        int8_gemm.SWIGLU_TABLE, cutlass_gemm.TABLE = table, cutlass_table
-        for target, value in saved.items():
-            set_constant(f"{target}={value!r}")
+    """One variant's workloads (with `profile`, the first variant's, also the kernel profiles),
+    under its settings (`applied`: its graphs are captured with them)."""
+    with applied(settings) as body:
+        record("cutlass", (settings or {}).get("cutlass", True) and cutlass_gemm.library() is not None)
+        record("cutlass_swiglu_min_rows", cutlass_gemm.SWIGLU_MIN_ROWS)
+        record("cutlass_narrow_max_rows", cutlass_gemm.NARROW_MAX_ROWS)
+        record("cutlass_swizzled_max_columns", cutlass_gemm.SWIZZLED_MAX_COLUMNS)
+        _run_variant(args, weights, device, name, body, record, decode=decode, profile=profile)
 
 
 def _run_variant(
