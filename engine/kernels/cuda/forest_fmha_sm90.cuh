@@ -31,6 +31,9 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <set>
+
 #include <cuda_runtime.h>
 
 #include "cute/tensor.hpp"
@@ -173,13 +176,22 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
   // and key extents of a whole padded call (every segment-local tile lies inside them; the causal
   // walk, not the extent, bounds the key loop)
   int const extent = (rows + kTileRows + 7) / 8 * 8;
-  static bool configured = false;
-  if (!configured) {
-    if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Kernel::SharedStorageSize) != cudaSuccess) {
-      return 2;
+  // the kernel's shared memory is above the 48 KB a launch gets unasked: the attribute is set once
+  // per device (it is a property of the function on the current device, and one process may
+  // launch on several), under a lock (callers may come from several threads)
+  {
+    static std::mutex lock;
+    static std::set<int> configured;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 2;
+    std::lock_guard<std::mutex> held(lock);
+    if (!configured.count(device)) {
+      if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Kernel::SharedStorageSize) != cudaSuccess) {
+        return 2;
+      }
+      configured.insert(device);
     }
-    configured = true;
   }
   auto const* list = static_cast<prism::fmha::Tile const*>(tiles);
   int const q_row = num_heads * kHeadDim;
