@@ -14,8 +14,8 @@
 #   STAGE=oldnew  bash ops/device/candidates_check.sh  # an older commit's default against this one's (~2 min)
 #   STAGE=fmha    bash ops/device/candidates_check.sh  # the FMHA long tier: CUDA tests, 27B A/B with clocks (~7 min)
 #   STAGE=fmhaacc bash ops/device/candidates_check.sh  # the FMHA long tier: 4B accuracy against fp32, both ways (~4 min)
-#   STAGE=first   bash ops/device/candidates_check.sh  # a scarce machine's one call: on an H200 the whole CUDA set and
-#                                                      # #27's figures, else the FMHA A/B and profile; then its accuracy (~9 min)
+#   STAGE=first   bash ops/device/candidates_check.sh  # a scarce machine's one call: the whole CUDA set and #27's
+#                                                      # figures; on an H200 #19's decode figures, else (c)'s profile (~9 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -132,39 +132,42 @@ fmha)
     tail -3 "$OUT/engine-fmha.log"
     ;;
 first)
-    # one call that spends a scarce machine on what that card can settle (session 30): on an H200
-    # the whole CUDA set and #27's figures at this commit (the default, the pre-session-30 default
-    # without the FMHA tier beside it, the default again); on another card the same A/B with the
-    # profile of (c) under the default
-    # (--profile profiles the first variant) and the FMHA tests; then, either way, the 4B accuracy
-    # with and without the tier against the fp32 path
+    # one call that spends a scarce machine on what that card can settle (session 31): the whole
+    # CUDA set at this commit first (the FMHA tier became the CUDA default in session 30 after the
+    # last set had run), then #27's figures (the default, the pre-session-30 default without the
+    # FMHA tier beside it, the default again); on an H200 then #19's decode figures (27B at 1 and 64
+    # sequences, 4B at 1), elsewhere the profile of (c) under the default (--profile profiles the
+    # first variant). The 4B accuracy of both settings was recorded in session 30 (its numbers do not
+    # depend on the card: `STAGE=fmhaacc` reruns it).
     nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
         --format=csv -lms 500 > "$OUT/clocks.csv" 2>/dev/null &
     sampler=$!
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        JOBS=8 SUITE_TIMEOUT=280 bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    h200=0
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+    JOBS=8 SUITE_TIMEOUT=280 bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    if [ "$h200" = 1 ]; then
         timeout 170 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
             --variants tc64inv,tc64inv-nofmha,tc64inv --json "$OUT/engine-first.json" > "$OUT/engine-first.log" 2>&1
     else
-        timeout 80 python3 -m pytest -q -p no:cacheprovider $K/test_kernel_forest_attention.py -k "fmha or 27b_tiers" \
-            > "$OUT/fmha-tests.log" 2>&1
-        echo "tests rc=$?"; tail -2 "$OUT/fmha-tests.log"
         timeout 200 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-            --variants tc64inv,tc64inv-nofmha,tc64inv,tc64inv-nofmha --profile "$OUT/profile" \
+            --variants tc64inv,tc64inv-nofmha,tc64inv --profile "$OUT/profile" \
             --json "$OUT/engine-first.json" > "$OUT/engine-first.log" 2>&1
     fi
     echo "bench rc=$?"
-    kill "$sampler" 2>/dev/null
     grep -E "^(---|a_one|b_three|b_readme|c_one|d_64|c_profile_fam)" "$OUT/engine-first.log" | cut -c1-400
-    # one process: the weights and the fp32 reference built once for both settings
     left=$(( ${CALL_S:-590} - 15 - SECONDS ))  # CALL_S: the call's own limit, where less than 590
-    if [ "$left" -ge 90 ]; then
-        timeout "$left" python3 ops/bench/bench_engine.py --shape 4B --accuracy --accuracy-long 4 \
-            --accuracy-settings tc64inv-nofmha,tc64inv-fmhaqbf16 --json "$OUT/accuracy-fmha.json" > "$OUT/accuracy-fmha.log" 2>&1
-        echo "accuracy rc=$?"; grep -E "tc64inv|reference_s" "$OUT/accuracy-fmha.log" | cut -c1-400
-    else
-        echo "accuracy: no time left in the call ($left s)"
+    if [ "$h200" = 1 ] && [ "$left" -ge 60 ]; then
+        timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences 1,64 \
+            --variants tc64inv --json "$OUT/decode-27b.json" > "$OUT/decode-27b.log" 2>&1
+        echo "decode 27B rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-27b.log"
+        left=$(( ${CALL_S:-590} - 15 - SECONDS ))
+        if [ "$left" -ge 40 ]; then
+            timeout "$left" python3 ops/bench/bench_engine.py --shape 4B --decode-only --decode-sequences 1,64 \
+                --variants tc64inv --json "$OUT/decode-4b.json" > "$OUT/decode-4b.log" 2>&1
+            echo "decode 4B rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-4b.log"
+        fi
     fi
+    kill "$sampler" 2>/dev/null
     ;;
 fmhaacc)
     # #27's accuracy check for the FMHA tier at 4B: the default's read-outs and the FMHA tier's
