@@ -326,7 +326,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
         forest_attention(
             f32(t, nh, hd), qg, base, frows, segs, fpieces, qblocks, num_kv_heads=nkv, dots="bf16", split=True
         )
-        # bf16 queries from the prep (forest_attention.QUERIES_BF16, a candidate): the prep's
+        # bf16 queries from the prep (forest_attention.QUERIES_BF16, the default since session 30): the prep's
         # rounding store, and every bf16-dot kernel reading them
         q16 = forest_attention_prep(prep, base, frows, segs, fpieces, heads, q_dtype=torch.bfloat16)
         forest_attention(

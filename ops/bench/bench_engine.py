@@ -1099,8 +1099,9 @@ VARIANTS: dict[str, dict | None] = {
             "engine.kernels.decode_quant.GATED_BLOCK_WARPS": 8,
         }
     ),
-    # the CUDA default with the attention's queries stored in bf16 by the prep (every bf16-dot
-    # kernel rounds them so anyway; no q16 staging): the same bits
+    # the attention's queries stored in bf16 by the prep (every bf16-dot kernel rounds them so
+    # anyway; no q16 staging): the same bits; the CUDA default since session 30, so the same
+    # settings as tc64inv now (kept: older records name it)
     "tc64inv-qbf16": _tc64inv(set={"engine.kernels.forest_attention.QUERIES_BF16": True}),
     # the long tier's own causal blocks in CUTLASS's Hopper FMHA kernel, insisted on
     # (`forest_attention.FMHA_LONG_TIER` True: raises where the library lacks it; the default uses
