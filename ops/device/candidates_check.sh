@@ -134,23 +134,26 @@ fmha)
 first)
     # one call that spends a scarce machine on what that card can settle (session 31): the whole
     # CUDA set at this commit first (the FMHA tier became the CUDA default in session 30 after the
-    # last set had run), then #27's figures (the default, the pre-session-30 default without the
-    # FMHA tier beside it, the default again); on an H200 then #19's decode figures (27B at 1 and 64
-    # sequences, 4B at 1), elsewhere the profile of (c) under the default (--profile profiles the
-    # first variant). The 4B accuracy of both settings was recorded in session 30 (its numbers do not
-    # depend on the card: `STAGE=fmhaacc` reruns it).
+    # last set had run), then #27's figures; on an H200 then #19's decode figures (27B at 1 and 64
+    # sequences, 4B), elsewhere the profile of (c) under the default (--profile profiles the first
+    # variant). The FMHA tier's A/B (`STAGE=fmha`) and 4B accuracy (`STAGE=fmhaacc`) were recorded
+    # in session 30.
     nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
         --format=csv -lms 500 > "$OUT/clocks.csv" 2>/dev/null &
     sampler=$!
     h200=0
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
     JOBS=8 SUITE_TIMEOUT=280 bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    # the default twice beside the same-bits prefill candidates (zeroed dead rows only, the gated
+    # norm in tiles of heads: session 30's D2 pair, ~2 ms of (c) on the H100), which flip if (c)
+    # lands within a few ms of 439.8
     if [ "$h200" = 1 ]; then
-        timeout 170 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-            --variants tc64inv,tc64inv-nofmha,tc64inv --json "$OUT/engine-first.json" > "$OUT/engine-first.log" 2>&1
+        timeout 240 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
+            --variants tc64inv,tc64inv-prefill22,tc64inv,tc64inv-prefill22 \
+            --json "$OUT/engine-first.json" > "$OUT/engine-first.log" 2>&1
     else
-        timeout 200 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-            --variants tc64inv,tc64inv-nofmha,tc64inv --profile "$OUT/profile" \
+        timeout 260 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
+            --variants tc64inv,tc64inv-prefill22,tc64inv,tc64inv-prefill22 --profile "$OUT/profile" \
             --json "$OUT/engine-first.json" > "$OUT/engine-first.log" 2>&1
     fi
     echo "bench rc=$?"
