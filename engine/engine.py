@@ -66,7 +66,12 @@ log = structlog.get_logger(__name__)
 # 0.5.0: the CUDA body's chunk-64 GDN products come from whole-chunk products and a blocked
 # inverse (`gdn_prep` "auto": the invert form at head sizes that are multiples of 64, every
 # released size): CUDA read-outs and thoughts move by rounding; CPU records keep their bits.
-ENGINE_VERSION = "0.5.0"
+# 0.6.0: the long attention tier's own causal blocks run in CUTLASS's Hopper FMHA kernel on CUDA
+# where the CUTLASS library is built (`forest_attention.FMHA_LONG_TIER`, another tile and softmax
+# order: segments of 1,024 tokens or more at head 256), after other CUDA kernel changes since
+# 0.5.0 that also round differently (the fused norm's sum of squares in 16-byte blocks,
+# `quant.NORM_BLOCK_VALUES`): CUDA read-outs and thoughts move by rounding; CPU records keep their bits.
+ENGINE_VERSION = "0.6.0"
 # An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
 # merged 2x2; a 1,024 x 768 screenshot keeps its size, 768 tokens). The model's own bound is 16 MP.
 DEFAULT_MAX_IMAGE_PIXELS = 2_097_152
