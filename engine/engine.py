@@ -71,6 +71,9 @@ log = structlog.get_logger(__name__)
 # order: segments of 1,024 tokens or more at head 256), after other CUDA kernel changes since
 # 0.5.0 that also round differently (the fused norm's sum of squares in 16-byte blocks,
 # `quant.NORM_BLOCK_VALUES`): CUDA read-outs and thoughts move by rounding; CPU records keep their bits.
+# A top-k draw's exp and sums are IEEE basic operations only (`engine.decide.portable_exp`, left
+# to right), so a draw gives the same token on any machine: a thought moves only where its u
+# lay within float64 rounding of an option's boundary.
 ENGINE_VERSION = "0.6.0"
 # An image is resized to at most this many pixels (2 MP: 2,048 image tokens with 16-pixel patches
 # merged 2x2; a 1,024 x 768 screenshot keeps its size, 768 tokens). The model's own bound is 16 MP.

@@ -9,7 +9,9 @@ ran, whether its prefix came from the cache, or which name the client gave the q
 a key, or asking the same question twice, gives the same thought (JevBench key_rename and
 duplicate_question).
 Filtering (temperature, top-k, top-p) and the inverse-CDF draw run in float64 on the CPU with
-ties broken by token id, so the same logits always give the same token.
+ties broken by token id, so the same logits always give the same token; with top-k on, the draw
+uses IEEE-754 basic operations only (`portable_exp`, left-to-right sums), so it gives that token
+on any machine too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.decide.portable_exp import portable_exp
 from engine.kernels.top_k import packed_top_k, step_top_k_rows
 
 THOUGHT_KEY_VERSION = b"prism-thought-v2"  # v1 hashed (seed, event id, question id, step)
@@ -154,31 +157,34 @@ def _check_uniform(u: float) -> None:
 def _draw(candidates: list[float], ids: list[int], u: float, *, temperature: float, top_p: float) -> int:
     """Inverse-CDF draw over top-k candidates (logits as float64, already in sampling order).
 
-    Plain float64 arithmetic in a fixed order (Python floats, `math.exp`, `math.fsum`): a
-    candidate list gives the same token wherever it came from, one row or a batch. The
-    probabilities are exp(l/T - max) / their fsum; top-p keeps the shortest head whose running
-    sum (left to right) reaches top_p; the draw walks that head until u * its fsum is passed.
+    float64 arithmetic of IEEE-754 basic operations only, in a fixed order, so a candidate list
+    gives the same token wherever it came from (one row or a batch) and on any machine, and a
+    kernel doing the same operations draws the same token: the weights are
+    `portable_exp(l/T - max)` (not the host libm's exp), the normaliser is their left-to-right sum
+    (an explicit loop: Python 3.12's `sum` compensates, `math.fsum` rounds differently again), the
+    probabilities are weight / normaliser; top-p keeps the shortest head whose running sum (left
+    to right) reaches top_p; the draw walks that head until u times the head's running sum is
+    passed.
     """
     scaled = [v / temperature for v in candidates]
     top = scaled[0]
-    weights = [math.exp(s - top) for s in scaled]
-    norm = math.fsum(weights)
+    weights = [portable_exp(s - top) for s in scaled]
+    norm = 0.0
+    for w in weights:
+        norm += w
     probs = [w / norm for w in weights]
-    if top_p < 1.0:
-        running, keep = 0.0, len(probs)
-        for i, p in enumerate(probs):
-            running += p
-            if running >= top_p:
-                keep = i + 1
-                break
-        del probs[keep:]
-    target = u * math.fsum(probs)
-    running = 0.0
-    for i, p in enumerate(probs):
-        running += p
-        if target < running:
+    running: list[float] = []
+    total = 0.0
+    for p in probs:
+        total += p
+        running.append(total)
+        if total >= top_p and top_p < 1.0:
+            break
+    target = u * running[-1]
+    for i, passed in enumerate(running):
+        if target < passed:
             return int(ids[i])
-    return int(ids[len(probs) - 1])
+    return int(ids[len(running) - 1])
 
 
 def _draw_wide(
