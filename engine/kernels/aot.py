@@ -175,6 +175,7 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
     from engine.kernels.decode_quant import gated_norm_quantize, swiglu_quantize
     from engine.kernels.decode_rows import PIECE_FIELDS
     from engine.kernels.decode_rows import ROW_FIELDS as DECODE_ROW_FIELDS
+    from engine.kernels.draw import TABLE_SIZE, draw_tokens
     from engine.kernels.forest_attention import (
         ATTENTION_DOTS,
         LONG_FORMS,
@@ -411,5 +412,10 @@ def engine_launches(config: ModelConfig, rows: int = 16) -> list[Launch]:
             )  # fmt: skip
         vocab_partials(f32(c.vocab_size))  # a read-out's coverage
         row_top_k(f32(64, c.vocab_size), 20, backend="triton")  # a thought's sampler (its top-k)
+        # ... and its draw on the device (engine.kernels.draw: built, not yet wired into the decoder)
+        packed, us = torch.empty(64, 42, dtype=torch.int64), torch.empty(64, dtype=torch.float64)
+        draw_tokens(
+            packed, us, 20, 0.6, 0.95, table=torch.empty(TABLE_SIZE, dtype=torch.float64), backend="triton"
+        )
         del q, q8, scale
     return _dedupe(launches)

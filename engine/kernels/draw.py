@@ -1,0 +1,184 @@
+"""The thought sampler's draw on the device: each row's token from its top-k numbers, in one kernel.
+
+Why: after a 64-sequence decode step the GPU waits ~1.9 ms (8% of the step on an H100) while the
+sampler's top-k runs after the replay, its numbers come back to the host and the host draws each
+row's token in Python float64 (`ops/bench/NOTES-kernels.md`, session 31). With the top-k
+(`engine.kernels.top_k.row_top_k`) and this draw inside the step's graph, the host reads one
+token a row, and a decode loop could run steps ahead of the host. Built on the CPU in session
+31 and not yet wired into the decoder or timed.
+
+What it computes: `engine.decide.sampling._draw` - the same float64 operations in the same order,
+each an IEEE-754 basic operation (`engine.decide.portable_exp`'s exp, left-to-right sums,
+float64 division, which Triton lowers to the correctly rounded `div.rn.f64`; built without
+fused multiply-adds), so a row gives the host's token
+bit for bit. One program a row, scalar code, three passes over its k candidates (the normaliser,
+the running sums to the top-p cut, the walk to u times the head's sum), recomputing a
+candidate's weight in each pass (the same operations, so the same values).
+
+Its input is `row_top_k`'s packed row: ids in the order of a stable descending sort (value
+descending, the lower id first among equal values) - the order the host's sampler puts its
+candidates in, ties across the cut included, since the kernel's k are the k largest unique
+(value, -id) keys. A row with NaN logits gets -1 (the host's sampler refuses such a row: its
+caller falls back to it, which raises); temperature <= 0 draws the first candidate (the host's
+greedy argmax, the lowest id among the maxima).
+
+float64 constants come from a table in memory (`constants`): a Python float inside a Triton
+kernel is an fp32 constant, which would round ln 2 and the Taylor coefficients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.decide import portable_exp as pe
+from engine.decide.sampling import _draw
+from engine.kernels._triton import Backend, helper, kernel, use_triton
+
+tl: Any = None  # bound at first launch (engine.kernels._triton)
+libdevice: Any = None
+
+
+TABLE_SIZE = 22  # `constants`' entries
+
+
+def constants(temperature: float, top_p: float, device: torch.device | str) -> torch.Tensor:
+    """The kernel's float64 table, at the positions its code reads (kernels cannot read module
+    globals, so they are written there as numbers): 0-13 the portable exp's Taylor coefficients
+    (highest degree first), 14 ln2_hi, 15 ln2_lo, 16 1/ln 2, 17 FLUSH_BELOW, 18 zero, 19 one half,
+    20 the temperature, 21 top-p."""
+    table = [*pe.TAYLOR, pe.LN2_HI, pe.LN2_LO, pe.INV_LN2, pe.FLUSH_BELOW, 0.0, 0.5, temperature, top_p]
+    assert len(table) == TABLE_SIZE
+    return torch.tensor(table, dtype=torch.float64, device=device)
+
+
+def _exp(x, c_ptr):
+    """`portable_exp(x)` for x <= 0 from the table at c_ptr: the same operations in the same
+    order. Arguments it flushes (below FLUSH_BELOW, -inf) or passes through (NaN) are replaced
+    by 0 before the reduction, so the bit-built 2^n always stays a normal number."""
+    zero = tl.load(c_ptr + 18)
+    flushed = x < tl.load(c_ptr + 17)
+    safe = tl.where(flushed | (x != x), zero, x)
+    n = tl.floor(safe * tl.load(c_ptr + 16) + tl.load(c_ptr + 19))
+    r = (safe - n * tl.load(c_ptr + 14)) - n * tl.load(c_ptr + 15)
+    p = tl.load(c_ptr)
+    for j in tl.static_range(1, 14):
+        p = p * r + tl.load(c_ptr + j)
+    two_n = ((n.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)  # exact: -1021 <= n <= 0
+    e = p * two_n
+    return tl.where(x != x, x, tl.where(flushed, zero, e))
+
+
+def _candidate(row_ptr, i, K: tl.constexpr):
+    """Candidate i's logit (float64, exact from its fp32 bits) of a packed row."""
+    bits = tl.load(row_ptr + K + i).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True).to(tl.float64)
+
+
+def _weight(row_ptr, i, top, temperature, c_ptr, K: tl.constexpr):
+    """exp(l_i / T - max): the candidate's unnormalised weight."""
+    return _exp(_candidate(row_ptr, i, K) / temperature - top, c_ptr)
+
+
+def _draw_kernel(packed_ptr, us_ptr, c_ptr, out_ptr, stride_p, K: tl.constexpr, ON_GPU: tl.constexpr):
+    """Program r: the token of packed row r with the uniform us[r] (see the module docstring)."""
+    r = tl.program_id(0).to(tl.int64)
+    row_ptr = packed_ptr + r * stride_p
+    zero = tl.load(c_ptr + 18)
+    greedy = tl.load(c_ptr + 20) <= zero
+    temperature = tl.where(greedy, tl.load(c_ptr + 19), tl.load(c_ptr + 20))  # greedy: any finite T
+    top_p = tl.load(c_ptr + 21)
+    top = _candidate(row_ptr, 0, K) / temperature
+    norm = zero
+    for i in range(0, K):
+        norm = norm + _weight(row_ptr, i, top, temperature, c_ptr, K)
+    # the running sums, stopped at the first that reaches top_p (top_p < 1): its length `keep`
+    total = zero
+    cut = zero != zero  # False, as a value the loop can carry
+    keep = cut.to(tl.int32) + K
+    for i in range(0, K):
+        grown = total + _weight(row_ptr, i, top, temperature, c_ptr, K) / norm
+        total = tl.where(cut, total, grown)
+        reached = (~cut) & (total >= top_p) & (top_p < 1.0)
+        keep = tl.where(reached, i + 1, keep)
+        cut = cut | reached
+    target = tl.load(us_ptr + r) * total
+    # the walk: the first running sum that passes the target, else the head's last
+    walked = zero
+    chosen = keep - 1
+    found = cut & ~cut
+    for i in range(0, K):
+        walked = walked + _weight(row_ptr, i, top, temperature, c_ptr, K) / norm
+        hit = (~found) & (i < keep) & (target < walked)
+        chosen = tl.where(hit, i, chosen)
+        found = found | hit
+    chosen = tl.where(greedy, 0, chosen)
+    token = tl.load(row_ptr + chosen)
+    token = tl.where(tl.load(row_ptr + 2 * K + 1) != 0, -1, token)
+    tl.store(out_ptr + r, token)
+
+
+_exp = helper(_exp)  # type: ignore[assignment]
+_candidate = helper(_candidate)  # type: ignore[assignment]
+_weight = helper(_weight)  # type: ignore[assignment]
+_draw_rows = kernel(_draw_kernel)
+
+
+def draw_tokens_reference(
+    packed: torch.Tensor, us: torch.Tensor, k: int, temperature: float, top_p: float
+) -> torch.Tensor:
+    """The host sampler's tokens for packed top-k rows: `engine.decide.sampling._draw` over each
+    row's candidates (the first candidate at temperature <= 0, -1 for a row with NaN logits),
+    int64 [n] on the rows' device."""
+    host = packed.cpu()
+    ids, values = (
+        host[:, :k].tolist(),
+        host[:, k : 2 * k].to(torch.int32).view(torch.float32).double().tolist(),
+    )
+    tokens = []
+    for r, (u, nan) in enumerate(zip(us.tolist(), host[:, 2 * k + 1].tolist(), strict=True)):
+        if nan:
+            tokens.append(-1)
+        elif temperature <= 0.0:
+            tokens.append(int(ids[r][0]))
+        else:
+            tokens.append(_draw(values[r], ids[r], u, temperature=temperature, top_p=top_p))
+    return torch.tensor(tokens, dtype=torch.int64, device=packed.device)
+
+
+def draw_tokens(
+    packed: torch.Tensor,
+    us: torch.Tensor,
+    k: int,
+    temperature: float,
+    top_p: float,
+    *,
+    table: torch.Tensor | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Each row's token (int64 [n]) from `row_top_k`'s packed rows int64 [n, 2k + 2] and its
+    uniform us float64 [n], as `draw_tokens_reference` gives it. `table`: `constants(temperature,
+    top_p)` made once on the rows' device (a captured graph keeps its address); None makes it."""
+    if packed.dim() != 2 or packed.dtype != torch.int64 or packed.shape[1] != 2 * k + 2 or k < 1:
+        raise ValueError(
+            f"packed must be int64 [n, 2k + 2] with k >= 1, got {packed.dtype} {tuple(packed.shape)}, k={k}"
+        )
+    if us.shape != (packed.shape[0],) or us.dtype != torch.float64 or us.device != packed.device:
+        raise ValueError(
+            f"us must be float64 [{packed.shape[0]}] on {packed.device}, got {us.dtype} {tuple(us.shape)}"
+        )
+    if not use_triton(backend, packed):
+        return draw_tokens_reference(packed, us, k, temperature, top_p)
+    if table is None:
+        table = constants(temperature, top_p, packed.device)
+    if table.dtype != torch.float64 or table.shape != (TABLE_SIZE,) or table.device != packed.device:
+        raise ValueError(f"table must be `constants(...)`: float64 [{TABLE_SIZE}] on {packed.device}")
+    if packed.stride(1) != 1:
+        packed = packed.contiguous()
+    out = torch.empty(packed.shape[0], dtype=torch.int64, device=packed.device)
+    if packed.shape[0]:
+        _draw_rows[(packed.shape[0],)](
+            packed, us.contiguous(), table, out, packed.stride(0), K=k, num_warps=1, enable_fp_fusion=False
+        )
+    return out
