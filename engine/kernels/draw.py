@@ -35,6 +35,7 @@ import torch
 from engine.decide import portable_exp as pe
 from engine.decide.sampling import _draw
 from engine.kernels._triton import Backend, helper, kernel, use_triton
+from engine.kernels.top_k import unpack
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -131,13 +132,10 @@ def draw_tokens_reference(
     """The host sampler's tokens for packed top-k rows: `engine.decide.sampling._draw` over each
     row's candidates (the first candidate at temperature <= 0, -1 for a row with NaN logits),
     int64 [n] on the rows' device."""
-    host = packed.cpu()
-    ids, values = (
-        host[:, :k].tolist(),
-        host[:, k : 2 * k].to(torch.int32).view(torch.float32).double().tolist(),
-    )
+    top = unpack(packed.cpu(), k)  # the packed row's fields, as the sampler reads them
+    ids, values = top.ids.tolist(), top.values.double().tolist()
     tokens = []
-    for r, (u, nan) in enumerate(zip(us.tolist(), host[:, 2 * k + 1].tolist(), strict=True)):
+    for r, (u, nan) in enumerate(zip(us.tolist(), top.nan.tolist(), strict=True)):
         if nan:
             tokens.append(-1)
         elif temperature <= 0.0:

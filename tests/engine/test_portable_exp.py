@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import struct
-from decimal import Decimal, getcontext
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import pytest
@@ -51,8 +51,9 @@ def _exp_by_rationals(x: float) -> float:
 
 
 def _true_exp(x: float) -> float:
-    getcontext().prec = 50
-    return float(Decimal(x).exp())
+    with localcontext() as digits:
+        digits.prec = 50
+        return float(Decimal(x).exp())
 
 
 @given(NONPOSITIVE)
