@@ -146,8 +146,7 @@ class Stages:
         closing = tuple(self.prompts.think_close_ids)
         steps: Steps
         if self.runner.path.decoder:
-            dc = self.decision_config
-            steps = DecoderSteps(self.runner.decoder, dc.thought_top_k if dc.thought_temperature > 0 else 0)
+            steps = DecoderSteps(self.runner.decoder, self.decision_config)
         else:
             steps = ForestSteps(self._run, len(closing))
         rules = ThoughtRules(

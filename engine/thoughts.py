@@ -14,7 +14,8 @@ token. What differs between the paths is only how a step runs (`Steps`):
 
 Which thoughts share a step never changes a thought's bits, on either path (the int8 contract).
 
-May import: `engine.run`, `engine.decide`, `engine.questions`.
+May import: `engine.run`, `engine.decide`, `engine.questions`, `engine.kernels.draw` (the sampler settings
+a step draws with).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from engine.decide.decision_config import DecisionConfig
 from engine.decide.sampling import sample_tokens, uniform
+from engine.kernels.draw import DrawSettings
 from engine.questions import QuestionRun
 from engine.run.decoder import Decoder
 from engine.run.executor import ForestOutput
@@ -46,8 +48,12 @@ class Steps(Protocol):
         """A handle for a thought starting from its question's think-prompt state."""
         ...
 
-    def step(self, handles: list[Any], feeds: list[tuple[int, ...]]) -> Sequence[torch.Tensor]:
-        """Feed each handle its tokens; the next-token logits after each (one row per handle)."""
+    def step(
+        self, handles: list[Any], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+    ) -> Sequence[torch.Tensor]:
+        """Feed each handle its tokens; the next-token logits after each (one row per handle).
+        uniforms[j]: the uniform of handle j's next draw, or None (a path that draws in its step
+        uses them; the sampler checks each against the one it draws with)."""
         ...
 
     def close(self) -> None:
@@ -77,6 +83,7 @@ class _Live:
     handle: Any
     logits: torch.Tensor
     closed: int | None = None  # closing tokens fed so far, once the thought has ended
+    next_draw: tuple[int, float] | None = None  # (draw index, its uniform): hashed once a draw
 
 
 def think(
@@ -111,7 +118,7 @@ def think(
             if drawing:
                 tokens = sample_tokens(
                     [t.logits for t in drawing],  # rows, as they came: a step's own top-k travels with them
-                    [uniform(rules.key(t.q), len(t.q.thought_ids)) for t in drawing],
+                    [_uniform(rules, t) for t in drawing],
                     temperature=dc.thought_temperature,
                     top_p=dc.thought_top_p,
                     top_k=dc.thought_top_k,
@@ -126,7 +133,7 @@ def think(
                 if t.closed is not None:
                     feeds[id(t)] = closing[t.closed : t.closed + steps.chunk]
             fed = [feeds[id(t)] for t in live]
-            logits = steps.step([t.handle for t in live], fed)
+            logits = steps.step([t.handle for t in live], fed, [_next_uniform(rules, t) for t in live])
             still: list[_Live] = []
             for t, tokens, row in zip(live, fed, logits, strict=True):
                 if t.closed is None:
@@ -141,6 +148,23 @@ def think(
             live = still
     finally:
         steps.close()
+
+
+def _next_uniform(rules: ThoughtRules, t: _Live) -> float | None:
+    """The uniform of t's next draw, after this step's feed: None where it draws none (closing,
+    or its budget reached: the loop closes it instead)."""
+    if t.closed is not None or len(t.q.thought_ids) >= t.q.budget:
+        return None
+    return _uniform(rules, t)
+
+
+def _uniform(rules: ThoughtRules, t: _Live) -> float:
+    """The uniform of t's draw number len(thought_ids) (the step feeds it, the sampler draws with
+    it: one hash for both)."""
+    index = len(t.q.thought_ids)
+    if t.next_draw is None or t.next_draw[0] != index:
+        t.next_draw = (index, uniform(rules.key(t.q), index))
+    return t.next_draw[1]
 
 
 @dataclass(eq=False)
@@ -167,7 +191,9 @@ class ForestSteps:
     def start(self, state: SegmentState, capacity: int) -> _ForestThought:
         return _ForestThought(state)
 
-    def step(self, handles: list[_ForestThought], feeds: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    def step(
+        self, handles: list[_ForestThought], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+    ) -> list[torch.Tensor]:
         for h in handles:
             if h.fresh is not None:
                 h.state, h.fresh = fold_into_parent(h.fresh), None
@@ -183,16 +209,18 @@ class ForestSteps:
 
 
 class DecoderSteps:
-    """Thought steps on `engine.run.decoder` (one token per thought per step). With the sampler's
-    top_k (0 < top_k < vocabulary) the steps also make its top-k numbers in their graphs
-    (`Decoder.draw_top_k`), which `sample_tokens` finds with the rows."""
+    """Thought steps on `engine.run.decoder` (one token per thought per step). With a top-k sampler
+    (temperature > 0, 0 < top_k < vocabulary) the steps also do its device part in their graphs
+    (`Decoder.sample_with`: its top-k numbers, or its tokens drawn with each row's next uniform),
+    which `sample_tokens` finds with the rows."""
 
     chunk = 1
 
-    def __init__(self, decoder: Decoder, top_k: int = 0) -> None:
+    def __init__(self, decoder: Decoder, config: DecisionConfig) -> None:
         self.decoder = decoder
-        if 0 < top_k < decoder.config.vocab_size:
-            decoder.draw_top_k(top_k)
+        k = config.thought_top_k
+        if config.thought_temperature > 0.0 and 0 < k < decoder.config.vocab_size:
+            decoder.sample_with(DrawSettings(k, config.thought_temperature, config.thought_top_p))
 
     def limit(self, capacity: int) -> int:
         return self.decoder.max_live(capacity)
@@ -200,9 +228,11 @@ class DecoderSteps:
     def start(self, state: SegmentState, capacity: int) -> Any:
         return self.decoder.start(state, capacity)
 
-    def step(self, handles: list[Any], feeds: list[tuple[int, ...]]) -> torch.Tensor:
+    def step(
+        self, handles: list[Any], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+    ) -> torch.Tensor:
         assert all(len(f) == 1 for f in feeds)
-        return self.decoder.step(handles, [f[0] for f in feeds])
+        return self.decoder.step(handles, [f[0] for f in feeds], uniforms)
 
     def close(self) -> None:
         self.decoder.forget()  # finished thoughts' states and buffers go back to the allocator

@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from engine.decide.portable_exp import portable_exp
+from engine.kernels.draw import DrawSettings, step_drawn_tokens
 from engine.kernels.top_k import packed_top_k, step_top_k_rows
 
 THOUGHT_KEY_VERSION = b"prism-thought-v2"  # v1 hashed (seed, event id, question id, step)
@@ -87,8 +88,10 @@ def sample_tokens(
     straddles the cut (more logits equal the k-th), every logit >= it is fetched for that row, so
     the cut keeps the lowest ids exactly as the full sort does. The host orders the candidates
     (logit descending, id ascending) and draws in float64. With top-k off (0, or at least the
-    vocabulary) each row falls back to `sample_token`. Everything is per row: a row's token never
-    depends on the others.
+    vocabulary) each row falls back to `sample_token`. Rows whose decode step also drew their token
+    in its graph with these settings and this row's uniform (`engine.kernels.draw.StepDraw`: the
+    same operations in float64, so the same token) take that token and need nothing else.
+    Everything is per row: a row's token never depends on the others.
     """
     rows = list(logits)
     if any(x.dim() != 1 for x in rows) or len(rows) != len(us) or len({x.numel() for x in rows}) > 1:
@@ -115,6 +118,39 @@ def sample_tokens(
             sample_token(x, u, temperature=temperature, top_p=top_p, top_k=top_k)
             for x, u in zip(rows, us, strict=True)
         ]
+    drawn = step_drawn_tokens(rows, us, DrawSettings(top_k, temperature, top_p))  # a step's own draws
+    todo = [r for r, token in enumerate(drawn) if token is None]
+    if len(todo) == n:
+        return _top_k_tokens(rows, us, stacked, range(n), top_k=top_k, temperature=temperature, top_p=top_p)
+    if todo:
+        made = _top_k_tokens(
+            [rows[r] for r in todo],
+            [us[r] for r in todo],
+            lambda index: stacked([todo[i] for i in index]),
+            todo,
+            top_k=top_k,
+            temperature=temperature,
+            top_p=top_p,
+        )
+        for r, token in zip(todo, made, strict=True):
+            drawn[r] = token
+    assert all(token is not None for token in drawn)
+    return drawn  # type: ignore[return-value]
+
+
+def _top_k_tokens(
+    rows: list[torch.Tensor],
+    us: Sequence[float],
+    stacked: Callable[[Sequence[int]], torch.Tensor],
+    numbers: Sequence[int],
+    *,
+    top_k: int,
+    temperature: float,
+    top_p: float,
+) -> list[int]:
+    """`sample_tokens`' top-k draw on the host for these rows (`stacked(index)`: those rows as one
+    tensor; `numbers`: their places in the caller's rows, for errors): their numbers from the step
+    that made them, else `packed_top_k` on their device."""
     packed, missing = step_top_k_rows(rows, top_k)  # the numbers a decode step made in its graph
     if missing:  # one device -> host copy: ids, the values' fp32 bits, the counts (exact in int64)
         made = packed_top_k(stacked(missing).float(), top_k).cpu()
@@ -130,7 +166,7 @@ def sample_tokens(
     for r, nan in enumerate(packed[:, 2 * top_k + 1].tolist()):
         if nan:
             raise ValueError(
-                f"row {r} of the logits holds {nan} NaN value(s) (a broken forward pass): no token "
+                f"row {numbers[r]} of the logits holds {nan} NaN value(s) (a broken forward pass): no token "
                 "can be drawn from it"
             )
     tokens: list[int] = []

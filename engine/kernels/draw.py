@@ -4,8 +4,8 @@ Why: after a 64-sequence decode step the GPU waits ~1.9 ms (8% of the step on an
 sampler's top-k runs after the replay, its numbers come back to the host and the host draws each
 row's token in Python float64 (`ops/bench/NOTES-kernels.md`, session 31). With the top-k
 (`engine.kernels.top_k.row_top_k`) and this draw inside the step's graph, the host reads one
-token a row, and a decode loop could run steps ahead of the host. Built on the CPU in session
-31 and not yet wired into the decoder or timed.
+token a row, and a decode loop could run steps ahead of the host. `StepDraw` is that part of a
+decode step (`engine.run.decoder.DRAW_IN_STEP`; built in session 32, off until timed on a GPU).
 
 What it computes: `engine.decide.sampling._draw` - the same float64 operations in the same order,
 each an IEEE-754 basic operation (`engine.decide.portable_exp`'s exp, left-to-right sums,
@@ -28,14 +28,16 @@ kernel is an fp32 constant, which would round ln 2 and the Taylor coefficients.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from engine.decide import portable_exp as pe
-from engine.decide.sampling import _draw
 from engine.kernels._triton import Backend, helper, kernel, use_triton
-from engine.kernels.top_k import unpack
+from engine.kernels.attached import attached, rows_in
+from engine.kernels.top_k import row_top_k, unpack
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -132,6 +134,8 @@ def draw_tokens_reference(
     """The host sampler's tokens for packed top-k rows: `engine.decide.sampling._draw` over each
     row's candidates (the first candidate at temperature <= 0, -1 for a row with NaN logits),
     int64 [n] on the rows' device."""
+    from engine.decide.sampling import _draw  # here: the sampler imports this module for `StepDraw`
+
     top = unpack(packed.cpu(), k)  # the packed row's fields, as the sampler reads them
     ids, values = top.ids.tolist(), top.values.double().tolist()
     tokens = []
@@ -180,3 +184,122 @@ def draw_tokens(
             packed, us.contiguous(), table, out, packed.stride(0), K=k, num_warps=1, enable_fp_fusion=False
         )
     return out
+
+
+# ------------------------------------------------------------------------ the draw inside a step
+# Where `StepDraw` runs its two kernels: "auto" on CUDA logits (the torch references elsewhere);
+# tests set "triton" to run them through Triton's interpreter on CPU.
+_STEP_BACKEND: Backend = "auto"
+
+
+class DrawSettings(NamedTuple):
+    """The thought sampler's settings a step draws with (`engine.decide.decision_config`'s
+    thought_top_k, thought_temperature, thought_top_p)."""
+
+    top_k: int
+    temperature: float
+    top_p: float
+
+
+class StepDraw:
+    """A decode step's thought draws made inside the step's CUDA graph, beside its logits.
+
+    Why: with `engine.kernels.top_k.StepTopK` the step already makes the sampler's top-k numbers,
+    but the host still copies them back and draws 64 rows in Python float64 (~0.5 ms a step on
+    the device host, the GPU idle). Here the step also draws: `load` puts each row's uniform for
+    its next draw in a static device tensor before the launch, `compute` (captured with the step)
+    runs `row_top_k` and `draw_tokens` over the step's logits and copies the tokens into a pinned
+    host twin, and `issue` (after each launch) returns the ticket the step's logits carry
+    (`engine.kernels.attached`). `engine.decide.sampling.sample_tokens` takes a row's token from
+    there only where the ticket's settings and the row's uniform are exactly the ones it was asked
+    to draw with; every other row (a thought's first draw, a NaN row, an earlier launch's rows)
+    is drawn on the host as before. The same operations on the same candidates: the same token.
+    """
+
+    def __init__(self, rows: int, settings: DrawSettings, device: torch.device) -> None:
+        if rows < 1 or settings.top_k < 1 or settings.temperature <= 0.0:
+            raise ValueError(f"need rows >= 1, top_k >= 1 and temperature > 0, got {rows}, {settings}")
+        self.settings = settings
+        self.uniforms = torch.zeros(rows, dtype=torch.float64, device=device)  # loaded before each launch
+        self.table = constants(settings.temperature, settings.top_p, device)
+        pinned = device.type == "cuda"
+        self._host = torch.zeros(rows, dtype=torch.int64, pin_memory=pinned)
+        self._copied = torch.cuda.Event() if pinned else None
+        self._loaded: tuple[float | None, ...] = ()
+        self.generation = 0
+
+    def load(self, us: Sequence[float | None]) -> None:
+        """The uniforms of the next launch's rows (None: that row draws nothing; padding after)."""
+        if len(us) > self.uniforms.shape[0]:
+            raise ValueError(f"{len(us)} uniforms for {self.uniforms.shape[0]} rows")
+        values = [0.0 if u is None else u for u in us] + [0.0] * (self.uniforms.shape[0] - len(us))
+        if any(not 0.0 <= u < 1.0 for u in values):
+            raise ValueError(f"uniforms must be in [0, 1), got {list(us)}")
+        self.uniforms.copy_(torch.tensor(values, dtype=torch.float64), non_blocking=True)
+        self._loaded = tuple(us)
+
+    def compute(self, logits: torch.Tensor) -> None:
+        """Each row's token of logits [n <= rows, vocab] fp32 with its loaded uniform, into the
+        host twin's first n rows (capturable)."""
+        k, temperature, top_p = self.settings
+        packed = row_top_k(logits.detach().float(), k, backend=_STEP_BACKEND)
+        n = packed.shape[0]
+        tokens = draw_tokens(
+            packed, self.uniforms[:n], k, temperature, top_p, table=self.table, backend=_STEP_BACKEND
+        )
+        self._host[:n].copy_(tokens, non_blocking=self._copied is not None)
+
+    def issue(self) -> StepDrawTicket:
+        """After a launch of the step (replay or eager) on the current stream: its ticket."""
+        self.generation += 1
+        if self._copied is not None:
+            self._copied.record()
+        return StepDrawTicket(self, self.generation, self._loaded)
+
+    def tokens(self, generation: int) -> torch.Tensor | None:
+        """The host tokens [rows] of launch `generation` (waits for its copy), or None when a
+        later launch overwrote them."""
+        if generation != self.generation:
+            return None
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host
+
+
+@dataclass(frozen=True, eq=False)
+class StepDrawTicket:
+    """One launch's claim on a `StepDraw`: its generation and the uniforms its rows drew with."""
+
+    draw: StepDraw
+    generation: int
+    uniforms: tuple[float | None, ...]
+
+
+def step_drawn_tokens(
+    rows: Sequence[torch.Tensor], us: Sequence[float], settings: DrawSettings
+) -> list[int | None]:
+    """Per row, the token a decode step drew for it in its graph (`StepDraw`), where that draw
+    used exactly these settings and the row's uniform us[r] and its launch is still current;
+    else None (the caller draws that row itself). A token of -1 (a NaN row) is None too."""
+    found: list[int | None] = [None] * len(rows)
+    groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
+    for r, x in enumerate(rows):
+        block = x._base
+        if block is not None:
+            groups.setdefault(id(block), (block, []))[1].append(r)
+    for block, members in groups.values():
+        ticket = attached(block, StepDrawTicket)
+        if ticket is None or ticket.draw.settings != settings:
+            continue
+        host: list[int] | None = None
+        for r, i in zip(members, rows_in(block, [rows[r] for r in members]), strict=True):
+            if i is None or i >= len(ticket.uniforms) or ticket.uniforms[i] != us[r]:
+                continue
+            if host is None:
+                tokens = ticket.draw.tokens(ticket.generation)
+                if tokens is None:
+                    break
+                host = tokens.tolist()
+            if host[i] >= 0:
+                found[r] = host[i]
+    return found

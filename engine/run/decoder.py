@@ -30,6 +30,7 @@ any other sequences.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -48,7 +49,8 @@ from engine.kernels.decode_rows import (
     TOKEN,
     element_offset,
 )
-from engine.kernels.top_k import StepTopK
+from engine.kernels.draw import DrawSettings, StepDraw
+from engine.kernels.top_k import StepTopK, fits
 from engine.model.weights import Weights
 from engine.run.forest import SegmentState
 from engine.run.graphs import fit
@@ -58,11 +60,17 @@ from engine.run.rope import rope_rows
 log = structlog.get_logger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-# Whether buckets make the thought sampler's top-k numbers inside the step (`Decoder.draw_top_k`,
+# Whether buckets make the thought sampler's top-k numbers inside the step (`Decoder.sample_with`,
 # `engine.kernels.top_k.StepTopK`): the same numbers, so the same tokens, without ~ten launches
 # and a copy after every step. Built on the CPU (session 22), not yet timed on a GPU: off until
 # `bench_engine.py --variants tc64inv,tc64inv-steptopk --decode-only` says it pays.
 TOP_K_IN_STEP = False
+# Whether buckets also draw each thought's next token inside the step (`engine.kernels.draw.StepDraw`:
+# the top-k as `row_top_k`'s kernels, then the float64 draw, the host reading one token a row): the
+# same tokens, without the top-k launches after the replay and the host's draw. Built on the CPU in
+# session 32: off until `bench_engine.py --variants tc64inv,tc64inv-stepdraw --decode-only` says it
+# pays. Where on, it replaces TOP_K_IN_STEP's numbers (a bucket makes one or the other).
+DRAW_IN_STEP = False
 MAX_PIECES = 4  # system root, evidence, question, own thought
 FIRST_CAPACITY = 64  # thought K/V rows allocated at start; buffers double up to the capacity
 
@@ -100,7 +108,8 @@ class _Bucket:
     pieces: torch.Tensor  # [n_attn, B, P, 4] int64
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
-    top_k: StepTopK | None = None  # the sampler's numbers made in the step (`Decoder.draw_top_k`)
+    top_k: StepTopK | None = None  # the sampler's numbers made in the step (`Decoder.sample_with`)
+    draw: StepDraw | None = None  # the sampler's tokens drawn in the step (`Decoder.sample_with`)
     members: tuple | None = None  # (id, version) of the sequences whose pieces are loaded
     held: list[DecodeSequence] = field(default_factory=list)
 
@@ -130,18 +139,20 @@ class Decoder(Int8Layers):
         self.base = torch.zeros(64, dtype=torch.float32, device=self.device)
         self._pad = self._new_sequence([], 0, 1)
         self._bucket_cache: dict[int, _Bucket] = {}
-        self._top_k: int | None = None
+        self._sampler: DrawSettings | None = None
         self.steps = 0
 
-    def draw_top_k(self, k: int | None) -> None:
-        """From now on, buckets made (and captured) also make the thought sampler's top-k
-        numbers for this k inside each step (`engine.kernels.top_k.StepTopK`: the same numbers
-        the sampler would compute after the step, without its launches); None: they do not.
-        Set it before the first step (`engine.thoughts.DecoderSteps` does, from the decision
-        config); a bucket made before keeps what it was made with. Only where TOP_K_IN_STEP is on."""
-        if k is not None and k < 1:
-            raise ValueError(f"k must be >= 1 or None, got {k}")
-        self._top_k = k
+    def sample_with(self, settings: DrawSettings | None) -> None:
+        """From now on, buckets made (and captured) also do the thought sampler's device part with
+        these settings inside each step: its tokens where DRAW_IN_STEP is on (`StepDraw`, with the
+        uniforms `step` is given) and the settings allow it (temperature > 0, a k `row_top_k`
+        takes), else its top-k numbers where TOP_K_IN_STEP is on (`StepTopK`); the same tokens or
+        numbers the sampler would make after the step, without its launches. None: neither. Set it
+        before the first step (`engine.thoughts.DecoderSteps` does, from the decision config); a
+        bucket made before keeps what it was made with."""
+        if settings is not None and settings.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {settings}")
+        self._sampler = settings
 
     # ------------------------------------------------------------------------------ sequences
     def start(self, state: SegmentState, capacity: int) -> DecodeSequence:
@@ -236,20 +247,31 @@ class Decoder(Int8Layers):
         return max(1, min(top, int(memory_fraction * free) // max(1, self.sequence_bytes(capacity))))
 
     # ------------------------------------------------------------------------------ steps
-    def step(self, seqs: list[DecodeSequence], tokens: list[int]) -> torch.Tensor:
+    def step(
+        self, seqs: list[DecodeSequence], tokens: list[int], uniforms: Sequence[float | None] | None = None
+    ) -> torch.Tensor:
         """Feed tokens[j] to seqs[j]; return the next-token logits fp32 [len(seqs), vocab] (a copy).
 
+        uniforms[j]: the uniform of seqs[j]'s next draw (None: it draws none), for buckets that
+        draw in the step (`sample_with`); the logits then carry those tokens for the sampler.
         More sequences than the largest bucket run in several bucket-sized steps (a row's
         result does not depend on which).
         """
-        if len(seqs) != len(tokens):
-            raise ValueError(f"{len(seqs)} sequences but {len(tokens)} tokens")
+        if len(seqs) != len(tokens) or (uniforms is not None and len(uniforms) != len(seqs)):
+            count = "no" if uniforms is None else len(uniforms)
+            raise ValueError(f"{len(seqs)} sequences but {len(tokens)} tokens and {count} uniforms")
         if len(set(map(id, seqs))) != len(seqs):
             raise ValueError("a sequence appears twice in one step")
+        us: Sequence[float | None] = [None] * len(seqs) if uniforms is None else uniforms
         top = self.buckets[-1]
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            parts = [self._step(seqs[i : i + top], tokens[i : i + top]) for i in range(0, len(seqs), top)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            parts = [
+                self._step(seqs[i : i + top], tokens[i : i + top], us[i : i + top])
+                for i in range(0, len(seqs), top)
+            ]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat(parts)  # (the parts' draws stay with the parts: the sampler draws these rows)
 
     def forget(self) -> None:
         """Drop the buckets' references to the last sequences they ran (their states and chains),
@@ -257,7 +279,9 @@ class Decoder(Int8Layers):
         for bucket in self._bucket_cache.values():
             bucket.members, bucket.held = None, []
 
-    def _step(self, seqs: list[DecodeSequence], tokens: list[int]) -> torch.Tensor:
+    def _step(
+        self, seqs: list[DecodeSequence], tokens: list[int], uniforms: Sequence[float | None]
+    ) -> torch.Tensor:
         n = len(seqs)
         if n == 0:
             return torch.zeros(0, self.config.vocab_size, device=self.device)
@@ -270,7 +294,7 @@ class Decoder(Int8Layers):
         logits, captured = self._graphs.run(
             bucket,
             self._forward,
-            lambda: self._load(bucket, seqs, tokens),
+            lambda: self._load(bucket, seqs, tokens, uniforms),
             lambda: self._load_padding(bucket),
         )
         if captured:
@@ -282,11 +306,21 @@ class Decoder(Int8Layers):
         out = logits[:n].clone()
         if bucket.top_k is not None:
             attach(out, bucket.top_k.issue())
+        if bucket.draw is not None:
+            attach(out, bucket.draw.issue())
         return out
 
     def _bucket(self, size: int) -> _Bucket:
         if size not in self._bucket_cache:
-            c, dev = self.config, self.device
+            c, dev, sampler = self.config, self.device, self._sampler
+            draw = (
+                StepDraw(size, sampler, dev)
+                if sampler
+                and DRAW_IN_STEP
+                and sampler.temperature > 0.0
+                and fits(c.vocab_size, sampler.top_k)
+                else None
+            )
             self._bucket_cache[size] = _Bucket(
                 size=size,
                 rows=torch.zeros(size, ROW_FIELDS, dtype=torch.int64, device=dev),
@@ -294,11 +328,18 @@ class Decoder(Int8Layers):
                 pieces=torch.zeros(
                     len(self.attn_layers), size, self.max_pieces, PIECE_FIELDS, dtype=torch.int64, device=dev
                 ),
-                top_k=StepTopK(size, self._top_k, dev) if self._top_k and TOP_K_IN_STEP else None,
+                top_k=StepTopK(size, sampler.top_k, dev) if sampler and TOP_K_IN_STEP and not draw else None,
+                draw=draw,
             )
         return self._bucket_cache[size]
 
-    def _load(self, bucket: _Bucket, seqs: list[DecodeSequence], tokens: list[int]) -> None:
+    def _load(
+        self,
+        bucket: _Bucket,
+        seqs: list[DecodeSequence],
+        tokens: list[int],
+        uniforms: Sequence[float | None] = (),
+    ) -> None:
         """Write this step's inputs into the bucket's static tensors."""
         b, n = bucket.size, len(seqs)
         padded = seqs + [self._pad] * (b - n)
@@ -316,6 +357,8 @@ class Decoder(Int8Layers):
         cos, sin = rope_rows(self.config, positions, torch.float32)
         bucket.rows.copy_(rows, non_blocking=True)
         bucket.rope.copy_(torch.stack([cos, sin], dim=1), non_blocking=True)
+        if bucket.draw is not None:
+            bucket.draw.load(uniforms)
 
     def _load_padding(self, bucket: _Bucket) -> None:
         """Every row a padding row: a step that reads and writes nothing (graph warm-up, capture)."""
@@ -324,10 +367,12 @@ class Decoder(Int8Layers):
     # ------------------------------------------------------------------------------ the step
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
         """The layer stack (`engine.run.layers`) for the bucket's rows: logits fp32 [B, vocab] (and
-        the sampler's top-k numbers of them, where the bucket makes them)."""
+        the sampler's top-k numbers or tokens of them, where the bucket makes them)."""
         logits = self._stack(bucket.rows[:, TOKEN], bucket)
         if bucket.top_k is not None:
             bucket.top_k.compute(logits)
+        if bucket.draw is not None:
+            bucket.draw.compute(logits)
         return logits
 
     def _gdn(self, j: int, layer: dict, x: GdnInputs, bucket: _Bucket) -> torch.Tensor:

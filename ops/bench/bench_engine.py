@@ -55,8 +55,9 @@ import torch
 
 from engine.decide import readout
 from engine.decide.readout import read_letters, read_letters_many
-from engine.decide.sampling import sample_tokens
+from engine.decide.sampling import sample_tokens, thought_key, uniform
 from engine.kernels import cutlass_gemm
+from engine.kernels.draw import DrawSettings
 from engine.kernels.forest_attention import ATTENTION_DOTS
 from engine.kernels.forest_gdn import GDN_DOTS
 from engine.model.config import ModelConfig
@@ -233,18 +234,21 @@ class Bench:
         """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt.
 
         Each step is what `engine.thoughts.think` does on CUDA: a decoder step (graph replay, or eager
-        with --decode-eager) and the batched sampler at the decision config's defaults.
+        with --decode-eager) given each row's next uniform (hashed from its thought key and the
+        step, as the loop does), and the batched sampler at the decision config's defaults.
         """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
         out = self.run(build_forest(segs))
         decoder = self.decoder()
         seqs = [decoder.start(st, steps) for st in out.states]
-        us = [0.5] * sequences
+        keys = [thought_key(i, f"bench-{sequences}", []) for i in range(sequences)]
+        us = [uniform(key, 0) for key in keys]
         tokens = sample_tokens(out.logits, us, temperature=0.6, top_p=0.95, top_k=20)
         sync()
         t0 = time.perf_counter()
-        for _ in range(steps):
-            logits = decoder.step(seqs, tokens)
+        for step in range(1, steps + 1):
+            us = [uniform(key, step) for key in keys]
+            logits = decoder.step(seqs, tokens, us)
             tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
         sync()
         return sequences * steps / (time.perf_counter() - t0)
@@ -253,7 +257,9 @@ class Bench:
         if self._decoder is None:
             dots = self.body.attention_dots if self.body is not None else "ieee"
             self._decoder = Decoder(self.weights, graphs=self.graphs, attention_dots=dots)
-            self._decoder.draw_top_k(20)  # the sampler's k below (made in the step where TOP_K_IN_STEP)
+            # the sampler's settings below (its device part made in the step where TOP_K_IN_STEP
+            # or DRAW_IN_STEP is on)
+            self._decoder.sample_with(DrawSettings(20, 0.6, 0.95))
         return self._decoder
 
 
@@ -371,11 +377,11 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
     us = [0.5] * sequences
     for decoder, name in ((graphed, "graph"), (eager, "eager")):
         seqs = [decoder.start(st, 24) for st in out.states]
-        logits = decoder.step(seqs, tokens)
+        logits = decoder.step(seqs, tokens, us)
         sync()
         t0 = time.perf_counter()
         for _ in range(16):
-            logits = decoder.step(seqs, tokens)
+            logits = decoder.step(seqs, tokens, us)
         sync()
         show(f"e_profile_{sequences}_{name}_step_ms", 1e3 * (time.perf_counter() - t0) / 16)
     t0 = time.perf_counter()
@@ -520,7 +526,7 @@ def thinking_requests(bench: Bench, clients: int, thought_tokens: int = THOUGHT_
     logits = think.logits
     for _ in range(thought_tokens):
         tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
-        logits = decoder.step(seqs, tokens)
+        logits = decoder.step(seqs, tokens, us)
     for token in bench.tokens(THINK_CLOSE):
         logits = decoder.step(seqs, [token] * clients)
     for row in range(clients):
@@ -1142,6 +1148,9 @@ VARIANTS: dict[str, dict | None] = {
     "tc64inv-steptopkkernel": _tc64inv(
         set={"engine.run.decoder.TOP_K_IN_STEP": True, "engine.kernels.top_k.TOP_K_FORM": "kernel"}
     ),
+    # the CUDA default with the thought draw itself inside the decode step's graph
+    # (`decoder.DRAW_IN_STEP`: `row_top_k`, then `engine.kernels.draw`): the same tokens
+    "tc64inv-stepdraw": _tc64inv(set={"engine.run.decoder.DRAW_IN_STEP": True}),
     # the CUDA default with the sampler's top-k as two Triton kernels (`top_k.TOP_K_FORM`):
     # the same tokens
     "tc64inv-topkkernel": _tc64inv(set={"engine.kernels.top_k.TOP_K_FORM": "kernel"}),

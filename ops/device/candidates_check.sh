@@ -16,6 +16,8 @@
 #   STAGE=fmhaacc bash ops/device/candidates_check.sh  # the FMHA long tier: 4B accuracy against fp32, both ways (~4 min)
 #   STAGE=first   bash ops/device/candidates_check.sh  # a scarce machine's one call: the whole CUDA set and #27's
 #                                                      # figures; on an H200 #19's decode figures, else (c)'s profile (~9 min)
+#   STAGE=draw    bash ops/device/candidates_check.sh  # the whole CUDA set, then 27B decode with the draw in the
+#                                                      # step against the default, twice each, 1 and 64 sequences (~9 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -171,6 +173,16 @@ first)
         fi
     fi
     kill "$sampler" 2>/dev/null
+    ;;
+draw)
+    # session 32's draw inside the decode step (`decoder.DRAW_IN_STEP`): the whole CUDA set at this
+    # commit (its bit tests are in the decoder's files), then the 27B decode A/B, interleaved
+    JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-280} bash ops/device/gpu_suite.sh 2>&1 | tail -12
+    left=$(( ${CALL_S:-590} - 15 - SECONDS ))
+    timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences 1,64 \
+        --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv,tc64inv-stepdraw,tc64inv,tc64inv-stepdraw}" \
+        --json "$OUT/decode-draw.json" > "$OUT/decode-draw.log" 2>&1
+    echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-draw.log"; tail -3 "$OUT/decode-draw.log"
     ;;
 fmhaacc)
     # #27's accuracy check for the FMHA tier at 4B: the default's read-outs and the FMHA tier's

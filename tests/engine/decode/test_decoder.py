@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.kernels.draw import DrawSettings
 from engine.run.decoder import Decoder
 from engine.run.executor import run_forest
 from engine.run.forest import Segment, SegmentState, build_forest
@@ -137,7 +138,7 @@ def test_a_step_makes_its_samplers_numbers_and_the_draws_stay(
 
     monkeypatch.setattr(decoder_module, "TOP_K_IN_STEP", True)
     decoder = Decoder(engine.weights, graphs=graphs)
-    decoder.draw_top_k(5)
+    decoder.sample_with(DrawSettings(5, 1.0, 0.95))
     picked = [0, 5, 9]
     seqs = [decoder.start(prompts[i], capacity=STEPS) for i in picked]
     us = [0.1, 0.5, 0.9]
@@ -160,3 +161,71 @@ def test_a_step_makes_its_samplers_numbers_and_the_draws_stay(
     assert sampling.sample_tokens(first, us, **setting) == want and len(calls) == 4  # stale: computed
     want_second = sampling.sample_tokens(second.clone(), us, **setting)
     assert sampling.sample_tokens(second, us, **setting) == want_second and len(calls) == 5
+
+
+@pytest.mark.parametrize(
+    "graphs, backend",
+    [(False, "auto"), (False, "triton"), (True, "auto")]
+    if DEVICE == "cuda"
+    else [(False, "auto"), (False, "triton")],
+)
+def test_a_step_draws_the_samplers_tokens(
+    engine: Engine,
+    prompts: list[SegmentState],
+    monkeypatch: pytest.MonkeyPatch,
+    graphs: bool,
+    backend: str,
+) -> None:
+    """With `DRAW_IN_STEP` a step also draws each row's next token with the uniform it was given
+    (in its CUDA graph where it has one; on CPU through the torch references, or the kernels in
+    Triton's interpreter): `sample_tokens` takes those tokens and draws on the host only the rows
+    whose step did not draw with the uniform and settings asked for - a row given no uniform,
+    another uniform, other settings, an earlier launch of the same bucket - and every token is
+    the one the host draws from a plain copy of the same logits (which carries nothing)."""
+    import engine.decide.sampling as sampling
+    import engine.kernels.draw as draw_module
+    import engine.run.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)
+    monkeypatch.setattr(draw_module, "_STEP_BACKEND", backend)
+    settings = DrawSettings(5, 1.0, 0.95)
+    decoder = Decoder(engine.weights, graphs=graphs)
+    decoder.sample_with(settings)
+    picked = [0, 5, 9, 12]
+    seqs = [decoder.start(prompts[i], capacity=STEPS) for i in picked]
+    us = [0.1, 0.5, 0.9, 0.99]
+    given = [us[0], us[1], us[2], None]  # the last row draws nothing in the step
+    host_rows: list[int] = []
+    real = sampling._top_k_tokens
+    monkeypatch.setattr(
+        sampling, "_top_k_tokens", lambda rows, *a, **kw: host_rows.append(len(rows)) or real(rows, *a, **kw)
+    )
+    draw = dict(temperature=1.0, top_p=0.95, top_k=5)
+    first = decoder.step(seqs, [_tokens(i)[0] for i in picked], given)
+    assert decoder._bucket_cache[4].draw is not None and decoder._bucket_cache[4].top_k is None
+    drawn = draw_module.step_drawn_tokens(list(first), us, settings)
+    assert [t is not None for t in drawn] == [True, True, True, False]
+    host_rows.clear()
+    want = sampling.sample_tokens(first.clone(), us, **draw)
+    assert host_rows == [4]  # the copy carries nothing
+    host_rows.clear()
+    assert sampling.sample_tokens(first, us, **draw) == want
+    assert host_rows == [1]  # the row given no uniform
+    assert drawn[:3] == want[:3]
+    host_rows.clear()
+    assert sampling.sample_tokens([first[2], first[0]], [us[2], us[0]], **draw) == [want[2], want[0]]
+    assert host_rows == []
+    other_u = [us[0], 0.25, us[2], us[3]]
+    assert sampling.sample_tokens(first, other_u, **draw) == sampling.sample_tokens(
+        first.clone(), other_u, **draw
+    )
+    other = dict(draw, top_p=0.9)
+    host_rows.clear()
+    assert sampling.sample_tokens(first, us, **other) == sampling.sample_tokens(first.clone(), us, **other)
+    assert host_rows == [4, 4]  # other settings: the step's draws do not count
+    second = decoder.step(seqs, [_tokens(i)[1] for i in picked], given)  # the same bucket again
+    host_rows.clear()
+    assert sampling.sample_tokens(first, us, **draw) == want and host_rows == [4]  # stale
+    want_second = sampling.sample_tokens(second.clone(), us, **draw)
+    host_rows.clear()
+    assert sampling.sample_tokens(second, us, **draw) == want_second and host_rows == [1]

@@ -59,13 +59,15 @@ def test_decoder_thoughts_equal_the_forest_thoughts(
     assert all(0 < t <= 5 for t in thought_tokens[2:])
 
 
-def test_thoughts_from_the_steps_own_top_k_are_the_same_thoughts(
+def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoughts(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the sampler's top-k numbers made in each decoder step (`decoder.TOP_K_IN_STEP`, set
-    up by `DecoderSteps` from the decision config) the thoughts, their cuts and both read-outs
-    are the ones the sampler makes when it computes the numbers after each step; and it computed
-    them only for each thought's first draw, whose logits come from the forest read-out."""
+    """With the sampler's top-k numbers made in each decoder step (`decoder.TOP_K_IN_STEP`), and
+    with each thought's next token drawn there (`decoder.DRAW_IN_STEP`, the uniforms handed over by
+    the thought loop) - both set up by `DecoderSteps` from the decision config - the thoughts,
+    their cuts and both read-outs are the ones the host sampler makes when it does everything
+    after each step. The host computed the top-k numbers, and with the step's draws drew tokens,
+    only for each thought's first draw, whose logits come from the forest read-out."""
     from decode_engines import same_weights
 
     import engine.decide.sampling as sampling
@@ -76,13 +78,29 @@ def test_thoughts_from_the_steps_own_top_k_are_the_same_thoughts(
         _req("b", "disk 97% on db-3", budget=5, seed=9),
     ]
     plain = same_weights(engine, decoder=True).decide(requests)
-    monkeypatch.setattr(decoder_module, "TOP_K_IN_STEP", True)
-    rows: list[int] = []
-    real = sampling.packed_top_k
-    monkeypatch.setattr(sampling, "packed_top_k", lambda x, k: rows.append(x.shape[0]) or real(x, k))
-    stepped = same_weights(engine, decoder=True)
-    got = stepped.decide(requests)
-    assert [r.traces for r in got] == [r.traces for r in plain]
-    buckets = stepped.runner.decoder._bucket_cache.values()
-    assert buckets and all(b.top_k is not None for b in buckets)
-    assert sum(rows) == 4  # two questions a request, each thought's first draw
+    assert sum(t.thought_tokens for r in plain for t in r.traces.values()) > 4  # the steps draw too
+    top_k_rows: list[int] = []
+    host_rows: list[int] = []
+    real_top_k, real_host = sampling.packed_top_k, sampling._top_k_tokens
+    monkeypatch.setattr(
+        sampling, "packed_top_k", lambda x, k: top_k_rows.append(x.shape[0]) or real_top_k(x, k)
+    )
+    monkeypatch.setattr(
+        sampling,
+        "_top_k_tokens",
+        lambda rows, *a, **kw: host_rows.append(len(rows)) or real_host(rows, *a, **kw),
+    )
+    for switch in ("TOP_K_IN_STEP", "DRAW_IN_STEP"):
+        top_k_rows.clear()
+        host_rows.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder_module, switch, True)
+            stepped = same_weights(engine, decoder=True)
+            got = stepped.decide(requests)
+        assert [r.traces for r in got] == [r.traces for r in plain], switch
+        buckets = stepped.runner.decoder._bucket_cache.values()
+        made = [b.top_k if switch == "TOP_K_IN_STEP" else b.draw for b in buckets]
+        assert made and all(m is not None for m in made), switch
+        assert sum(top_k_rows) == 4, switch  # two questions a request, each thought's first draw
+        if switch == "DRAW_IN_STEP":
+            assert sum(host_rows) == 4

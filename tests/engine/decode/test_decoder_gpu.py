@@ -89,3 +89,43 @@ def test_decide_decodes_to_the_budget_and_reads_again(engine: Engine) -> None:
         assert 0 <= trace.thought_tokens <= budget
         assert trace.thought_truncated == (trace.thought_tokens == budget)
         assert trace.second is not None and abs(sum(trace.second.probabilities) - 1.0) <= 1e-6
+
+
+def test_thoughts_drawn_in_the_step_equal_the_host_draws(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the draw in the step's graph (`decoder.DRAW_IN_STEP`: `row_top_k` and the float64 draw
+    kernel compiled, the uniforms loaded with the row table) 16 thinkers get the traces the host
+    sampler gives them, bit for bit, together in any order and the target alone; the host drew
+    only each thought's first token."""
+    import engine.decide.sampling as sampling
+    import engine.run.decoder as decoder_module
+
+    target = _req("target", "api latency 900ms on checkout, db-3 cpu 95%", budget=40)
+    others = [
+        _req(f"other-{i}", f"alert {i}: pod restarts x{i * 7}", budget=8 + 5 * i, seed=i) for i in range(15)
+    ]
+    batch = [target, *others]
+    want = {
+        r.request_id: r.traces for r in same_weights(engine, decoder=True, decoder_dots="bf16").decide(batch)
+    }
+    assert sum(t.thought_tokens for traces in want.values() for t in traces.values()) > 16 * 4
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)
+    host_rows: list[int] = []
+    real = sampling._top_k_tokens
+    monkeypatch.setattr(
+        sampling, "_top_k_tokens", lambda rows, *a, **kw: host_rows.append(len(rows)) or real(rows, *a, **kw)
+    )
+    drawing = same_weights(engine, decoder=True, decoder_dots="bf16")
+    assert drawing.decide([target])[0].traces == want["target"]
+    assert sum(host_rows) == 1
+    rng = random.Random(4)
+    for _ in range(2):
+        rng.shuffle(batch)
+        host_rows.clear()
+        got = {r.request_id: r.traces for r in drawing.decide(batch)}
+        assert got == want
+        assert sum(host_rows) == 16
+    assert all(
+        b.draw is not None and b.graph is not None for b in drawing.runner.decoder._bucket_cache.values()
+    )
