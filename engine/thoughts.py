@@ -34,11 +34,20 @@ from engine.run.decoder import Decoder
 from engine.run.executor import ForestOutput
 from engine.run.forest import Segment, SegmentState
 
+# Whether the loop queues each decoder step before reading the previous one, feeding every thought
+# still thinking its previous step's own draw (`think`; needs the decoder's draw in the step,
+# `engine.run.decoder.DRAW_IN_STEP`): the same thoughts, with the host's work per step (reading the
+# tokens, the table of the next step) done while the device runs. Built on the CPU in session 32:
+# off until `bench_engine.py --variants tc64inv-stepdraw,tc64inv-stepdrawahead --decode-only` says it
+# pays.
+RUN_AHEAD = False
+
 
 class Steps(Protocol):
     """How one step of the thought loop runs: admit a thought, feed tokens, return next logits."""
 
     chunk: int  # closing tokens fed per step (the forest takes them all at once)
+    ahead: bool  # whether a step may feed a handle its previous step's own draw (a None feed)
 
     def limit(self, capacity: int) -> int:
         """How many thoughts may be live at once when each needs up to `capacity` tokens."""
@@ -49,11 +58,12 @@ class Steps(Protocol):
         ...
 
     def step(
-        self, handles: list[Any], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+        self, handles: list[Any], feeds: list[tuple[int, ...] | None], uniforms: list[float | None]
     ) -> Sequence[torch.Tensor]:
-        """Feed each handle its tokens; the next-token logits after each (one row per handle).
-        uniforms[j]: the uniform of handle j's next draw, or None (a path that draws in its step
-        uses them; the sampler checks each against the one it draws with)."""
+        """Feed each handle its tokens (None, where `ahead`: the token its previous step drew);
+        the next-token logits after each (one row per handle). uniforms[j]: the uniform of handle
+        j's next draw, or None (a path that draws in its step uses them; the sampler checks each
+        against the one it draws with)."""
         ...
 
     def close(self) -> None:
@@ -77,91 +87,168 @@ class ThoughtRules:
 
 @dataclass(eq=False)
 class _Live:
-    """A live thought: its handle, last logits, and closing progress."""
+    """A live thought: its handle, the logits the host draws its next token from, closing progress."""
 
     q: QuestionRun
     handle: Any
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None: its next token is its last step's own draw (ahead)
     closed: int | None = None  # closing tokens fed so far, once the thought has ended
+    done: bool = False  # every closing token fed: only its second read-out is left
+    finished: bool = False  # read out, or cut
     next_draw: tuple[int, float] | None = None  # (draw index, its uniform): hashed once a draw
+
+
+@dataclass(eq=False)
+class _Launch:
+    """One step's thoughts, what each was fed (None: its previous step's draw) and the logits."""
+
+    thoughts: list[_Live]
+    feeds: list[tuple[int, ...] | None]
+    last: list[bool]  # whether the feed completed that thought's closing tokens
+    logits: Sequence[torch.Tensor]
 
 
 def think(
     rules: ThoughtRules, steps: Steps, started: list[tuple[QuestionRun, torch.Tensor, SegmentState]]
 ) -> None:
     """Run every started thought (question, logits after `<think>\\n`, its state) to its second
-    read-out, or until a deadline or cancellation cuts it (`QuestionRun.cut`)."""
-    dc, closing = rules.config, rules.closing
+    read-out, or until a deadline or cancellation cuts it (`QuestionRun.cut`).
+
+    Where the steps draw the next tokens themselves and may feed them on (`steps.ahead`), a step
+    is queued before the previous one is read: each thought still thinking is fed its previous
+    step's own draw, and that step's results are read (the tokens appended, `</think>` seen, the
+    read-outs taken) while the next runs, so the device never waits for the host. What is fed is
+    the same either way: the token the sampler draws from those logits with that uniform (the
+    step's draw is that token), `</think>` included, since the closing tokens start with it.
+    """
+    closing = rules.closing
+    if steps.ahead and closing[:1] != (rules.end_think,):
+        raise ValueError("feeding a step's own draws on needs closing tokens that start with </think>")
     waiting = started[::-1]  # pop() admits in the callers' order
     limit = steps.limit(max(q.budget for q, _, _ in started) + len(closing)) if started else 0
     live: list[_Live] = []
+    unread: _Launch | None = None  # ahead: the last launch, read once the next one is queued
     try:
         while live or waiting:
             rules.step_hook()
-            keep = rules.keep_going([t.q for t in live] + [q for q, _, _ in waiting])
-            n_live = len(live)
-            live = [t for t, go in zip(live, keep[:n_live], strict=True) if go]
-            waiting = [w for w, go in zip(waiting, keep[n_live:], strict=True) if go]
+            feeding = [t for t in live if not t.done]
+            keep = rules.keep_going([t.q for t in feeding] + [q for q, _, _ in waiting])
+            for t, go in zip(feeding, keep, strict=False):
+                t.finished = t.finished or not go
+            waiting = [w for w, go in zip(waiting, keep[len(feeding) :], strict=True) if go]
+            live = [t for t in live if not t.finished]
             if not live and not waiting:
                 return
             while waiting and len(live) < limit:
                 q, logits, state = waiting.pop()
                 live.append(_Live(q, steps.start(state, q.budget + len(closing)), logits))
-            drawing = []
-            for t in live:
-                if t.closed is None and len(t.q.thought_ids) >= t.q.budget:
-                    t.q.thought_truncated = True
-                    t.closed = 0
-                elif t.closed is None:
-                    drawing.append(t)
-            feeds: dict[int, tuple[int, ...]] = {}
-            if drawing:
-                tokens = sample_tokens(
-                    [t.logits for t in drawing],  # rows, as they came: a step's own top-k travels with them
-                    [_uniform(rules, t) for t in drawing],
-                    temperature=dc.thought_temperature,
-                    top_p=dc.thought_top_p,
-                    top_k=dc.thought_top_k,
-                )
-                for t, token in zip(drawing, tokens, strict=True):
-                    if token == rules.end_think:
-                        t.closed = 0
-                    else:
-                        t.q.thought_ids.append(token)
-                        feeds[id(t)] = (token,)
-            for t in live:
-                if t.closed is not None:
-                    feeds[id(t)] = closing[t.closed : t.closed + steps.chunk]
-            fed = [feeds[id(t)] for t in live]
-            logits = steps.step([t.handle for t in live], fed, [_next_uniform(rules, t) for t in live])
-            still: list[_Live] = []
-            for t, tokens, row in zip(live, fed, logits, strict=True):
-                if t.closed is None:
-                    t.logits = row
-                    still.append(t)
-                    continue
-                t.closed += len(tokens)
-                if t.closed == len(closing):
-                    rules.second_readout(t.q, row)
-                else:
-                    still.append(t)
-            live = still
+            launch = _launch(rules, steps, [t for t in live if not t.done])
+            if steps.ahead:
+                if unread is not None:
+                    _read(rules, unread, launch)
+                unread = launch
+            elif launch is not None:
+                _read(rules, launch, None)
+            live = [t for t in live if not t.finished]
     finally:
         steps.close()
 
 
-def _next_uniform(rules: ThoughtRules, t: _Live) -> float | None:
-    """The uniform of t's next draw, after this step's feed: None where it draws none (closing,
-    or its budget reached: the loop closes it instead)."""
-    if t.closed is not None or len(t.q.thought_ids) >= t.q.budget:
+def _launch(rules: ThoughtRules, steps: Steps, feeding: list[_Live]) -> _Launch | None:
+    """The next step for the thoughts still being fed: draw where the host draws (a thought's first
+    token; every token unless ahead), close at the budget or `</think>`, feed, and queue the step."""
+    if not feeding:
         return None
-    return _uniform(rules, t)
+    dc, closing = rules.config, rules.closing
+    drawing = []
+    for t in feeding:
+        if t.closed is None and len(t.q.thought_ids) >= t.q.budget:
+            t.q.thought_truncated = True
+            t.closed = 0
+        elif t.closed is None and t.logits is not None:
+            drawing.append(t)
+    drawn: set[int] = set()  # the thoughts whose next token the host just drew
+    if drawing:
+        tokens = sample_tokens(
+            [t.logits for t in drawing],  # rows, as they came: a step's own numbers travel with them
+            [_uniform(rules, t, len(t.q.thought_ids)) for t in drawing],
+            temperature=dc.thought_temperature,
+            top_p=dc.thought_top_p,
+            top_k=dc.thought_top_k,
+        )
+        for t, token in zip(drawing, tokens, strict=True):
+            t.logits = None
+            if token == rules.end_think:
+                t.closed = 0
+            else:
+                t.q.thought_ids.append(token)
+                drawn.add(id(t))
+    feeds: list[tuple[int, ...] | None] = []
+    last: list[bool] = []
+    uniforms: list[float | None] = []
+    for t in feeding:
+        fed = len(t.q.thought_ids)  # thought tokens fed once this step has run
+        feed: tuple[int, ...] | None
+        if t.closed is not None:
+            feed = closing[t.closed : t.closed + steps.chunk]
+            t.closed += len(feed)
+            t.done = t.closed == len(closing)
+        elif id(t) in drawn:
+            feed = (t.q.thought_ids[-1],)
+        else:  # ahead: its previous step's own draw, read once this step is queued
+            assert steps.ahead
+            feed, fed = None, fed + 1
+        feeds.append(feed)
+        last.append(t.done)
+        uniforms.append(_uniform(rules, t, fed) if t.closed is None and fed < t.q.budget else None)
+    logits = steps.step([t.handle for t in feeding], feeds, uniforms)
+    return _Launch(feeding, feeds, last, logits)
 
 
-def _uniform(rules: ThoughtRules, t: _Live) -> float:
-    """The uniform of t's draw number len(thought_ids) (the step feeds it, the sampler draws with
-    it: one hash for both)."""
-    index = len(t.q.thought_ids)
+def _read(rules: ThoughtRules, launch: _Launch, next_launch: _Launch | None) -> None:
+    """A step's results: the second read-out of every thought it closed; for a thought still
+    thinking, its next token - read now where the next step was fed that step's own draw (ahead:
+    `next_launch`), else drawn from these logits when the next step is planned."""
+    dc, closing = rules.config, rules.closing
+    fed_on: dict[int, int] = {}  # thought -> its place in the next step, where fed this step's draw
+    if next_launch is not None:
+        for i, (t, feed) in enumerate(zip(next_launch.thoughts, next_launch.feeds, strict=True)):
+            if feed is None:
+                fed_on[id(t)] = i
+    reading = []
+    for t, done, row in zip(launch.thoughts, launch.last, launch.logits, strict=True):
+        if t.finished:
+            continue  # cut
+        if done:
+            rules.second_readout(t.q, row)
+            t.finished = True
+        elif t.closed is None and id(t) in fed_on:
+            reading.append((t, row))
+        elif t.closed is None and next_launch is None:
+            t.logits = row
+    if not reading:
+        return
+    tokens = sample_tokens(
+        [row for _, row in reading],  # the step's own draws: the tokens the next step was fed
+        [_uniform(rules, t, len(t.q.thought_ids)) for t, _ in reading],
+        temperature=dc.thought_temperature,
+        top_p=dc.thought_top_p,
+        top_k=dc.thought_top_k,
+    )
+    assert next_launch is not None
+    for (t, _), token in zip(reading, tokens, strict=True):
+        if token != rules.end_think:
+            t.q.thought_ids.append(token)
+            continue
+        t.closed = 1  # the next step fed it </think>, the first closing token
+        if len(closing) == 1:
+            t.done = True
+            next_launch.last[fed_on[id(t)]] = True
+
+
+def _uniform(rules: ThoughtRules, t: _Live, index: int) -> float:
+    """The uniform of t's draw number `index` (a step draws with it, the sampler draws with it:
+    one hash for both)."""
     if t.next_draw is None or t.next_draw[0] != index:
         t.next_draw = (index, uniform(rules.key(t.q), index))
     return t.next_draw[1]
@@ -184,6 +271,7 @@ class ForestSteps:
     ) -> None:
         self._run = run
         self.chunk = closing
+        self.ahead = False
 
     def limit(self, capacity: int) -> int:
         return 1 << 30  # every thought at once: a forest has no fixed buffers
@@ -192,13 +280,16 @@ class ForestSteps:
         return _ForestThought(state)
 
     def step(
-        self, handles: list[_ForestThought], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+        self,
+        handles: list[_ForestThought],
+        feeds: list[tuple[int, ...] | None],
+        uniforms: list[float | None],
     ) -> list[torch.Tensor]:
         for h in handles:
             if h.fresh is not None:
                 h.state, h.fresh = fold_into_parent(h.fresh), None
         out, packed, rows = self._run(
-            [Segment(tokens, h.state, read=True) for h, tokens in zip(handles, feeds, strict=True)]
+            [Segment(tokens or (), h.state, read=True) for h, tokens in zip(handles, feeds, strict=True)]
         )
         for i, h in enumerate(handles):
             h.fresh = out.states[packed[i]]
@@ -221,6 +312,7 @@ class DecoderSteps:
         k = config.thought_top_k
         if config.thought_temperature > 0.0 and 0 < k < decoder.config.vocab_size:
             decoder.sample_with(DrawSettings(k, config.thought_temperature, config.thought_top_p))
+        self.ahead = RUN_AHEAD and decoder.draws_in_step()
 
     def limit(self, capacity: int) -> int:
         return self.decoder.max_live(capacity)
@@ -229,10 +321,10 @@ class DecoderSteps:
         return self.decoder.start(state, capacity)
 
     def step(
-        self, handles: list[Any], feeds: list[tuple[int, ...]], uniforms: list[float | None]
+        self, handles: list[Any], feeds: list[tuple[int, ...] | None], uniforms: list[float | None]
     ) -> torch.Tensor:
-        assert all(len(f) == 1 for f in feeds)
-        return self.decoder.step(handles, [f[0] for f in feeds], uniforms)
+        assert all(f is None or len(f) == 1 for f in feeds)
+        return self.decoder.step(handles, [None if f is None else f[0] for f in feeds], uniforms)
 
     def close(self) -> None:
         self.decoder.forget()  # finished thoughts' states and buffers go back to the allocator

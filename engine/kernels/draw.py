@@ -208,23 +208,32 @@ class StepDraw:
     but the host still copies them back and draws 64 rows in Python float64 (~0.5 ms a step on
     the device host, the GPU idle). Here the step also draws: `load` puts each row's uniform for
     its next draw in a static device tensor before the launch, `compute` (captured with the step)
-    runs `row_top_k` and `draw_tokens` over the step's logits and copies the tokens into a pinned
-    host twin, and `issue` (after each launch) returns the ticket the step's logits carry
-    (`engine.kernels.attached`). `engine.decide.sampling.sample_tokens` takes a row's token from
-    there only where the ticket's settings and the row's uniform are exactly the ones it was asked
-    to draw with; every other row (a thought's first draw, a NaN row, an earlier launch's rows)
-    is drawn on the host as before. The same operations on the same candidates: the same token.
+    runs `row_top_k` and `draw_tokens` over the step's logits into the device tensor `into` (the
+    decoder's feed: a next step can take its token from there without the host), and `issue`
+    (after each launch) copies them into a pinned host slot and returns the ticket the step's
+    logits carry (`engine.kernels.attached`). `engine.decide.sampling.sample_tokens` takes a row's
+    token from there only where the ticket's settings and the row's uniform are exactly the ones
+    it was asked to draw with; every other row (a thought's first draw, a NaN row, a launch more
+    than RING launches back) is drawn on the host as before. The same operations on the same
+    candidates: the same token.
     """
 
-    def __init__(self, rows: int, settings: DrawSettings, device: torch.device) -> None:
+    RING = 2  # host slots: a launch's tokens stay readable while the next launch runs
+
+    def __init__(self, rows: int, settings: DrawSettings, device: torch.device, into: torch.Tensor) -> None:
         if rows < 1 or settings.top_k < 1 or settings.temperature <= 0.0:
             raise ValueError(f"need rows >= 1, top_k >= 1 and temperature > 0, got {rows}, {settings}")
+        if into.dtype != torch.int64 or into.dim() != 1 or into.shape[0] < rows or into.device != device:
+            raise ValueError(
+                f"into must be int64 [>= {rows}] on {device}, got {into.dtype} {tuple(into.shape)}"
+            )
         self.settings = settings
+        self.into = into
         self.uniforms = torch.zeros(rows, dtype=torch.float64, device=device)  # loaded before each launch
         self.table = constants(settings.temperature, settings.top_p, device)
         pinned = device.type == "cuda"
-        self._host = torch.zeros(rows, dtype=torch.int64, pin_memory=pinned)
-        self._copied = torch.cuda.Event() if pinned else None
+        self._host = torch.zeros(self.RING, rows, dtype=torch.int64, pin_memory=pinned)
+        self._copied = [torch.cuda.Event() for _ in range(self.RING)] if pinned else None
         self._loaded: tuple[float | None, ...] = ()
         self.generation = 0
 
@@ -239,31 +248,36 @@ class StepDraw:
         self._loaded = tuple(us)
 
     def compute(self, logits: torch.Tensor) -> None:
-        """Each row's token of logits [n <= rows, vocab] fp32 with its loaded uniform, into the
-        host twin's first n rows (capturable)."""
+        """Each row's token of logits [n <= rows, vocab] fp32 with its loaded uniform, into
+        `into[:n]` (capturable)."""
         k, temperature, top_p = self.settings
         packed = row_top_k(logits.detach().float(), k, backend=_STEP_BACKEND)
         n = packed.shape[0]
         tokens = draw_tokens(
             packed, self.uniforms[:n], k, temperature, top_p, table=self.table, backend=_STEP_BACKEND
         )
-        self._host[:n].copy_(tokens, non_blocking=self._copied is not None)
+        self.into[:n].copy_(tokens)
 
     def issue(self) -> StepDrawTicket:
-        """After a launch of the step (replay or eager) on the current stream: its ticket."""
+        """After a launch of the step (replay or eager) on the current stream: its tokens on their
+        way to a host slot, and its ticket."""
         self.generation += 1
+        slot = self.generation % self.RING
+        n = self._host.shape[1]
+        self._host[slot].copy_(self.into[:n], non_blocking=self._copied is not None)
         if self._copied is not None:
-            self._copied.record()
+            self._copied[slot].record()
         return StepDrawTicket(self, self.generation, self._loaded)
 
     def tokens(self, generation: int) -> torch.Tensor | None:
-        """The host tokens [rows] of launch `generation` (waits for its copy), or None when a
-        later launch overwrote them."""
-        if generation != self.generation:
+        """The host tokens [rows] of launch `generation` (waits for their copy), or None when later
+        launches overwrote them."""
+        if not self.generation - self.RING < generation <= self.generation:
             return None
+        slot = generation % self.RING
         if self._copied is not None:
-            self._copied.synchronize()
-        return self._host
+            self._copied[slot].synchronize()
+        return self._host[slot]
 
 
 @dataclass(frozen=True, eq=False)

@@ -91,6 +91,7 @@ class DecodeSequence:
     conv_off: int = 0
     length: int = 0  # tokens fed so far (rows used in keys/values)
     version: int = 0  # bumped whenever the piece table changes (buffer growth)
+    drawn_at: tuple[int, int] | None = None  # (launch, row) of the step that last drew its next token
     held: list[torch.Tensor] = field(default_factory=list)  # contiguous copies the table points at
 
     @property
@@ -106,6 +107,7 @@ class _Bucket:
     rows: torch.Tensor  # [B, ROW_FIELDS] int64
     rope: torch.Tensor  # [B, 2, rope_dims] fp32 (cos, sin)
     pieces: torch.Tensor  # [n_attn, B, P, 4] int64
+    source: torch.Tensor  # [B] int64: the row of the last launch's draws a row is fed (-1: its TOKEN)
     logits: torch.Tensor | None = None  # the graph's output
     graph: torch.cuda.CUDAGraph | None = None
     top_k: StepTopK | None = None  # the sampler's numbers made in the step (`Decoder.sample_with`)
@@ -140,6 +142,10 @@ class Decoder(Int8Layers):
         self._pad = self._new_sequence([], 0, 1)
         self._bucket_cache: dict[int, _Bucket] = {}
         self._sampler: DrawSettings | None = None
+        # the last launch's drawn tokens, one a row: a step can feed a sequence the token its
+        # previous step drew without the host reading it first (`step`'s None tokens)
+        self._feed = torch.zeros(self.buckets[-1], dtype=torch.int64, device=self.device)
+        self._launches = 0
         self.steps = 0
 
     def sample_with(self, settings: DrawSettings | None) -> None:
@@ -153,6 +159,12 @@ class Decoder(Int8Layers):
         if settings is not None and settings.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {settings}")
         self._sampler = settings
+
+    def draws_in_step(self) -> bool:
+        """Whether buckets made from now on draw the sampler's tokens in the step (DRAW_IN_STEP on
+        and `sample_with`'s settings allow it): then `step` takes None tokens."""
+        s = self._sampler
+        return bool(s and DRAW_IN_STEP and s.temperature > 0.0 and fits(self.config.vocab_size, s.top_k))
 
     # ------------------------------------------------------------------------------ sequences
     def start(self, state: SegmentState, capacity: int) -> DecodeSequence:
@@ -248,14 +260,20 @@ class Decoder(Int8Layers):
 
     # ------------------------------------------------------------------------------ steps
     def step(
-        self, seqs: list[DecodeSequence], tokens: list[int], uniforms: Sequence[float | None] | None = None
+        self,
+        seqs: list[DecodeSequence],
+        tokens: Sequence[int | None],
+        uniforms: Sequence[float | None] | None = None,
     ) -> torch.Tensor:
         """Feed tokens[j] to seqs[j]; return the next-token logits fp32 [len(seqs), vocab] (a copy).
 
         uniforms[j]: the uniform of seqs[j]'s next draw (None: it draws none), for buckets that
         draw in the step (`sample_with`); the logits then carry those tokens for the sampler.
-        More sequences than the largest bucket run in several bucket-sized steps (a row's
-        result does not depend on which).
+        tokens[j] None: feed seqs[j] the token the previous launch drew for it, read on the device
+        (that launch must have drawn one for it: a uniform, a bucket that draws), so the host can
+        queue this step before it has read that token. More sequences than the largest bucket run
+        in several bucket-sized steps (a row's result does not depend on which); None tokens need
+        one.
         """
         if len(seqs) != len(tokens) or (uniforms is not None and len(uniforms) != len(seqs)):
             count = "no" if uniforms is None else len(uniforms)
@@ -264,6 +282,14 @@ class Decoder(Int8Layers):
             raise ValueError("a sequence appears twice in one step")
         us: Sequence[float | None] = [None] * len(seqs) if uniforms is None else uniforms
         top = self.buckets[-1]
+        for seq, token in zip(seqs, tokens, strict=True):
+            if token is None and (
+                seq.drawn_at is None or seq.drawn_at[0] != self._launches or len(seqs) > top
+            ):
+                raise ValueError(
+                    "a None token feeds the token the previous launch drew for the sequence, in one "
+                    "bucket: that launch drew none for this one"
+                )
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             parts = [
                 self._step(seqs[i : i + top], tokens[i : i + top], us[i : i + top])
@@ -280,7 +306,7 @@ class Decoder(Int8Layers):
             bucket.members, bucket.held = None, []
 
     def _step(
-        self, seqs: list[DecodeSequence], tokens: list[int], uniforms: Sequence[float | None]
+        self, seqs: list[DecodeSequence], tokens: Sequence[int | None], uniforms: Sequence[float | None]
     ) -> torch.Tensor:
         n = len(seqs)
         if n == 0:
@@ -291,17 +317,23 @@ class Decoder(Int8Layers):
         if not ok:
             raise ValueError(f"{n} sequences in one step: more than the largest bucket, {self.buckets[-1]}")
         bucket = self._bucket(size)
-        logits, captured = self._graphs.run(
-            bucket,
-            self._forward,
-            lambda: self._load(bucket, seqs, tokens, uniforms),
-            lambda: self._load_padding(bucket),
-        )
+        # a capture's warm-up run draws into the feed: the previous launch's draws are put back
+        kept = self._feed.clone() if self._graphs.enabled and bucket.graph is None else None
+
+        def load() -> None:
+            if kept is not None:
+                self._feed.copy_(kept)
+            self._load(bucket, seqs, tokens, uniforms)
+
+        logits, captured = self._graphs.run(bucket, self._forward, load, lambda: self._load_padding(bucket))
         if captured:
             log.info("decode_graph_captured", bucket=bucket.size)
-        for seq in seqs:
+        self._launches += 1
+        draws = bucket.draw is not None
+        for r, (seq, u) in enumerate(zip(seqs, uniforms, strict=True)):
             seq.length += 1
             seq.position += 1
+            seq.drawn_at = (self._launches, r) if draws and u is not None else None
         self.steps += 1
         out = logits[:n].clone()
         if bucket.top_k is not None:
@@ -313,14 +345,7 @@ class Decoder(Int8Layers):
     def _bucket(self, size: int) -> _Bucket:
         if size not in self._bucket_cache:
             c, dev, sampler = self.config, self.device, self._sampler
-            draw = (
-                StepDraw(size, sampler, dev)
-                if sampler
-                and DRAW_IN_STEP
-                and sampler.temperature > 0.0
-                and fits(c.vocab_size, sampler.top_k)
-                else None
-            )
+            draw = StepDraw(size, sampler, dev, self._feed) if sampler and self.draws_in_step() else None
             self._bucket_cache[size] = _Bucket(
                 size=size,
                 rows=torch.zeros(size, ROW_FIELDS, dtype=torch.int64, device=dev),
@@ -328,6 +353,7 @@ class Decoder(Int8Layers):
                 pieces=torch.zeros(
                     len(self.attn_layers), size, self.max_pieces, PIECE_FIELDS, dtype=torch.int64, device=dev
                 ),
+                source=torch.full((size,), -1, dtype=torch.int64, device=dev),
                 top_k=StepTopK(size, sampler.top_k, dev) if sampler and TOP_K_IN_STEP and not draw else None,
                 draw=draw,
             )
@@ -337,10 +363,11 @@ class Decoder(Int8Layers):
         self,
         bucket: _Bucket,
         seqs: list[DecodeSequence],
-        tokens: list[int],
+        tokens: Sequence[int | None],
         uniforms: Sequence[float | None] = (),
     ) -> None:
-        """Write this step's inputs into the bucket's static tensors."""
+        """Write this step's inputs into the bucket's static tensors (a None token: the row of the
+        previous launch's draws it is fed, in `source`)."""
         b, n = bucket.size, len(seqs)
         padded = seqs + [self._pad] * (b - n)
         members = tuple((id(s), s.version) for s in padded)
@@ -350,7 +377,11 @@ class Decoder(Int8Layers):
         table = [[0] * ROW_FIELDS for _ in range(b)]  # one host tensor from lists: ~2 us a row
         for r, s in enumerate(padded):
             table[r][STATE_OFF], table[r][CONV_OFF] = s.state_off, s.conv_off
+        source = [-1] * b
         for r, (s, token) in enumerate(zip(seqs, tokens, strict=True)):
+            if token is None:
+                assert s.drawn_at is not None
+                token, source[r] = 0, s.drawn_at[1]
             table[r][TOKEN], table[r][THOUGHT_LEN], table[r][LIVE] = token, s.length, 1
         rows = torch.tensor(table, dtype=torch.int64)
         positions = torch.tensor([s.position for s in seqs] + [0] * (b - n), dtype=torch.int64)
@@ -359,6 +390,7 @@ class Decoder(Int8Layers):
         bucket.rope.copy_(torch.stack([cos, sin], dim=1), non_blocking=True)
         if bucket.draw is not None:
             bucket.draw.load(uniforms)
+            bucket.source.copy_(torch.tensor(source, dtype=torch.int64), non_blocking=True)
 
     def _load_padding(self, bucket: _Bucket) -> None:
         """Every row a padding row: a step that reads and writes nothing (graph warm-up, capture)."""
@@ -368,7 +400,11 @@ class Decoder(Int8Layers):
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
         """The layer stack (`engine.run.layers`) for the bucket's rows: logits fp32 [B, vocab] (and
         the sampler's top-k numbers or tokens of them, where the bucket makes them)."""
-        logits = self._stack(bucket.rows[:, TOKEN], bucket)
+        tokens = bucket.rows[:, TOKEN]
+        if bucket.draw is not None:  # rows fed the previous launch's draw read it here (-1 -> 0: NaN rows)
+            fed = self._feed[bucket.source.clamp(min=0)].clamp(min=0)
+            tokens = torch.where(bucket.source >= 0, fed, tokens)
+        logits = self._stack(tokens, bucket)
         if bucket.top_k is not None:
             bucket.top_k.compute(logits)
         if bucket.draw is not None:

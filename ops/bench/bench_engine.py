@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import thoughts
 from engine.decide import readout
 from engine.decide.readout import read_letters, read_letters_many
 from engine.decide.sampling import sample_tokens, thought_key, uniform
@@ -244,12 +245,23 @@ class Bench:
         keys = [thought_key(i, f"bench-{sequences}", []) for i in range(sequences)]
         us = [uniform(key, 0) for key in keys]
         tokens = sample_tokens(out.logits, us, temperature=0.6, top_p=0.95, top_k=20)
+        ahead = thoughts.RUN_AHEAD and decoder.draws_in_step()
         sync()
         t0 = time.perf_counter()
-        for step in range(1, steps + 1):
-            us = [uniform(key, step) for key in keys]
+        if ahead:  # as `think` runs ahead: each step queued before the previous one's draws are read
+            us = [uniform(key, 1) for key in keys]
             logits = decoder.step(seqs, tokens, us)
+            for step in range(2, steps + 1):
+                us_next = [uniform(key, step) for key in keys]
+                queued = decoder.step(seqs, [None] * sequences, us_next)
+                tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+                logits, us = queued, us_next
             tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+        else:
+            for step in range(1, steps + 1):
+                us = [uniform(key, step) for key in keys]
+                logits = decoder.step(seqs, tokens, us)
+                tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
         sync()
         return sequences * steps / (time.perf_counter() - t0)
 
@@ -1151,6 +1163,11 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the thought draw itself inside the decode step's graph
     # (`decoder.DRAW_IN_STEP`: `row_top_k`, then `engine.kernels.draw`): the same tokens
     "tc64inv-stepdraw": _tc64inv(set={"engine.run.decoder.DRAW_IN_STEP": True}),
+    # ... and each step queued before the previous one is read, fed its own draws
+    # (`engine.thoughts.RUN_AHEAD`): the same tokens
+    "tc64inv-stepdrawahead": _tc64inv(
+        set={"engine.run.decoder.DRAW_IN_STEP": True, "engine.thoughts.RUN_AHEAD": True}
+    ),
     # the CUDA default with the sampler's top-k as two Triton kernels (`top_k.TOP_K_FORM`):
     # the same tokens
     "tc64inv-topkkernel": _tc64inv(set={"engine.kernels.top_k.TOP_K_FORM": "kernel"}),

@@ -180,7 +180,7 @@ draw)
     JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-280} bash ops/device/gpu_suite.sh 2>&1 | tail -12
     left=$(( ${CALL_S:-590} - 15 - SECONDS ))
     timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences 1,64 \
-        --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv,tc64inv-stepdraw,tc64inv,tc64inv-stepdraw}" \
+        --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv,tc64inv-stepdraw,tc64inv-stepdrawahead,tc64inv,tc64inv-stepdrawahead}" \
         --json "$OUT/decode-draw.json" > "$OUT/decode-draw.log" 2>&1
     echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-draw.log"; tail -3 "$OUT/decode-draw.log"
     ;;

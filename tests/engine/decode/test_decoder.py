@@ -180,7 +180,7 @@ def test_a_step_draws_the_samplers_tokens(
     (in its CUDA graph where it has one; on CPU through the torch references, or the kernels in
     Triton's interpreter): `sample_tokens` takes those tokens and draws on the host only the rows
     whose step did not draw with the uniform and settings asked for - a row given no uniform,
-    another uniform, other settings, an earlier launch of the same bucket - and every token is
+    another uniform, other settings, a launch RING launches back - and every token is
     the one the host draws from a plain copy of the same logits (which carries nothing)."""
     import engine.decide.sampling as sampling
     import engine.kernels.draw as draw_module
@@ -192,7 +192,7 @@ def test_a_step_draws_the_samplers_tokens(
     decoder = Decoder(engine.weights, graphs=graphs)
     decoder.sample_with(settings)
     picked = [0, 5, 9, 12]
-    seqs = [decoder.start(prompts[i], capacity=STEPS) for i in picked]
+    seqs = [decoder.start(prompts[i], capacity=3) for i in picked]
     us = [0.1, 0.5, 0.9, 0.99]
     given = [us[0], us[1], us[2], None]  # the last row draws nothing in the step
     host_rows: list[int] = []
@@ -225,7 +225,49 @@ def test_a_step_draws_the_samplers_tokens(
     assert host_rows == [4, 4]  # other settings: the step's draws do not count
     second = decoder.step(seqs, [_tokens(i)[1] for i in picked], given)  # the same bucket again
     host_rows.clear()
-    assert sampling.sample_tokens(first, us, **draw) == want and host_rows == [4]  # stale
+    assert sampling.sample_tokens(first, us, **draw) == want and host_rows == [1]  # still held (RING)
     want_second = sampling.sample_tokens(second.clone(), us, **draw)
     host_rows.clear()
     assert sampling.sample_tokens(second, us, **draw) == want_second and host_rows == [1]
+    decoder.step(seqs, [_tokens(i)[1] for i in picked], given)  # and again: the first launch's slot
+    host_rows.clear()
+    assert sampling.sample_tokens(first, us, **draw) == want and host_rows == [4]  # stale: drawn here
+
+
+@pytest.mark.parametrize("graphs", [False, True] if DEVICE == "cuda" else [False])
+def test_a_step_fed_its_previous_steps_draw_equals_one_fed_that_token(
+    engine: Engine, prompts: list[SegmentState], monkeypatch: pytest.MonkeyPatch, graphs: bool
+) -> None:
+    """A None token feeds a sequence the token its previous launch drew for it, on the device: the
+    logits are bit for bit those of the same step fed that token by the host (as the sampler draws
+    it), also when the live set shrinks to another bucket (a new graph captured on the way); a
+    sequence the previous launch drew nothing for cannot be fed that way."""
+    import engine.decide.sampling as sampling
+    import engine.run.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)
+    settings = DrawSettings(5, 1.0, 0.95)
+    ahead, host = Decoder(engine.weights, graphs=graphs), Decoder(engine.weights, graphs=graphs)
+    for decoder in (ahead, host):
+        decoder.sample_with(settings)
+    picked = [1, 6, 10, 13]
+    a = [ahead.start(prompts[i], capacity=4) for i in picked]
+    b = [host.start(prompts[i], capacity=4) for i in picked]
+    first = [_tokens(i)[0] for i in picked]
+    draw = dict(temperature=1.0, top_p=0.95, top_k=5)
+    rng = random.Random(3)
+    us = [rng.random() for _ in picked]
+    la, lb = ahead.step(a, first, us), host.step(b, first, us)
+    assert torch.equal(la, lb)
+    for rows in ([0, 1, 2, 3], [3, 1]):  # then bucket 4 -> 2, rows in another order
+        tokens = sampling.sample_tokens(lb.clone(), us, **draw)  # what the host draws from the last step
+        us = [rng.random() for _ in rows]
+        la = ahead.step([a[r] for r in rows], [None] * len(rows), us)
+        lb = host.step([b[r] for r in rows], [tokens[r] for r in rows], us)
+        assert torch.equal(la, lb), rows
+        a, b = [a[r] for r in rows], [b[r] for r in rows]
+    with pytest.raises(ValueError, match="drew none"):
+        ahead.step([ahead.start(prompts[2], capacity=2)], [None])
+    ahead.step(a, [7, 8], None)  # no uniforms: nothing drawn for them
+    with pytest.raises(ValueError, match="drew none"):
+        ahead.step(a, [None, None])

@@ -62,9 +62,10 @@ def test_decoder_thoughts_equal_the_forest_thoughts(
 def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoughts(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the sampler's top-k numbers made in each decoder step (`decoder.TOP_K_IN_STEP`), and
-    with each thought's next token drawn there (`decoder.DRAW_IN_STEP`, the uniforms handed over by
-    the thought loop) - both set up by `DecoderSteps` from the decision config - the thoughts,
+    """With the sampler's top-k numbers made in each decoder step (`decoder.TOP_K_IN_STEP`), with
+    each thought's next token drawn there (`decoder.DRAW_IN_STEP`, the uniforms handed over by the
+    thought loop), and with each step queued before the previous one is read, fed its own draws
+    (`thoughts.RUN_AHEAD`) - all set up by `DecoderSteps` from the decision config - the thoughts,
     their cuts and both read-outs are the ones the host sampler makes when it does everything
     after each step. The host computed the top-k numbers, and with the step's draws drew tokens,
     only for each thought's first draw, whose logits come from the forest read-out."""
@@ -72,6 +73,7 @@ def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoug
 
     import engine.decide.sampling as sampling
     import engine.run.decoder as decoder_module
+    import engine.thoughts as thoughts
 
     requests = [
         _req("a", "api latency 900ms on checkout, db-3 cpu 95%", budget=1),
@@ -81,7 +83,9 @@ def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoug
     assert sum(t.thought_tokens for r in plain for t in r.traces.values()) > 4  # the steps draw too
     top_k_rows: list[int] = []
     host_rows: list[int] = []
+    fed_on: list[int] = []
     real_top_k, real_host = sampling.packed_top_k, sampling._top_k_tokens
+    real_step = thoughts.DecoderSteps.step
     monkeypatch.setattr(
         sampling, "packed_top_k", lambda x, k: top_k_rows.append(x.shape[0]) or real_top_k(x, k)
     )
@@ -90,17 +94,32 @@ def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoug
         "_top_k_tokens",
         lambda rows, *a, **kw: host_rows.append(len(rows)) or real_host(rows, *a, **kw),
     )
-    for switch in ("TOP_K_IN_STEP", "DRAW_IN_STEP"):
+    monkeypatch.setattr(
+        thoughts.DecoderSteps,
+        "step",
+        lambda self, handles, feeds, us: (
+            fed_on.append(feeds.count(None)) or real_step(self, handles, feeds, us)
+        ),
+    )
+    switches = [
+        [(decoder_module, "TOP_K_IN_STEP")],
+        [(decoder_module, "DRAW_IN_STEP")],
+        [(decoder_module, "DRAW_IN_STEP"), (thoughts, "RUN_AHEAD")],
+    ]
+    for on in switches:
         top_k_rows.clear()
         host_rows.clear()
+        fed_on.clear()
         with monkeypatch.context() as patch:
-            patch.setattr(decoder_module, switch, True)
+            for module, name in on:
+                patch.setattr(module, name, True)
             stepped = same_weights(engine, decoder=True)
             got = stepped.decide(requests)
-        assert [r.traces for r in got] == [r.traces for r in plain], switch
+        assert [r.traces for r in got] == [r.traces for r in plain], on
         buckets = stepped.runner.decoder._bucket_cache.values()
-        made = [b.top_k if switch == "TOP_K_IN_STEP" else b.draw for b in buckets]
-        assert made and all(m is not None for m in made), switch
-        assert sum(top_k_rows) == 4, switch  # two questions a request, each thought's first draw
-        if switch == "DRAW_IN_STEP":
-            assert sum(host_rows) == 4
+        made = [b.top_k if on[0][1] == "TOP_K_IN_STEP" else b.draw for b in buckets]
+        assert made and all(m is not None for m in made), on
+        assert sum(top_k_rows) == 4, on  # two questions a request, each thought's first draw
+        if on[0][1] == "DRAW_IN_STEP":
+            assert sum(host_rows) == 4, on
+        assert (sum(fed_on) > 0) == (len(on) == 2), on  # ahead: thoughts fed their steps' own draws

@@ -91,15 +91,18 @@ def test_decide_decodes_to_the_budget_and_reads_again(engine: Engine) -> None:
         assert trace.second is not None and abs(sum(trace.second.probabilities) - 1.0) <= 1e-6
 
 
+@pytest.mark.parametrize("ahead", [False, True])
 def test_thoughts_drawn_in_the_step_equal_the_host_draws(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, ahead: bool
 ) -> None:
     """With the draw in the step's graph (`decoder.DRAW_IN_STEP`: `row_top_k` and the float64 draw
-    kernel compiled, the uniforms loaded with the row table) 16 thinkers get the traces the host
-    sampler gives them, bit for bit, together in any order and the target alone; the host drew
-    only each thought's first token."""
+    kernel compiled, the uniforms loaded with the row table), and with each step queued before the
+    previous one is read, fed its own draws on the device (`thoughts.RUN_AHEAD`), 16 thinkers get
+    the traces the host sampler gives them, bit for bit, together in any order and the target
+    alone; the host drew only each thought's first token."""
     import engine.decide.sampling as sampling
     import engine.run.decoder as decoder_module
+    import engine.thoughts as thoughts
 
     target = _req("target", "api latency 900ms on checkout, db-3 cpu 95%", budget=40)
     others = [
@@ -111,6 +114,7 @@ def test_thoughts_drawn_in_the_step_equal_the_host_draws(
     }
     assert sum(t.thought_tokens for traces in want.values() for t in traces.values()) > 16 * 4
     monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)
+    monkeypatch.setattr(thoughts, "RUN_AHEAD", ahead)
     host_rows: list[int] = []
     real = sampling._top_k_tokens
     monkeypatch.setattr(
