@@ -37,10 +37,10 @@ from engine.run.forest import Segment, SegmentState
 # Whether the loop queues each decoder step before reading the previous one, feeding every thought
 # still thinking its previous step's own draw (`think`; needs the decoder's draw in the step,
 # `engine.run.decoder.DRAW_IN_STEP`): the same thoughts, with the host's work per step (reading the
-# tokens, the table of the next step) done while the device runs. Built on the CPU in session 32:
-# off until `bench_engine.py --variants tc64inv-stepdraw,tc64inv-stepdrawahead --decode-only` says it
-# pays.
-RUN_AHEAD = False
+# tokens, the table of the next step) done while the device runs. On since session 32 (H100, 27B,
+# beside the draw in the step alone: 64 sequences 2,865 -> 2,902-2,927 tokens/s, one sequence
+# 91.4 -> 92.7; ops/bench/RESULTS.md).
+RUN_AHEAD = True
 
 
 class Steps(Protocol):

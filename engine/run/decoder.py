@@ -67,10 +67,11 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 TOP_K_IN_STEP = False
 # Whether buckets also draw each thought's next token inside the step (`engine.kernels.draw.StepDraw`:
 # the top-k as `row_top_k`'s kernels, then the float64 draw, the host reading one token a row): the
-# same tokens, without the top-k launches after the replay and the host's draw. Built on the CPU in
-# session 32: off until `bench_engine.py --variants tc64inv,tc64inv-stepdraw --decode-only` says it
-# pays. Where on, it replaces TOP_K_IN_STEP's numbers (a bucket makes one or the other).
-DRAW_IN_STEP = False
+# same tokens, without the top-k launches after the replay and the host's draw. On since session 32
+# (H100, 27B, `STAGE=draw bash ops/device/candidates_check.sh`: 64 sequences 2,607-2,642 -> 2,865
+# tokens/s, one sequence 87.6-90.1 -> 91.4; ops/bench/RESULTS.md). It replaces TOP_K_IN_STEP's
+# numbers (a bucket makes one or the other); the bench's "tc64inv-hostdraw" times it off.
+DRAW_IN_STEP = True
 MAX_PIECES = 4  # system root, evidence, question, own thought
 FIRST_CAPACITY = 64  # thought K/V rows allocated at start; buffers double up to the capacity
 

@@ -1156,18 +1156,23 @@ VARIANTS: dict[str, dict | None] = {
     "tc64inv-invertsplit": _tc64inv(set={"engine.kernels.forest_gdn.TC_INVERT_SPLIT": True}),
     # the CUDA default with the sampler's top-k numbers made inside the decode step's graph
     # (`decoder.TOP_K_IN_STEP`): the same tokens
-    "tc64inv-steptopk": _tc64inv(set={"engine.run.decoder.TOP_K_IN_STEP": True}),
+    "tc64inv-steptopk": _tc64inv(
+        set={"engine.run.decoder.TOP_K_IN_STEP": True, "engine.run.decoder.DRAW_IN_STEP": False}
+    ),
     "tc64inv-steptopkkernel": _tc64inv(
-        set={"engine.run.decoder.TOP_K_IN_STEP": True, "engine.kernels.top_k.TOP_K_FORM": "kernel"}
+        set={
+            "engine.run.decoder.TOP_K_IN_STEP": True,
+            "engine.run.decoder.DRAW_IN_STEP": False,
+            "engine.kernels.top_k.TOP_K_FORM": "kernel",
+        }
     ),
-    # the CUDA default with the thought draw itself inside the decode step's graph
-    # (`decoder.DRAW_IN_STEP`: `row_top_k`, then `engine.kernels.draw`): the same tokens
-    "tc64inv-stepdraw": _tc64inv(set={"engine.run.decoder.DRAW_IN_STEP": True}),
-    # ... and each step queued before the previous one is read, fed its own draws
-    # (`engine.thoughts.RUN_AHEAD`): the same tokens
-    "tc64inv-stepdrawahead": _tc64inv(
-        set={"engine.run.decoder.DRAW_IN_STEP": True, "engine.thoughts.RUN_AHEAD": True}
+    # the thought draw on the host after each step (the default until session 32), and the draw
+    # inside the step's graph without running ahead (`decoder.DRAW_IN_STEP`, `thoughts.RUN_AHEAD`,
+    # both on by default since session 32): the same tokens
+    "tc64inv-hostdraw": _tc64inv(
+        set={"engine.run.decoder.DRAW_IN_STEP": False, "engine.thoughts.RUN_AHEAD": False}
     ),
+    "tc64inv-stepdraw": _tc64inv(set={"engine.thoughts.RUN_AHEAD": False}),
     # the CUDA default with the sampler's top-k as two Triton kernels (`top_k.TOP_K_FORM`):
     # the same tokens
     "tc64inv-topkkernel": _tc64inv(set={"engine.kernels.top_k.TOP_K_FORM": "kernel"}),

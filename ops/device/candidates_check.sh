@@ -17,7 +17,7 @@
 #   STAGE=first   bash ops/device/candidates_check.sh  # a scarce machine's one call: the whole CUDA set and #27's
 #                                                      # figures; on an H200 #19's decode figures, else (c)'s profile (~9 min)
 #   STAGE=draw    bash ops/device/candidates_check.sh  # the whole CUDA set, then 27B decode with the draw in the
-#                                                      # step against the default, twice each, 1 and 64 sequences (~9 min)
+#                                                      # step (the default) against the host's draw, 1 and 64 sequences (~6 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -60,7 +60,7 @@ decode)
     # fp32-dot body path), then DECODE_VARIANTS if named (session 17: topkkernel +1%, gdnstepv64
     # +5.7% at 64 and -2.8% at one sequence, other bits)
     # (session 22 built the sampler's top-k inside the step's graph: steptopk, steptopkkernel)
-    DECODE_VARIANTS=${DECODE_VARIANTS-tc64inv-steptopk,tc64inv-steptopkkernel,tc64inv-gdnstepv64}
+    DECODE_VARIANTS=${DECODE_VARIANTS-tc64inv-hostdraw,tc64inv-gdnstepv64}
     timeout 560 python3 ops/bench/bench_engine.py --shape 27B --decode-only \
         --variants "tc64inv${DECODE_VARIANTS:+,$DECODE_VARIANTS}" --decode-profile "$OUT/decprof" \
         --json "$OUT/decode-candidates.json" > "$OUT/decode-candidates.log" 2>&1
@@ -175,12 +175,13 @@ first)
     kill "$sampler" 2>/dev/null
     ;;
 draw)
-    # session 32's draw inside the decode step (`decoder.DRAW_IN_STEP`): the whole CUDA set at this
-    # commit (its bit tests are in the decoder's files), then the 27B decode A/B, interleaved
+    # session 32's draw inside the decode step (`decoder.DRAW_IN_STEP`) and the loop running ahead
+    # (`thoughts.RUN_AHEAD`), both the default since: the whole CUDA set at this commit (their bit
+    # tests are in the decoder's files), then the 27B decode A/B against the host's draw, interleaved
     JOBS=8 SUITE_TIMEOUT=${SUITE_TIMEOUT:-280} bash ops/device/gpu_suite.sh 2>&1 | tail -12
     left=$(( ${CALL_S:-590} - 15 - SECONDS ))
     timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences 1,64 \
-        --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv,tc64inv-stepdraw,tc64inv-stepdrawahead,tc64inv,tc64inv-stepdrawahead}" \
+        --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv-hostdraw,tc64inv-stepdraw,tc64inv,tc64inv-hostdraw,tc64inv}" \
         --json "$OUT/decode-draw.json" > "$OUT/decode-draw.log" 2>&1
     echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-draw.log"; tail -3 "$OUT/decode-draw.log"
     ;;

@@ -137,6 +137,7 @@ def test_a_step_makes_its_samplers_numbers_and_the_draws_stay(
     import engine.run.decoder as decoder_module
 
     monkeypatch.setattr(decoder_module, "TOP_K_IN_STEP", True)
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", False)  # (where on, a bucket draws instead)
     decoder = Decoder(engine.weights, graphs=graphs)
     decoder.sample_with(DrawSettings(5, 1.0, 0.95))
     picked = [0, 5, 9]

@@ -79,6 +79,9 @@ def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoug
         _req("a", "api latency 900ms on checkout, db-3 cpu 95%", budget=1),
         _req("b", "disk 97% on db-3", budget=5, seed=9),
     ]
+    switches = [(decoder_module, "TOP_K_IN_STEP"), (decoder_module, "DRAW_IN_STEP"), (thoughts, "RUN_AHEAD")]
+    for module, name in switches:  # the host loop: every switch off
+        monkeypatch.setattr(module, name, False)
     plain = same_weights(engine, decoder=True).decide(requests)
     assert sum(t.thought_tokens for r in plain for t in r.traces.values()) > 4  # the steps draw too
     top_k_rows: list[int] = []
@@ -101,12 +104,7 @@ def test_thoughts_from_the_steps_own_sampler_numbers_or_draws_are_the_same_thoug
             fed_on.append(feeds.count(None)) or real_step(self, handles, feeds, us)
         ),
     )
-    switches = [
-        [(decoder_module, "TOP_K_IN_STEP")],
-        [(decoder_module, "DRAW_IN_STEP")],
-        [(decoder_module, "DRAW_IN_STEP"), (thoughts, "RUN_AHEAD")],
-    ]
-    for on in switches:
+    for on in [switches[:1], switches[1:2], switches[1:]]:
         top_k_rows.clear()
         host_rows.clear()
         fed_on.clear()

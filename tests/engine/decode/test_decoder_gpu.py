@@ -109,11 +109,13 @@ def test_thoughts_drawn_in_the_step_equal_the_host_draws(
         _req(f"other-{i}", f"alert {i}: pod restarts x{i * 7}", budget=8 + 5 * i, seed=i) for i in range(15)
     ]
     batch = [target, *others]
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", False)  # the host's draws
+    monkeypatch.setattr(thoughts, "RUN_AHEAD", False)
     want = {
         r.request_id: r.traces for r in same_weights(engine, decoder=True, decoder_dots="bf16").decide(batch)
     }
     assert sum(t.thought_tokens for traces in want.values() for t in traces.values()) > 16 * 4
-    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)
+    monkeypatch.setattr(decoder_module, "DRAW_IN_STEP", True)  # the default since session 32
     monkeypatch.setattr(thoughts, "RUN_AHEAD", ahead)
     host_rows: list[int] = []
     real = sampling._top_k_tokens
