@@ -234,34 +234,20 @@ class Bench:
     def decode(self, sequences: int, steps: int, prompt_tokens: int = 256) -> float:
         """Tokens/s of one-token steps for `sequences` thoughts, each from its own prompt.
 
-        Each step is what `engine.thoughts.think` does on CUDA: a decoder step (graph replay, or eager
-        with --decode-eager) given each row's next uniform (hashed from its thought key and the
-        step, as the loop does), and the batched sampler at the decision config's defaults.
+        Each step is what `engine.thoughts.think` does on CUDA (`thought_steps`: a decoder step,
+        graph replay or eager with --decode-eager, and the batched sampler at the decision config's
+        defaults, running ahead where the loop does); the first draw, from the prompt's read, is
+        made before the clock starts.
         """
         segs = [Segment(self.tokens(prompt_tokens), self.root, read=True) for _ in range(sequences)]
         out = self.run(build_forest(segs))
         decoder = self.decoder()
         seqs = [decoder.start(st, steps) for st in out.states]
         keys = [thought_key(i, f"bench-{sequences}", []) for i in range(sequences)]
-        us = [uniform(key, 0) for key in keys]
-        tokens = sample_tokens(out.logits, us, temperature=0.6, top_p=0.95, top_k=20)
-        ahead = thoughts.RUN_AHEAD and decoder.draws_in_step()
+        tokens = sample_tokens(out.logits, [uniform(key, 0) for key in keys], **DRAW)
         sync()
         t0 = time.perf_counter()
-        if ahead:  # as `think` runs ahead: each step queued before the previous one's draws are read
-            us = [uniform(key, 1) for key in keys]
-            logits = decoder.step(seqs, tokens, us)
-            for step in range(2, steps + 1):
-                us_next = [uniform(key, step) for key in keys]
-                queued = decoder.step(seqs, [None] * sequences, us_next)
-                tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
-                logits, us = queued, us_next
-            tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
-        else:
-            for step in range(1, steps + 1):
-                us = [uniform(key, step) for key in keys]
-                logits = decoder.step(seqs, tokens, us)
-                tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+        thought_steps(decoder, seqs, tokens, keys, steps)
         sync()
         return sequences * steps / (time.perf_counter() - t0)
 
@@ -515,6 +501,35 @@ THOUGHT_TOKENS = 128
 THINK_OPEN, THINK_CLOSE = 2, 3  # `<think>\n` and `</think>\n\n` (token counts; random ids here)
 
 
+DRAW = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # the decision config's thought sampler
+
+
+def thought_steps(
+    decoder: Decoder, seqs: list, tokens: list[int], keys: list[bytes], steps: int
+) -> torch.Tensor:
+    """`steps` decoder steps of a thought loop's work (`engine.thoughts.think`): the first fed
+    `tokens`, each later one the token drawn from the step before (each step given its rows'
+    uniforms for that draw, hashed from the thought keys as the loop does). Where the loop runs
+    ahead (`thoughts.RUN_AHEAD` with the draw in the step) each step is queued fed the previous
+    step's own draws, and those are read while it runs; else the host reads each step's draws
+    before queuing the next. The last step's logits, its draws unread."""
+    ahead = thoughts.RUN_AHEAD and decoder.draws_in_step()
+    logits, previous = None, []
+    for step in range(1, steps + 1):
+        us = [uniform(key, step) for key in keys]  # the draw this step makes
+        if ahead and logits is not None:
+            queued = decoder.step(seqs, [None] * len(seqs), us)
+            sample_tokens(logits, previous, **DRAW)  # what the loop reads meanwhile
+            logits = queued
+        else:
+            logits = decoder.step(seqs, tokens, us)
+            if not ahead and step < steps:
+                tokens = sample_tokens(logits, us, **DRAW)
+        previous = us
+    assert logits is not None
+    return logits
+
+
 def thinking_requests(bench: Bench, clients: int, thought_tokens: int = THOUGHT_TOKENS) -> float:
     """`clients` concurrent thinking requests (~256 evidence + question tokens each); returns the
     seconds until the last second read-out (they run in lockstep, so each one's latency)."""
@@ -534,11 +549,9 @@ def thinking_requests(bench: Bench, clients: int, thought_tokens: int = THOUGHT_
     )
     decoder = bench.decoder()
     seqs = [decoder.start(st, thought_tokens + THINK_CLOSE) for st in think.states]
-    us = [0.5] * clients
-    logits = think.logits
-    for _ in range(thought_tokens):
-        tokens = sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
-        logits = decoder.step(seqs, tokens, us)
+    keys = [thought_key(i, f"thinking-{clients}", []) for i in range(clients)]
+    tokens = sample_tokens(think.logits, [uniform(key, 0) for key in keys], **DRAW)
+    thought_steps(decoder, seqs, tokens, keys, thought_tokens)
     for token in bench.tokens(THINK_CLOSE):
         logits = decoder.step(seqs, [token] * clients)
     for row in range(clients):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ops" / "bench"))
@@ -162,3 +163,48 @@ def test_decode_sequences_parse_a_comma_list_and_refuse_nonsense() -> None:
     for bad in ("", "0", "1,-4"):
         with pytest.raises(SystemExit, match="positive counts"):
             bench_engine.decode_sequences(bad)
+
+
+class _RecordingDecoder:
+    """A stand-in decoder for `thought_steps`' loop: records each step's feeds and uniforms and
+    returns fresh random logits (small vocabulary, so the host sampler draws them)."""
+
+    def __init__(self, draws: bool) -> None:
+        self.draws = draws
+        self.calls: list[tuple[list[int | None], list[float | None]]] = []
+        self.gen = torch.Generator().manual_seed(0)
+
+    def draws_in_step(self) -> bool:
+        return self.draws
+
+    def step(self, seqs: list, tokens: list, us: list) -> torch.Tensor:
+        self.calls.append((list(tokens), list(us)))
+        return torch.randn(len(seqs), 64, generator=self.gen)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_thought_steps_feed_what_the_loop_feeds(monkeypatch: pytest.MonkeyPatch, ahead: bool) -> None:
+    """The bench's decode loop feeds what `engine.thoughts.think` would: the first step the given
+    tokens; every later step the token drawn from the step before with that step's uniform - by
+    the host (the sampler over the returned logits) or, running ahead, by the step itself (None)."""
+    from engine import thoughts
+    from engine.decide.sampling import sample_tokens, uniform
+
+    monkeypatch.setattr(thoughts, "RUN_AHEAD", True)
+    decoder = _RecordingDecoder(draws=ahead)
+    keys = [b"k0", b"k1", b"k2"]
+    returned: list = []
+    real_step = decoder.step
+    decoder.step = lambda *a: returned.append(real_step(*a)) or returned[-1]  # type: ignore[method-assign]
+    last = bench_engine.thought_steps(decoder, [object()] * 3, [5, 6, 7], keys, 4)  # type: ignore[arg-type]
+    assert last is returned[-1] and len(decoder.calls) == 4
+    for step, (tokens, us) in enumerate(decoder.calls, start=1):
+        assert us == [uniform(key, step) for key in keys]  # the draw this step makes
+        if step == 1:
+            assert tokens == [5, 6, 7]
+        elif ahead:
+            assert tokens == [None, None, None]
+        else:
+            assert tokens == sample_tokens(
+                returned[step - 2], decoder.calls[step - 2][1], **bench_engine.DRAW
+            )
