@@ -10,12 +10,14 @@ token. What differs between the paths is only how a step runs (`Steps`):
   its own question's state; the closing tokens go in as one segment (the CPU/fp32/bf16 paths).
 - `DecoderSteps`: one token per step on `engine.run.decoder`'s device buffers (CUDA int8:
   graph-captured; eager under tensor parallelism), the closing tokens one per step too; at most
-  `Decoder.max_live` thoughts are live at a time, the others wait with their first logits.
+  `Decoder.max_live` thoughts are live at a time, the others wait with their first logits. Its
+  steps draw the next tokens in their graphs, so the loop runs one step ahead (`RUN_AHEAD`): a
+  step is queued fed the previous step's own draws, and the previous step is read while it runs.
 
 Which thoughts share a step never changes a thought's bits, on either path (the int8 contract).
 
-May import: `engine.run`, `engine.decide`, `engine.questions`, `engine.kernels.draw` (the sampler settings
-a step draws with).
+May import: `engine.run`, `engine.decide`, `engine.questions`, `engine.kernels.draw` (the sampler
+settings a step draws with).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ one token per `step`:
 
 On CUDA the whole step - embedding, layers, final norm, LM head - is captured once per bucket
 as a `torch.cuda.CUDAGraph` and replayed; the step's inputs (row table, piece tables, RoPE
-cos/sin) are copied into that bucket's static tensors first. `graphs=False` runs the same
+cos/sin, each row's uniform for its next draw) are copied into that bucket's static tensors first;
+the graph ends with the thought sampler's draw (`engine.kernels.draw.StepDraw`), whose tokens a
+next step can be fed on the device (`step`'s None tokens). `graphs=False` runs the same
 kernels eagerly (the graph's oracle), and on CPU the Triton kernels run in the interpreter
 (tests). Every float op of a row runs in programs that see only that row, with configs fixed
 by the model's sizes, so a row's logits are bitwise the same in any bucket, any slot, beside
