@@ -135,8 +135,8 @@ def think(
             rules.step_hook()
             feeding = [t for t in live if not t.done]
             keep = rules.keep_going([t.q for t in feeding] + [q for q, _, _ in waiting])
-            for t, go in zip(feeding, keep, strict=False):
-                t.finished = t.finished or not go
+            for t, go in zip(feeding, keep[: len(feeding)], strict=True):
+                t.finished = not go  # cut
             waiting = [w for w, go in zip(waiting, keep[len(feeding) :], strict=True) if go]
             live = [t for t in live if not t.finished]
             if not live and not waiting:

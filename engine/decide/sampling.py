@@ -120,9 +120,7 @@ def sample_tokens(
         ]
     drawn = step_drawn_tokens(rows, us, DrawSettings(top_k, temperature, top_p))  # a step's own draws
     todo = [r for r, token in enumerate(drawn) if token is None]
-    if len(todo) == n:
-        return _top_k_tokens(rows, us, stacked, range(n), top_k=top_k, temperature=temperature, top_p=top_p)
-    if todo:
+    if todo:  # (all rows: `stacked` still hands over the caller's block itself)
         made = _top_k_tokens(
             [rows[r] for r in todo],
             [us[r] for r in todo],

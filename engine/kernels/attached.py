@@ -61,6 +61,27 @@ def rows_in(block: torch.Tensor, rows: Sequence[torch.Tensor]) -> list[int | Non
     return found
 
 
+def attached_rows(rows: Sequence[torch.Tensor], kind: type[T]) -> list[tuple[T, list[int], list[int]]]:
+    """Where `rows` are whole rows of blocks carrying a ticket of type `kind`: per such block, (its
+    ticket, the positions in `rows` of its rows, those rows' indices in the block). Rows are
+    grouped by the block they are views of, so the common case - every row a row of one pass's
+    output - costs a few attribute reads a row."""
+    groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
+    for r, x in enumerate(rows):
+        block = x._base
+        if block is not None:
+            groups.setdefault(id(block), (block, []))[1].append(r)
+    found = []
+    for block, members in groups.values():
+        ticket = attached(block, kind)
+        if ticket is None:
+            continue
+        index = rows_in(block, [rows[r] for r in members])
+        where = [r for r, i in zip(members, index, strict=True) if i is not None]
+        found.append((ticket, where, [i for i in index if i is not None]))
+    return found
+
+
 def block_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     """(block, each row's index in it) where every row is a whole row of one contiguous 2-D fp32
     tensor (the views a pass's logits give), else None."""

@@ -36,7 +36,7 @@ import torch
 
 from engine.decide import portable_exp as pe
 from engine.kernels._triton import Backend, helper, kernel, use_triton
-from engine.kernels.attached import attached, rows_in
+from engine.kernels.attached import attached_rows
 from engine.kernels.top_k import row_top_k, unpack
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
@@ -220,13 +220,12 @@ class StepDraw:
 
     RING = 2  # host slots: a launch's tokens stay readable while the next launch runs
 
-    def __init__(self, rows: int, settings: DrawSettings, device: torch.device, into: torch.Tensor) -> None:
+    def __init__(self, rows: int, settings: DrawSettings, into: torch.Tensor) -> None:
         if rows < 1 or settings.top_k < 1 or settings.temperature <= 0.0:
             raise ValueError(f"need rows >= 1, top_k >= 1 and temperature > 0, got {rows}, {settings}")
-        if into.dtype != torch.int64 or into.dim() != 1 or into.shape[0] < rows or into.device != device:
-            raise ValueError(
-                f"into must be int64 [>= {rows}] on {device}, got {into.dtype} {tuple(into.shape)}"
-            )
+        if into.dtype != torch.int64 or into.dim() != 1 or into.shape[0] < rows:
+            raise ValueError(f"into must be int64 [>= {rows}], got {into.dtype} {tuple(into.shape)}")
+        device = into.device
         self.settings = settings
         self.into = into
         self.uniforms = torch.zeros(rows, dtype=torch.float64, device=device)  # loaded before each launch
@@ -296,18 +295,12 @@ def step_drawn_tokens(
     used exactly these settings and the row's uniform us[r] and its launch is still current;
     else None (the caller draws that row itself). A token of -1 (a NaN row) is None too."""
     found: list[int | None] = [None] * len(rows)
-    groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
-    for r, x in enumerate(rows):
-        block = x._base
-        if block is not None:
-            groups.setdefault(id(block), (block, []))[1].append(r)
-    for block, members in groups.values():
-        ticket = attached(block, StepDrawTicket)
-        if ticket is None or ticket.draw.settings != settings:
+    for ticket, places, indices in attached_rows(rows, StepDrawTicket):
+        if ticket.draw.settings != settings:
             continue
         host: list[int] | None = None
-        for r, i in zip(members, rows_in(block, [rows[r] for r in members]), strict=True):
-            if i is None or i >= len(ticket.uniforms) or ticket.uniforms[i] != us[r]:
+        for r, i in zip(places, indices, strict=True):
+            if i >= len(ticket.uniforms) or ticket.uniforms[i] != us[r]:
                 continue
             if host is None:
                 tokens = ticket.draw.tokens(ticket.generation)

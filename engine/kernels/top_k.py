@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.kernels._triton import Backend, cdiv, kernel, next_pow2, use_triton
-from engine.kernels.attached import attached, rows_in
+from engine.kernels.attached import attached_rows
 
 tl: Any = None  # bound at first launch (engine.kernels._triton)
 libdevice: Any = None
@@ -347,23 +347,17 @@ def step_top_k_rows(rows: Sequence[torch.Tensor], k: int) -> tuple[torch.Tensor 
     the common step - every row a row of one step's logits, in order - costs a few attribute
     reads a row and returns the host buffer's own rows."""
     n = len(rows)
-    groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
-    for r, x in enumerate(rows):
-        block = x._base
-        if block is not None:
-            groups.setdefault(id(block), (block, []))[1].append(r)
     table: torch.Tensor | None = None
     held = [False] * n
-    for block, members in groups.values():
-        ticket = attached(block, StepTopKTicket)
-        if ticket is None or ticket.top_k.k != k:
+    for ticket, places, indices in attached_rows(rows, StepTopKTicket):
+        if ticket.top_k.k != k:
             continue
         host = ticket.rows()
         if host is None:
             continue
         index, where = [], []
-        for r, i in zip(members, rows_in(block, [rows[r] for r in members]), strict=True):
-            if i is not None and i < host.shape[0]:
+        for r, i in zip(places, indices, strict=True):
+            if i < host.shape[0]:
                 index.append(i)
                 where.append(r)
         if len(where) == n and index == list(range(n)):

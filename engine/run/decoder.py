@@ -148,8 +148,7 @@ class Decoder(Int8Layers):
         # the last launch's drawn tokens, one a row: a step can feed a sequence the token its
         # previous step drew without the host reading it first (`step`'s None tokens)
         self._feed = torch.zeros(self.buckets[-1], dtype=torch.int64, device=self.device)
-        self._launches = 0
-        self.steps = 0
+        self.steps = 0  # launches so far (a sequence's `drawn_at` names one)
 
     def sample_with(self, settings: DrawSettings | None) -> None:
         """From now on, buckets made (and captured) also do the thought sampler's device part with
@@ -157,10 +156,13 @@ class Decoder(Int8Layers):
         uniforms `step` is given) and the settings allow it (temperature > 0, a k `row_top_k`
         takes), else its top-k numbers where TOP_K_IN_STEP is on (`StepTopK`); the same tokens or
         numbers the sampler would make after the step, without its launches. None: neither. Set it
-        before the first step (`engine.thoughts.DecoderSteps` does, from the decision config); a
-        bucket made before keeps what it was made with."""
+        before the first step (`engine.thoughts.DecoderSteps` does, from the decision config).
+        Other settings than before drop the buckets (their graphs draw with the old ones: a step fed
+        its own draw must draw what the sampler would)."""
         if settings is not None and settings.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {settings}")
+        if settings != self._sampler:
+            self._bucket_cache.clear()
         self._sampler = settings
 
     def draws_in_step(self) -> bool:
@@ -286,9 +288,7 @@ class Decoder(Int8Layers):
         us: Sequence[float | None] = [None] * len(seqs) if uniforms is None else uniforms
         top = self.buckets[-1]
         for seq, token in zip(seqs, tokens, strict=True):
-            if token is None and (
-                seq.drawn_at is None or seq.drawn_at[0] != self._launches or len(seqs) > top
-            ):
+            if token is None and (seq.drawn_at is None or seq.drawn_at[0] != self.steps or len(seqs) > top):
                 raise ValueError(
                     "a None token feeds the token the previous launch drew for the sequence, in one "
                     "bucket: that launch drew none for this one"
@@ -331,13 +331,12 @@ class Decoder(Int8Layers):
         logits, captured = self._graphs.run(bucket, self._forward, load, lambda: self._load_padding(bucket))
         if captured:
             log.info("decode_graph_captured", bucket=bucket.size)
-        self._launches += 1
+        self.steps += 1
         draws = bucket.draw is not None
         for r, (seq, u) in enumerate(zip(seqs, uniforms, strict=True)):
             seq.length += 1
             seq.position += 1
-            seq.drawn_at = (self._launches, r) if draws and u is not None else None
-        self.steps += 1
+            seq.drawn_at = (self.steps, r) if draws and u is not None else None
         out = logits[:n].clone()
         if bucket.top_k is not None:
             attach(out, bucket.top_k.issue())
@@ -348,7 +347,7 @@ class Decoder(Int8Layers):
     def _bucket(self, size: int) -> _Bucket:
         if size not in self._bucket_cache:
             c, dev, sampler = self.config, self.device, self._sampler
-            draw = StepDraw(size, sampler, dev, self._feed) if sampler and self.draws_in_step() else None
+            draw = StepDraw(size, sampler, self._feed) if sampler and self.draws_in_step() else None
             self._bucket_cache[size] = _Bucket(
                 size=size,
                 rows=torch.zeros(size, ROW_FIELDS, dtype=torch.int64, device=dev),

@@ -70,6 +70,7 @@ from engine.run.executor import ForestOutput, run_forest
 from engine.run.forest import Forest, Segment, SegmentState, build_forest
 
 VOCAB = 248_320
+DRAW = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # the decision config's thought sampler
 SHAPES: dict[str, dict] = {
     "4B": dict(hidden_size=2560, num_layers=32, intermediate_size=9216, num_attention_heads=16,
                num_kv_heads=4, linear_num_value_heads=32, tied_embeddings=True),
@@ -384,7 +385,7 @@ def profile_decode(bench: Bench, sequences: int, path: str | None) -> None:
         show(f"e_profile_{sequences}_{name}_step_ms", 1e3 * (time.perf_counter() - t0) / 16)
     t0 = time.perf_counter()
     for _ in range(16):
-        sample_tokens(logits, us, temperature=0.6, top_p=0.95, top_k=20)
+        sample_tokens(logits, us, **DRAW)
     show(f"e_profile_{sequences}_sampler_ms", 1e3 * (time.perf_counter() - t0) / 16)
     # the sampler's device part alone (top-k and the count at the cut), and the step's host part
     sync()
@@ -499,9 +500,6 @@ def gemm_ranges() -> Iterator[dict[str, dict]]:
 # the second read-out. The seed's figure: 1,150 ms (int8) / 1,212 ms per thinking request.
 THOUGHT_TOKENS = 128
 THINK_OPEN, THINK_CLOSE = 2, 3  # `<think>\n` and `</think>\n\n` (token counts; random ids here)
-
-
-DRAW = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # the decision config's thought sampler
 
 
 def thought_steps(

@@ -233,6 +233,10 @@ def test_a_step_draws_the_samplers_tokens(
     decoder.step(seqs, [_tokens(i)[1] for i in picked], given)  # and again: the first launch's slot
     host_rows.clear()
     assert sampling.sample_tokens(first, us, **draw) == want and host_rows == [4]  # stale: drawn here
+    decoder.sample_with(settings)  # the same settings: the buckets and their graphs stay
+    assert 4 in decoder._bucket_cache
+    decoder.sample_with(DrawSettings(5, 1.0, 0.9))  # others: buckets drawing with the old ones go
+    assert not decoder._bucket_cache
 
 
 @pytest.mark.parametrize("graphs", [False, True] if DEVICE == "cuda" else [False])
