@@ -34,6 +34,14 @@ BLOCK_C = 128
 BLOCK_V = 32
 NUM_WARPS = 4
 CONV_WIDTH = 4  # qwen35's ssm.conv_kernel; the step kernel is written for it
+# The order the step kernels' programs are dispatched in. False: row fastest - the GDN step's
+# four 32-column blocks of one head's [128, 128] state, which share every 512-byte row of it, run
+# 64 x 48 programs apart (at 64 rows), so each DRAM page of a state is opened once per block, and
+# the conv step's neighbours read other rows' tails. True: block fastest (then head, then row) -
+# the blocks of one state run side by side and read it as one contiguous 64 KB stretch, a row's
+# conv tail is read front to back. Each program computes the same block with the same code either
+# way: the same bits (test_kernel_decode.py); only the dispatch order moves.
+BLOCKS_FIRST = False
 SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus default: x above it returns x
 # The state offsets carry no alignment hint: declared multiples of 4 (session 15), the compiler read
 # the state 16 bytes at a time, which changed the step's register layout and so its reduction order;
@@ -44,10 +52,13 @@ SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus default: x above it returns x
 
 def _conv_step_kernel(
     x_ptr, w_ptr, base_ptr, rows_ptr, y_ptr, layer_off, C, stride_x, stride_y,
-    BC: tl.constexpr, ON_GPU: tl.constexpr,
+    BC: tl.constexpr, BLOCKS_FIRST: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
-    offs_c = tl.program_id(1) * BC + tl.arange(0, BC)
+    if BLOCKS_FIRST:
+        row, block = tl.program_id(1), tl.program_id(0)
+    else:
+        row, block = tl.program_id(0), tl.program_id(1)
+    offs_c = block * BC + tl.arange(0, BC)
     cmask = offs_c < C
     # row record (engine.kernels.decode_rows): token, thought_len, state_off, conv_off, live
     live = tl.load(rows_ptr + row * 5 + 4)
@@ -95,11 +106,14 @@ def _gdn_step_kernel(
     conv_ptr, b_ptr, a_ptr, ssm_a_ptr, dt_ptr, base_ptr, rows_ptr, o_ptr,
     layer_off, stride_conv, stride_b, stride_a, q_scale, l2_eps,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BV: tl.constexpr, ON_GPU: tl.constexpr,
+    BV: tl.constexpr, BLOCKS_FIRST: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    if BLOCKS_FIRST:
+        row, block = tl.program_id(2), tl.program_id(0)
+    else:
+        row, block = tl.program_id(0), tl.program_id(2)
     h = tl.program_id(1)
-    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    offs_v = block * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, DK)
     live = tl.load(rows_ptr + row * 5 + 4)
     state_off = tl.load(rows_ptr + row * 5 + 2)
@@ -152,9 +166,10 @@ def conv_step(
         return conv_step_reference(x, weight, base, rows, layer_off)
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty(b, c, dtype=torch.float32, device=x.device)
-    _conv[(b, cdiv(c, BLOCK_C))](
+    grid = (cdiv(c, BLOCK_C), b) if BLOCKS_FIRST else (b, cdiv(c, BLOCK_C))
+    _conv[grid](
         x, weight.contiguous(), base, rows, y, layer_off, c, x.stride(0), y.stride(0),
-        BC=BLOCK_C, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        BC=BLOCK_C, BLOCKS_FIRST=BLOCKS_FIRST, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return y
 
@@ -196,11 +211,12 @@ def gdn_step(
         )
     conv = conv.contiguous()
     o = torch.empty(b, num_v_heads, v_dim, dtype=torch.float32, device=conv.device)
-    _gdn[(b, num_v_heads, v_dim // bv)](
+    grid = (v_dim // bv, num_v_heads, b) if BLOCKS_FIRST else (b, num_v_heads, v_dim // bv)
+    _gdn[grid](
         conv, b_raw, a_raw, ssm_a.contiguous(), dt.contiguous(), base, rows, o,
         layer_off, conv.stride(0), b_raw.stride(0), a_raw.stride(0),
         k_dim**-0.5, L2NORM_EPS,
-        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv,
+        HQK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BV=bv, BLOCKS_FIRST=BLOCKS_FIRST,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return o

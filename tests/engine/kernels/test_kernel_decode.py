@@ -36,7 +36,14 @@ def _assert_rows_independent(run, b: int) -> None:
             assert torch.equal(a[0], f[r]), r
 
 
-def test_conv_step_matches_reference_and_shifts_the_tail(dev: torch.device, gen: torch.Generator) -> None:
+@pytest.mark.parametrize("blocks_first", [False, True])
+def test_conv_step_matches_reference_and_shifts_the_tail(
+    blocks_first: bool, dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also in `decode_gdn.BLOCKS_FIRST`'s dispatch order (channel block fastest): the same checks."""
+    import engine.kernels.decode_gdn as decode_gdn
+
+    monkeypatch.setattr(decode_gdn, "BLOCKS_FIRST", blocks_first)
     b, c, layers = 5, 200, 2
     pool = Pool(b * layers * c * 3 + 64, dev, gen)
     offs = [pool.take(layers * c * 3) for _ in range(b)]
@@ -120,6 +127,41 @@ def test_gdn_step_settings_match_reference(
 
     monkeypatch.setattr(decode_gdn, setting[0], setting[1])
     _check_gdn_step_against_reference(dims_config("small", linear_value_head_dim=128), dev, gen)
+
+
+def test_gdn_step_blocks_first_gives_the_default_bits(
+    dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decode_gdn.BLOCKS_FIRST` only reorders the programs (value block fastest): every output and
+    every state word equal the default order's, and the contract (reference values, rows
+    independent of their batch) holds in that order too."""
+    import engine.kernels.decode_gdn as decode_gdn
+
+    cfg = dims_config("small", linear_value_head_dim=128)
+    hqk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    b, block = 3, hv * dk * dv
+    pool = Pool(b * block + 64, dev, gen)
+    pool.base.mul_(0.1)
+    offs = [pool.take(block) for _ in range(b)]
+    conv = torch.randn(b, 2 * hqk * dk + hv * dv, generator=gen).to(dev)
+    b_raw = torch.randn(b, hv, generator=gen).to(dev)
+    a_raw = (torch.randn(b, hv, generator=gen) * 3).to(dev)
+    ssm_a = (-torch.rand(hv, generator=gen) * 2).to(dev)
+    dt = torch.randn(hv, generator=gen).to(dev)
+    rows = _rows(b, dev, state=offs)
+    kw = dict(num_k_heads=hqk, num_v_heads=hv, k_dim=dk, v_dim=dv)
+    before = pool.base.clone()
+    results = []
+    for first in (False, True):
+        monkeypatch.setattr(decode_gdn, "BLOCKS_FIRST", first)
+        pool.base.copy_(before)
+        o = gdn_step(conv, b_raw, a_raw, ssm_a, dt, pool.base, rows, 0, **kw, backend="triton")
+        results.append((o, pool.base.clone()))
+    assert not torch.equal(results[0][1], before)  # the step wrote the states
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    _check_gdn_step_against_reference(cfg, dev, gen)
 
 
 def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int = 4):
