@@ -18,6 +18,7 @@
 #                                                      # figures; on an H200 #19's decode figures, else (c)'s profile (~9 min)
 #   STAGE=draw    bash ops/device/candidates_check.sh  # the whole CUDA set, then 27B decode with the draw in the
 #                                                      # step (the default) against the host's draw, 1 and 64 sequences (~6 min)
+#   STAGE=thinking bash ops/device/candidates_check.sh # 27B decode step profiles and thinking requests (~5 min)
 #   STAGE=orders  bash ops/device/candidates_check.sh  # dispatch-order knobs: bit tests, 27B prefill and decode A/Bs (~8 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
@@ -185,6 +186,14 @@ draw)
         --decode-steps 64 --variants "${DRAW_VARIANTS:-tc64inv-hostdraw,tc64inv-stepdraw,tc64inv,tc64inv-hostdraw,tc64inv}" \
         --json "$OUT/decode-draw.json" > "$OUT/decode-draw.log" 2>&1
     echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-draw.log"; tail -3 "$OUT/decode-draw.log"
+    ;;
+thinking)
+    # #19's remaining H200 records after STAGE=first: the per-kernel profile of a decode step at 1
+    # and 64 sequences and the thinking requests (128-token thoughts, 1 and 16 concurrent), 27B
+    timeout $(( ${CALL_S:-590} - 15 )) python3 ops/bench/bench_engine.py --shape 27B --decode-only \
+        --decode-sequences 1,64 --decode-steps 64 --thinking --decode-profile "$OUT/decprof" \
+        --variants tc64inv --json "$OUT/decode-thinking.json" > "$OUT/decode-thinking.log" 2>&1
+    echo "decode rc=$?"; grep -E "^(---|e_decode|e_profile_[0-9]+_(graph|gpu|fam)|f_)" "$OUT/decode-thinking.log" | cut -c1-400
     ;;
 orders)
     # session 33's dispatch orders (same bits, off): the new knobs' CUDA bit tests, then the 27B
