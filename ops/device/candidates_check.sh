@@ -207,7 +207,7 @@ orders)
         --json "$OUT/engine-orders.json" > "$OUT/engine-orders.log" 2>&1
     echo "prefill rc=$?"; grep -E "^(---|a_one|b_readme|c_one|d_64)" "$OUT/engine-orders.log" | cut -c1-200
     left=$(( ${CALL_S:-590} - 15 - SECONDS ))
-    timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences 64,1 \
+    timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences "${STEP_SEQUENCES:-64,1}" \
         --decode-steps 64 --variants "${STEP_VARIANTS:-tc64inv,tc64inv-stepblocks,tc64inv,tc64inv-stepblocks}" \
         --json "$OUT/decode-orders.json" > "$OUT/decode-orders.log" 2>&1
     echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-orders.log"; tail -2 "$OUT/decode-orders.log"
