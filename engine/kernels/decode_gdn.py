@@ -34,14 +34,16 @@ BLOCK_C = 128
 BLOCK_V = 32
 NUM_WARPS = 4
 CONV_WIDTH = 4  # qwen35's ssm.conv_kernel; the step kernel is written for it
-# The order the step kernels' programs are dispatched in. False: row fastest - the GDN step's
-# four 32-column blocks of one head's [128, 128] state, which share every 512-byte row of it, run
-# 64 x 48 programs apart (at 64 rows), so each DRAM page of a state is opened once per block, and
-# the conv step's neighbours read other rows' tails. True: block fastest (then head, then row) -
-# the blocks of one state run side by side and read it as one contiguous 64 KB stretch, a row's
-# conv tail is read front to back. Each program computes the same block with the same code either
-# way: the same bits (test_kernel_decode.py); only the dispatch order moves.
-BLOCKS_FIRST = False
+# The order the step kernels' programs are dispatched in. True (the default): block fastest, then
+# head, then row - the GDN step's four 32-column blocks of one head's [128, 128] state, which share
+# every 512-byte row of it, run side by side and read the state as one contiguous 64 KB stretch,
+# and a row's conv tail is read front to back. False: row fastest - those four blocks run 64 x 48
+# programs apart (at 64 rows), so each DRAM page of a state is opened once per block. Each program
+# computes the same block with the same code either way: the same bits (test_kernel_decode.py).
+# H100, 27B, 64 sequences, one process (bench_engine.py --decode-only --decode-sequences 64
+# --variants tc64inv,tc64inv-stepblocks,tc64inv,tc64inv-stepblocks, 2026-12-07 session 33):
+# 2,886 / 2,890 tokens/s row first against 2,966 / 2,965 block first (+2.7%).
+BLOCKS_FIRST = True
 SOFTPLUS_THRESHOLD = 20.0  # torch's F.softplus default: x above it returns x
 # The state offsets carry no alignment hint: declared multiples of 4 (session 15), the compiler read
 # the state 16 bytes at a time, which changed the step's register layout and so its reduction order;

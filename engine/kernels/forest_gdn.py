@@ -89,23 +89,15 @@ CONV_BLOCK_T = 16  # tokens per program (also the segment slots per final-tail p
 CONV_BLOCK_C = 128
 CONV_WARPS = 4
 CONV_GENERAL_ROWS = 4  # rows (final-tail slots) per step of the general and final-tail paths
-# The conv's dispatch order. False: token block fastest - neighbouring programs read and write the
-# same 512-byte column stretch of the next 16 rows, 16 rows apart (rows of 10,240+ channels at
-# 27B), so each DRAM page of x and y is met by one program at a time. True: channel block fastest -
-# neighbours cover one block of 16 rows side by side, front to back. Every program computes the
-# same tile with the same code either way: the same bits (test_kernel_forest_gdn.py).
-CONV_CHANNELS_FIRST = False
 
 
 def _forest_conv_kernel(
     x_ptr, w_ptr, base_ptr, rows_ptr, segs_ptr, src_ptr, y_ptr,
     layer_off, T, C, S, stride_x, stride_y, num_t_blocks,
-    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, CHANNELS_FIRST: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BG: tl.constexpr, ON_GPU: tl.constexpr,
 ):  # fmt: skip
-    """Program (token block, channel block) - dispatched channel block first with CHANNELS_FIRST:
-    SiLU(conv) of BT packed rows; programs past the token blocks write the final tails of BT
-    segment slots.
+    """Program (token block, channel block): SiLU(conv) of BT packed rows; programs past the
+    token blocks write the final tails of BT segment slots.
 
     Rows of a live segment are packed contiguously (row tok_lo + l holds local position l), so
     when a block's first and last rows are live rows of one segment and the first sits at
@@ -119,10 +111,8 @@ def _forest_conv_kernel(
     the registers (and so the occupancy) of the whole kernel. Each element's window is summed
     oldest first with the same ops (fp fusion off) on every path and at every tile shape, so
     a row's bits depend neither on the path nor on the tiling."""
-    if CHANNELS_FIRST:
-        pid_t, pid_c = tl.program_id(1), tl.program_id(0)
-    else:
-        pid_t, pid_c = tl.program_id(0), tl.program_id(1)
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
     offs_c = pid_c * BC + tl.arange(0, BC)
     cmask = offs_c < C
     tail_c = offs_c.to(tl.int64) * (W - 1)  # channel c of a tail block starts at c * (W - 1)
@@ -1092,10 +1082,9 @@ def _forest_gdn_tc_out_kernel(
     conv_ptr, qs_ptr, g_ptr, rows_ptr, stride_conv, T, num_q,
     HQK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     BF16: tl.constexpr, ON_GPU: tl.constexpr, RECOMPUTE: tl.constexpr, PAD_ZEROS: tl.constexpr,
-    BR: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    BR: tl.constexpr,
 ):  # fmt: skip
-    """Program (query block, value head, value block) - dispatched value block and head first
-    with HEADS_FIRST: if the block starts a 64-token chunk of a
+    """Program (query block, value head, value block): if the block starts a 64-token chunk of a
     live segment of `level` (< 0: of any level), the chunk's outputs
     o = (q exp(gam)) S_start + scores U from the split walk's stored start state and updates -
     the same operands and products as the fused walk's, every chunk of every segment at once.
@@ -1104,13 +1093,10 @@ def _forest_gdn_tc_out_kernel(
     to the padding rows (rows-table live 0) among packed rows i BR .. i BR + BR - 1 (and every
     num_q BR rows after, should the table hold fewer than T / BR query blocks), so `o` needs no
     memset: a live row is written by its chunk, a padding row here, each exactly once."""
-    if HEADS_FIRST:
-        pid_q, block = tl.program_id(2), tl.program_id(0)
-    else:
-        pid_q, block = tl.program_id(0), tl.program_id(2)
+    pid_q = tl.program_id(0)
     qb = pid_q.to(tl.int64) * 3
     h = tl.program_id(1)
-    offs_v = block * BV + tl.arange(0, BV)
+    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     # the live flags of this program's first block of BR rows, loaded beside the query block's
     # record (not after it: most programs only read the two records and return, so one more
     # round trip in their chain would show); the zeros are stored last
@@ -1316,12 +1302,11 @@ def forest_conv(
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
     t_blocks = cdiv(t, CONV_BLOCK_T)
-    grid = (t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))
-    _conv[grid[::-1] if CONV_CHANNELS_FIRST else grid](
+    _conv[(t_blocks + cdiv(s, CONV_BLOCK_T), cdiv(c, CONV_BLOCK_C))](
         x, weight.contiguous(), base, rows, segs, conv_src, y,
         layer_off, t, c, s, x.stride(0), y.stride(0), t_blocks,
         W=w, BT=CONV_BLOCK_T, BC=CONV_BLOCK_C, BG=min(CONV_GENERAL_ROWS, CONV_BLOCK_T),
-        CHANNELS_FIRST=CONV_CHANNELS_FIRST, num_warps=CONV_WARPS, enable_fp_fusion=False,
+        num_warps=CONV_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return y
 
@@ -1371,13 +1356,6 @@ TC_STAGES = {"bf16": 2, "tf32": 1}  # bf16: the loads of chunk c + 1 overlap chu
 TC_WALKS = ("split", "fused")  # the serial walk alone + a parallel outputs launch, or both in the walk
 TC_WALK_BV = 32  # value columns per split-walk program (48 heads x 4 = 192 programs at 27B)
 TC_OUT_BV = 64  # value columns per outputs program
-# The outputs launch's dispatch order. False: query block fastest - neighbouring programs take the
-# next chunk of one head's value block, so the two value blocks of a chunk's start state (halves
-# of each of its 256-byte rows) and the heads' slices of an output row (256 bytes of a 24 KB row at
-# 27B) are met 6,144 programs apart at 8k tokens. True: value block fastest, then head, then query
-# block - a chunk's start states are read front to back and its output rows written whole. Every
-# program computes the same tile with the same code either way: the same bits.
-TC_OUT_HEADS_FIRST = False
 TC_WALK_WARPS = {"bf16": 4, "tf32": 8}  # tf32 at 4 warps: 255 registers and 24 B of spills
 # Where the split walk's decayed keys k exp(gam_last - gam) and the outputs' decayed queries
 # q exp(gam) come from (TC_DECAYED_FORMS): "stored" - the prep writes them ([T, HV, dk] each in
@@ -1890,14 +1868,13 @@ def _tc_outputs(
         return
     bv = TC_OUT_BV if dv % TC_OUT_BV == 0 else 16
     recompute = prep.decayed != "stored"  # q exp(gam) made by the outputs
-    grid = (dv // bv, hv, num_q) if TC_OUT_HEADS_FIRST else (num_q, hv, dv // bv)
-    _gdn_tc_out[grid](
+    _gdn_tc_out[(num_q, hv, dv // bv)](
         segs, prep.qblocks, out, prep.w if recompute else prep.qg, prep.scores, prep.chunk_no, prep.starts,
         prep.updates, level, prep.starts.shape[0],
         prep.conv, prep.q_norm if recompute else prep.gam, prep.gam, segs if rows is None else rows,
         prep.conv.stride(0), t, num_q,
         HQK=prep.num_k_heads, HV=hv, DK=dk, DV=dv, BV=bv, BF16=prep.dots == "bf16", RECOMPUTE=recompute,
-        PAD_ZEROS=rows is not None, BR=BLOCK_M, HEADS_FIRST=TC_OUT_HEADS_FIRST,
+        PAD_ZEROS=rows is not None, BR=BLOCK_M,
         num_warps=TC_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
 

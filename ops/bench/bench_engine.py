@@ -1202,20 +1202,9 @@ VARIANTS: dict[str, dict | None] = {
         set={"engine.kernels.cutlass_gemm.TABLE": ((32, None), *(e for e in cutlass_gemm.TABLE if e[0] > 32))}
     ),
     "tc64inv-gdnstepw8": _tc64inv(set={"engine.kernels.decode_gdn.NUM_WARPS": 8}),
-    # the CUDA default with the decoder's conv and GDN steps dispatched block first
-    # (`decode_gdn.BLOCKS_FIRST`: a head's four state blocks side by side): the same bits
-    "tc64inv-stepblocks": _tc64inv(set={"engine.kernels.decode_gdn.BLOCKS_FIRST": True}),
-    # the CUDA default with the prefill's conv dispatched channel block first
-    # (`forest_gdn.CONV_CHANNELS_FIRST`), its GDN outputs value block and head first
-    # (`forest_gdn.TC_OUT_HEADS_FIRST`), and both: the same bits
-    "tc64inv-convorder": _tc64inv(set={"engine.kernels.forest_gdn.CONV_CHANNELS_FIRST": True}),
-    "tc64inv-outorder": _tc64inv(set={"engine.kernels.forest_gdn.TC_OUT_HEADS_FIRST": True}),
-    "tc64inv-orders": _tc64inv(
-        set={
-            "engine.kernels.forest_gdn.CONV_CHANNELS_FIRST": True,
-            "engine.kernels.forest_gdn.TC_OUT_HEADS_FIRST": True,
-        }
-    ),
+    # the CUDA default with the decoder's conv and GDN steps dispatched row first
+    # (`decode_gdn.BLOCKS_FIRST` False, the order before session 33): the same bits
+    "tc64inv-steprows": _tc64inv(set={"engine.kernels.decode_gdn.BLOCKS_FIRST": False}),
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": _tc64inv(read_splits=16),

@@ -19,7 +19,6 @@
 #   STAGE=draw    bash ops/device/candidates_check.sh  # the whole CUDA set, then 27B decode with the draw in the
 #                                                      # step (the default) against the host's draw, 1 and 64 sequences (~6 min)
 #   STAGE=thinking bash ops/device/candidates_check.sh # 27B decode step profiles and thinking requests (~5 min)
-#   STAGE=orders  bash ops/device/candidates_check.sh  # dispatch-order knobs: bit tests, 27B prefill and decode A/Bs (~8 min)
 # STAGE=session is the one call for a session whose machine starts are scarce (session 19 got one
 # start in eight tries, each failed try costing 1.5-3 device minutes): the default against
 # SESSION_VARIANTS with --wall-split (each host step of a pass timed: `steps_us`), then
@@ -194,23 +193,6 @@ thinking)
         --decode-sequences 1,64 --decode-steps 64 --thinking --decode-profile "$OUT/decprof" \
         --variants tc64inv --json "$OUT/decode-thinking.json" > "$OUT/decode-thinking.log" 2>&1
     echo "decode rc=$?"; grep -E "^(---|e_decode|e_profile_[0-9]+_(graph|gpu|fam)|f_)" "$OUT/decode-thinking.log" | cut -c1-400
-    ;;
-orders)
-    # session 33's dispatch orders (same bits, off): the new knobs' CUDA bit tests, then the 27B
-    # prefill A/B (the conv channel block first, the GDN outputs value block and head first, both)
-    # and the 27B decode A/B (the conv and GDN steps block first), each default run twice
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -x tests/engine/kernels/test_kernel_decode.py \
-        tests/engine/kernels/test_kernel_forest_gdn.py -k "gdn_step or conv_step or conv_bits or padding_rows" \
-        2>&1 | tail -3
-    timeout 250 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
-        --variants "${ORDER_VARIANTS:-tc64inv,tc64inv-orders,tc64inv-convorder,tc64inv-outorder,tc64inv,tc64inv-orders}" \
-        --json "$OUT/engine-orders.json" > "$OUT/engine-orders.log" 2>&1
-    echo "prefill rc=$?"; grep -E "^(---|a_one|b_readme|c_one|d_64)" "$OUT/engine-orders.log" | cut -c1-200
-    left=$(( ${CALL_S:-590} - 15 - SECONDS ))
-    timeout "$left" python3 ops/bench/bench_engine.py --shape 27B --decode-only --decode-sequences "${STEP_SEQUENCES:-64,1}" \
-        --decode-steps 64 --variants "${STEP_VARIANTS:-tc64inv,tc64inv-stepblocks,tc64inv,tc64inv-stepblocks}" \
-        --json "$OUT/decode-orders.json" > "$OUT/decode-orders.log" 2>&1
-    echo "decode rc=$?"; grep -E "^(---|e_decode)" "$OUT/decode-orders.log"; tail -2 "$OUT/decode-orders.log"
     ;;
 fmhaacc)
     # #27's accuracy check for the FMHA tier at 4B: the default's read-outs and the FMHA tier's

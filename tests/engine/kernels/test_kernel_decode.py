@@ -132,9 +132,9 @@ def test_gdn_step_settings_match_reference(
 def test_gdn_step_blocks_first_gives_the_default_bits(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`decode_gdn.BLOCKS_FIRST` only reorders the programs (value block fastest): every output and
-    every state word equal the default order's, and the contract (reference values, rows
-    independent of their batch) holds in that order too."""
+    """`decode_gdn.BLOCKS_FIRST` only reorders the programs (value block fastest, the default, or
+    row fastest): every output and every state word are the same in both orders, and the contract
+    (reference values, rows independent of their batch) holds in each."""
     import engine.kernels.decode_gdn as decode_gdn
 
     cfg = dims_config("small", linear_value_head_dim=128)
@@ -161,7 +161,9 @@ def test_gdn_step_blocks_first_gives_the_default_bits(
     assert not torch.equal(results[0][1], before)  # the step wrote the states
     assert torch.equal(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])
-    _check_gdn_step_against_reference(cfg, dev, gen)
+    for first in (False, True):
+        monkeypatch.setattr(decode_gdn, "BLOCKS_FIRST", first)
+        _check_gdn_step_against_reference(cfg, dev, gen)
 
 
 def _attention_case(dims: str, dev: torch.device, gen: torch.Generator, b: int = 4):

@@ -793,18 +793,14 @@ def test_tc_recomputed_decays_equal_the_stored_ones(
         assert torch.equal(got_base, stored_base), decayed
 
 
-@pytest.mark.parametrize("heads_first", [False, True])
 @pytest.mark.parametrize("decayed", TC_DECAYED_FORMS)
 def test_tc_outputs_write_zeros_at_the_padding_rows(
-    decayed: str, heads_first: bool, dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+    decayed: str, dev: torch.device, gen: torch.Generator
 ) -> None:
     """With the row table, the outputs launch also writes zeros at the padding rows (live 0:
     before, between and after the two segments), so the body hands it an uninitialised out; the
     live rows keep their bits. A query-block table listing only the chunk starts (5 blocks of
-    16 rows for 232 rows) makes programs cover several row blocks each. Dispatched value block
-    and head first (`TC_OUT_HEADS_FIRST`), the launch writes the same bits as the default order's."""
-    import engine.kernels.forest_gdn as fg
-
+    16 rows for 232 rows) makes programs cover several row blocks each."""
     heads = TC_HEADS["tiny"]
     inputs, segs, base0, _ = _two_levels(dev, gen, heads)
     rows = torch.zeros(TC_T, ROW_FIELDS, dtype=torch.int64)
@@ -818,7 +814,6 @@ def test_tc_outputs_write_zeros_at_the_padding_rows(
     starts = torch.tensor([[s, c0, 1] for s, n in enumerate(TC_LENGTHS) for c0 in range(0, n, TC_CHUNK)])
     tc = dict(dots="bf16", decayed=decayed)
     want = _split_layer(inputs, segs, base0.clone(), heads, **tc)
-    monkeypatch.setattr(fg, "TC_OUT_HEADS_FIRST", heads_first)
     for qblocks in (None, starts.to(dev)):
         got = _split_layer(inputs, segs, base0.clone(), heads, qblocks=qblocks, rows=rows, **tc)
         live = rows[:, ROW_LIVE] != 0
@@ -1162,19 +1157,16 @@ def _long_conv_case(dev: torch.device, gen: torch.Generator, c: int, w: int = 4)
     return x, weight, pool, torch.tensor(rows, dtype=torch.int64).to(dev), segs.to(dev), src.to(dev)
 
 
-# (BT, BC, warps, BG, channels first); 64 rows a block: every block of the case takes the general
-# path; the default tiling dispatched channel block first (`CONV_CHANNELS_FIRST`), and one other
+# (BT, BC, warps, BG); 64 rows a block: every block of the case takes the general path
 @pytest.mark.parametrize(
-    "config",
-    [(4, 16, 1, 2, False), (8, 32, 2, 4, False), (32, 128, 8, 4, False), (32, 64, 4, 32, False),
-     (64, 128, 4, 8, False), (16, 128, 4, 4, True), (8, 32, 2, 4, True)],
-)  # fmt: skip
+    "config", [(4, 16, 1, 2), (8, 32, 2, 4), (32, 128, 8, 4), (32, 64, 4, 32), (64, 128, 4, 8)]
+)
 def test_conv_bits_do_not_depend_on_the_tiling(
     dev: torch.device, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, config: tuple[int, ...]
 ) -> None:
-    """The conv under another tiling or dispatch order gives the default's bits, outputs and
-    final tails, and matches the reference. A row's block lies inside one segment past its start
-    (its windows read directly) at one tiling and across a boundary (the general path, the first
+    """The conv under another tiling gives the default tiling's bits, outputs and final tails,
+    and matches the reference. A row's block lies inside one segment past its start (its
+    windows read directly) at one tiling and across a boundary (the general path, the first
     W - 1 rows through the tables) at another: the bits of the two paths are compared too."""
     import engine.kernels.forest_gdn as fg
 
@@ -1189,8 +1181,7 @@ def test_conv_bits_do_not_depend_on_the_tiling(
         return y, pool.base.clone()
 
     y_def, base_def = run()
-    bt, bc, warps, bg, channels_first = config
-    monkeypatch.setattr(fg, "CONV_CHANNELS_FIRST", channels_first)
+    bt, bc, warps, bg = config
     monkeypatch.setattr(fg, "CONV_BLOCK_T", bt)
     monkeypatch.setattr(fg, "CONV_BLOCK_C", bc)
     monkeypatch.setattr(fg, "CONV_WARPS", warps)
