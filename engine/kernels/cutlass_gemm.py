@@ -555,6 +555,13 @@ def check_forest_fmha_operands(
         raise ValueError(f"forest FMHA: operands on several devices: {sorted(map(str, devices))}")
 
 
+# `prism_forest_fmha`'s parameters as ctypes reads them: (q, k, v, out, lse, tiles, count) pointers,
+# (capacity, rows, kv_rows, heads, kv heads, heads first) ints, the stream. ctypes cannot check
+# them against the C signature (a missing int would pass the stream where an int is read), so a
+# CPU test does, from the header's text.
+FOREST_FMHA_ARGTYPES = (ctypes.c_void_p,) * 7 + (ctypes.c_int,) * 6 + (ctypes.c_void_p,)
+
+
 class Library:
     """The built library's entry points, called on torch tensors."""
 
@@ -580,12 +587,11 @@ class Library:
             ws.argtypes = [ctypes.c_int] * 3
             self._workspace_bytes[c.name] = ws
         self._workspaces: dict[tuple[str, int, int, int, int], torch.Tensor] = {}
-        # (q, k, v, out, lse, tiles, count, capacity, rows, kv_rows, heads, kv heads, stream); None in
-        # a library built before the unit existed (`PRISM_CUTLASS_LIB`)
+        # None in a library built before the unit existed (`PRISM_CUTLASS_LIB`)
         self._forest_fmha = getattr(self._lib, "prism_forest_fmha", None)
         if self._forest_fmha is not None:
             self._forest_fmha.restype = ctypes.c_int
-            self._forest_fmha.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+            self._forest_fmha.argtypes = list(FOREST_FMHA_ARGTYPES)
 
     @property
     def has_forest_fmha(self) -> bool:
@@ -601,11 +607,15 @@ class Library:
         tiles: torch.Tensor,
         count: torch.Tensor,
         rows: int,
+        heads_first: bool = False,
     ) -> None:
         """The long tier's own causal blocks (`cuda/forest_fmha_sm90.cuh`): q bf16 [>= rows + 128,
         nh, 256], k / v bf16 [nkv, kv_rows, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
         and lse fp32 [rows, nh] get the listed tiles' rows (`forest_attention.fmha_plan`'s tiles
-        int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else."""
+        int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else.
+        heads_first: the CTAs take the list entry by entry, every head of one before the next
+        (else head by head); which CTA runs a tile, never its bits (the header's
+        `TileListScheduler`)."""
         if self._forest_fmha is None:
             raise RuntimeError(f"{self.path} has no forest FMHA unit: rebuild it (`make cutlass`)")
         check_forest_fmha_operands(q, k, v, out, lse, tiles, count, rows)
@@ -613,7 +623,7 @@ class Library:
         with torch.cuda.device(q.device):
             rc = self._forest_fmha(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), tiles.data_ptr(),
-                count.data_ptr(), tiles.shape[0], rows, kv_rows, q.shape[1], nkv,
+                count.data_ptr(), tiles.shape[0], rows, kv_rows, q.shape[1], nkv, int(heads_first),
                 torch.cuda.current_stream(q.device).cuda_stream,
             )  # fmt: skip
         if rc != 0:

@@ -55,21 +55,32 @@ struct Tile {
   int32_t unused;  // 16-byte entries
 };
 
+// Which CTA takes which (list entry, head). heads_first: the grid is (heads, capacity), so the
+// block scheduler, which starts CTAs in linear order as SMs free up, starts every head of the
+// list's first (heaviest: the plan lists a segment's tiles last first) entry before any head of
+// the next one - longest first over the whole launch. Otherwise (capacity, heads): one head's
+// whole list, heavy to light, then the next head's, so the heaviest tiles of the last heads start
+// late and finish after the rest of the GPU has gone idle. Only which CTA runs a tile changes,
+// never the tile's work: the same bits either way.
+CUTLASS_DEVICE int list_index(int heads_first) { return heads_first ? int(blockIdx.y) : int(blockIdx.x); }
+CUTLASS_DEVICE int head_index(int heads_first) { return heads_first ? int(blockIdx.x) : int(blockIdx.y); }
+
 struct TileListScheduler {
   struct Params {
     Tile const* tiles = nullptr;
     int32_t const* count = nullptr;
     int capacity = 0;
     int heads = 0;
+    int heads_first = 0;
   };
 
   Params params;
   bool valid_;
 
   CUTLASS_DEVICE explicit TileListScheduler(Params const& p)
-      : params(p), valid_(int(blockIdx.x) < *p.count) {}
+      : params(p), valid_(list_index(p.heads_first) < *p.count) {}
 
-  // The list lives on the device; the caller fills tiles / count / capacity after this.
+  // The list lives on the device; the caller fills tiles / count / capacity / heads_first after this.
   template <class ProblemSize, class ClusterShape, class TileShape>
   static Params to_underlying_arguments(ProblemSize const& problem, cutlass::KernelHardwareInfo,
                                         ClusterShape const&, TileShape const&) {
@@ -78,13 +89,15 @@ struct TileListScheduler {
     return p;
   }
 
-  static dim3 get_grid_shape(Params const& p) { return dim3(p.capacity, p.heads, 1); }
+  static dim3 get_grid_shape(Params const& p) {
+    return p.heads_first ? dim3(p.heads, p.capacity, 1) : dim3(p.capacity, p.heads, 1);
+  }
 
   CUTLASS_DEVICE bool is_valid() { return valid_; }
 
   CUTLASS_DEVICE auto get_block_coord() {
-    Tile t = params.tiles[blockIdx.x];
-    return make_coord(t.m, _0{}, make_coord(t.row, int(blockIdx.y)));
+    Tile t = params.tiles[list_index(params.heads_first)];
+    return make_coord(t.m, _0{}, make_coord(t.row, head_index(params.heads_first)));
   }
 
   CUTLASS_DEVICE TileListScheduler& operator++() {
@@ -108,6 +121,7 @@ struct RowMaskedEpilogue {
     float* lse = nullptr;       // [rows, NH] fp32, at this launch's first head
     int64_t lse_row = 0;        // elements between rows
     Tile const* tiles = nullptr;  // the scheduler's list (a row's segment length)
+    int heads_first = 0;          // the scheduler's grid order (this CTA's list entry)
   };
   using Params = Arguments;
 
@@ -131,7 +145,7 @@ struct RowMaskedEpilogue {
     int const first = get<0>(wg_coord) * int(get<0>(tile_shape));
     int const row0 = get<0>(get<2>(wg_coord));
     int const head = get<1>(get<2>(wg_coord));
-    int const length = params.tiles[blockIdx.x].length;
+    int const length = params.tiles[list_index(params.heads_first)].length;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size<0>(acc_mn); ++i) {
       int const local = first + int(get<0>(coords_mn(i, 0)));
@@ -164,14 +178,17 @@ using Operator = cutlass::device::Universal<Kernel>;
 
 // One call: every KV head's launch over the list. q bf16 [rows + 128, nh, 256]; k, v bf16
 // [nkv, kv_rows, 256] (kv_rows >= rows + 128); out fp32 [rows, nh * 256]; lse fp32 [rows, nh];
-// tiles [capacity] and count [1] from the plan kernel. Returns 0, or a nonzero CUTLASS status.
+// tiles [capacity] and count [1] from the plan kernel; heads_first: the CTAs' order
+// (`TileListScheduler`). Returns 0, or a nonzero status (5: a list too long for heads_first's grid).
 extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, float* out, float* lse,
                                  const void* tiles, const int32_t* count, int capacity, int rows,
-                                 int kv_rows, int num_heads, int num_kv_heads, cudaStream_t stream) {
+                                 int kv_rows, int num_heads, int num_kv_heads, int heads_first,
+                                 cudaStream_t stream) {
   using namespace prism::fmha;
   int const group = num_heads / num_kv_heads;
   if (capacity <= 0 || rows <= 0) return 0;
   if (num_kv_heads < 1 || num_heads % num_kv_heads || kv_rows < rows + kTileRows) return 1;
+  if (heads_first && capacity > 65535) return 5;  // a grid's y extent
   // the problem: batch = packed rows (stride one row), heads = the KV head's query heads, and query
   // and key extents of a whole padded call (every segment-local tile lies inside them; the causal
   // walk, not the extent, bounds the key loop)
@@ -204,13 +221,14 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
     typename Kernel::Arguments args{
         make_tuple(rows, group, extent, extent, kHeadDim),
         {qh, dq, kh, dkv, vh, dkv},
-        {out + kv * group * kHeadDim, q_row, lse + kv * group, num_heads, list},
+        {out + kv * group * kHeadDim, q_row, lse + kv * group, num_heads, list, heads_first},
         cutlass::KernelHardwareInfo{}};
     if (!Kernel::can_implement(args)) return 3;
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
     params.tile_scheduler.tiles = list;
     params.tile_scheduler.count = count;
     params.tile_scheduler.capacity = capacity;
+    params.tile_scheduler.heads_first = heads_first;
     if (Operator::run(params, stream) != cutlass::Status::kSuccess) return 4;
   }
   return 0;

@@ -259,6 +259,22 @@ def test_the_forest_fmha_refuses_operands_its_pointers_cannot_take() -> None:
         cutlass_gemm.check_forest_fmha_operands(**{**operands(), "k": kv3, "v": kv3}, rows=rows)
 
 
+def test_the_fmha_binding_matches_the_c_signature() -> None:
+    """`Library.forest_fmha` binds `prism_forest_fmha` through ctypes, which cannot see the C
+    signature: a parameter added on one side only would pass the stream where an int is read, or
+    an int where the stream is. The header's parameter types, read as text (CI builds no CUDA),
+    must be `FOREST_FMHA_ARGTYPES` one for one: pointers as c_void_p, ints as c_int."""
+    import re
+
+    text = cutlass_gemm.FMHA_HEADER.read_text()
+    found = re.search(r'extern "C" int prism_forest_fmha\(([^)]*)\)', text)
+    assert found is not None
+    params = [" ".join(p.split()) for p in found.group(1).split(",")]
+    kinds = [ctypes.c_void_p if ("*" in p or p.startswith("cudaStream_t")) else ctypes.c_int for p in params]
+    assert all(p.startswith("int ") for p, k in zip(params, kinds, strict=True) if k is ctypes.c_int)
+    assert tuple(kinds) == cutlass_gemm.FOREST_FMHA_ARGTYPES
+
+
 def _toolchain() -> bool:
     try:
         cutlass_gemm._nvcc()
