@@ -509,7 +509,7 @@ def check_forest_fmha_operands(
 ) -> None:
     """Raise ValueError unless the operands are what `prism_forest_fmha` reads and writes through
     raw pointers: q bf16 [rows, nh, 256] contiguous with storage for FMHA_TILE_ROWS more rows (a tail
-    tile loads them), k and v bf16 [nkv, kv_rows >= rows + FMHA_TILE_ROWS, 256] contiguous with nkv
+    tile loads them), k and v bf16 [kv_rows >= rows + FMHA_TILE_ROWS, nkv, 256] contiguous with nkv
     dividing nh, out fp32 [rows, nh, 256] and lse fp32 [rows, nh] contiguous, tiles int32 [capacity,
     4] and count int32 [1], all on one device. A wrong one would not fail in the kernel: it would
     read or write other memory."""
@@ -526,11 +526,11 @@ def check_forest_fmha_operands(
     for name, kv in (("k", k), ("v", v)):
         if kv.dim() != 3 or kv.dtype != torch.bfloat16 or not kv.is_contiguous() or kv.shape[2] != hd:
             raise ValueError(
-                f"forest FMHA: {name} must be contiguous bf16 [nkv, rows, 256], got {tuple(kv.shape)}"
+                f"forest FMHA: {name} must be contiguous bf16 [rows, nkv, 256], got {tuple(kv.shape)}"
             )
-    if k.shape != v.shape or nh % k.shape[0] or k.shape[1] < rows + FMHA_TILE_ROWS:
+    if k.shape != v.shape or nh % k.shape[1] or k.shape[0] < rows + FMHA_TILE_ROWS:
         raise ValueError(
-            f"forest FMHA: k and v must be [nkv | {nh}, >= {rows + FMHA_TILE_ROWS}, {hd}], got "
+            f"forest FMHA: k and v must be [>= {rows + FMHA_TILE_ROWS}, nkv | {nh}, {hd}], got "
             f"{tuple(k.shape)} and {tuple(v.shape)}"
         )
     if (
@@ -610,7 +610,7 @@ class Library:
         heads_first: bool = False,
     ) -> None:
         """The long tier's own causal blocks (`cuda/forest_fmha_sm90.cuh`): q bf16 [>= rows + 128,
-        nh, 256], k / v bf16 [nkv, kv_rows, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
+        nh, 256], k / v bf16 [kv_rows, nkv, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
         and lse fp32 [rows, nh] get the listed tiles' rows (`forest_attention.fmha_plan`'s tiles
         int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else.
         heads_first: the CTAs take the list entry by entry, every head of one before the next
@@ -619,7 +619,7 @@ class Library:
         if self._forest_fmha is None:
             raise RuntimeError(f"{self.path} has no forest FMHA unit: rebuild it (`make cutlass`)")
         check_forest_fmha_operands(q, k, v, out, lse, tiles, count, rows)
-        nkv, kv_rows, _ = k.shape
+        kv_rows, nkv, _ = k.shape
         with torch.cuda.device(q.device):
             rc = self._forest_fmha(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), tiles.data_ptr(),

@@ -174,7 +174,7 @@ FMHA_TILE = FMHA_TILE_ROWS  # query rows of the FMHA kernel's tile: the unit of 
 # head of the list's first entry before any of the next - the plan lists a segment's tiles last
 # first, and a causal tile's work grows with its index, so the whole launch runs longest first;
 # False, each head's whole list in turn, so the last heads' heaviest tiles start late and run on
-# alone at the launch's end (a greedy schedule of 8k's 64 tiles x 6 heads on 132 SMs: ~13% longer).
+# alone at the launch's end (a greedy schedule of 8k's 64 tiles x 24 heads on 132 SMs: ~7% longer).
 # Which CTA runs a tile, never the tile's work: the same bits either way (CUDA test).
 FMHA_HEADS_FIRST = False
 # Rows past the call's last that a segment's tail tile may read: Q and the K/V shadow carry them
@@ -477,7 +477,7 @@ def _operand(x, DOTS: tl.constexpr, ON_GPU: tl.constexpr):
 def _long_tile(
     q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
     HD: tl.constexpr, BL: tl.constexpr, DOTS: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    KV16: tl.constexpr, ON_GPU: tl.constexpr,
+    KV16: tl.constexpr, ON_GPU: tl.constexpr, KEY_ROW: tl.constexpr,
 ):  # fmt: skip
     """One tile of BL keys from `start` folded into the running (max, sum, output) of the block's
     rows, in base-2 exponentials (qk_scale includes log2 e). The head dimension is handled in two
@@ -487,11 +487,13 @@ def _long_tile(
     first tile always holds a key it sees (every row sees key 0 of every piece), so its max is
     finite from then on and a fully masked later tile leaves it bitwise unchanged. KV16: k_base
     and v_base point into the bf16 shadow (`_shadow_kernel`: the same rounding, done once per
-    pass), so the tiles go to the tensor cores as loaded, with no conversion in registers."""
+    pass), so the tiles go to the tensor cores as loaded, with no conversion in registers. KEY_ROW:
+    elements from one key to the next (HD in a piece's [rows, HD] block of one KV head; NKV * HD
+    in the shadow's [rows, NKV, HD])."""
     HH: tl.constexpr = HD // 2
     offs_d = tl.arange(0, HH)
     offs_l = start + tl.arange(0, BL)
-    at = offs_l[:, None] * HD + offs_d[None, :]
+    at = offs_l[:, None] * KEY_ROW + offs_d[None, :]
     lmask = offs_l < n
     if MASKED:
         k_lo = tl.load(k_base + at, mask=lmask[:, None], other=0.0)
@@ -538,11 +540,13 @@ def _long_tile(
 
 def _long_attention_kernel(
     q_ptr, qg_ptr, base_ptr, segs_ptr, pieces_ptr, qblocks_ptr, out_ptr, k16_ptr, v16_ptr, q16_ptr, lse_ptr,
-    t_rows, stride_qg, qk_scale,
+    stride_qg, qk_scale,
     NH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, P: tl.constexpr, BM: tl.constexpr,
     BL: tl.constexpr, BLA: tl.constexpr, DOTS: tl.constexpr, LONG_MIN: tl.constexpr, LONG_MAX: tl.constexpr,
-    KV16: tl.constexpr, Q16: tl.constexpr, OWN_FMHA: tl.constexpr, ALIGN: tl.constexpr, ON_GPU: tl.constexpr,
+    KV16: tl.constexpr, Q16: tl.constexpr, OWN_FMHA: tl.constexpr, ALIGN: tl.constexpr, OWN_ROW: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):  # fmt: skip
+    # OWN_ROW: elements between the own block's keys (NKV * HD in the KV16 shadow, else HD).
     # heads fastest: the G heads that read one KV head run side by side and share its tiles in L2;
     # query blocks last first, so the longest causal walks start first
     h = tl.program_id(0)
@@ -594,12 +598,12 @@ def _long_attention_kernel(
         for start in range(0, full, BLA):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BLA, DOTS, False, False, False, ON_GPU,
+                HD, BLA, DOTS, False, False, False, ON_GPU, HD,
             )  # fmt: skip
         for start in range(full, n, BLA):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BLA, DOTS, True, False, False, ON_GPU,
+                HD, BLA, DOTS, True, False, False, ON_GPU, HD,
             )  # fmt: skip
     o_at = (rows[:, None] * NH + h) * HD + offs_d[None, :]
     if OWN_FMHA:  # the own block is done (`forest_fmha`): its normalised output in out, its LSE
@@ -616,9 +620,9 @@ def _long_attention_kernel(
     else:
         n = tl.minimum(length, local0 + BM)  # the own block: keys up to the block's last token
         full = local0  # keys every row of the block sees (a multiple of BL: BL divides BM)
-        if KV16:  # the own keys' bf16 shadow: [NKV, t_rows, HD], row = packed token
-            k_base = k16_ptr + (kvh * t_rows + tok_lo) * HD
-            v_base = v16_ptr + (kvh * t_rows + tok_lo) * HD
+        if KV16:  # the own keys' bf16 shadow: [t_rows, NKV, HD], row = packed token
+            k_base = k16_ptr + (tok_lo * (NH // G) + kvh) * HD
+            v_base = v16_ptr + (tok_lo * (NH // G) + kvh) * HD
         else:
             rec = pieces_ptr + (seg * P + P - 1) * 4
             head_rows = tl.load(rec + 3)
@@ -628,12 +632,12 @@ def _long_attention_kernel(
         for start in range(0, full, BL):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BL, DOTS, False, False, KV16, ON_GPU,
+                HD, BL, DOTS, False, False, KV16, ON_GPU, OWN_ROW,
             )  # fmt: skip
         for start in range(full, n, BL):
             m, total, acc_lo, acc_hi = _long_tile(
                 q_lo, q_hi, k_base, v_base, start, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                HD, BL, DOTS, True, True, KV16, ON_GPU,
+                HD, BL, DOTS, True, True, KV16, ON_GPU, OWN_ROW,
             )  # fmt: skip
 
     inv = 1.0 / tl.where(total > 0, total, 1.0)
@@ -647,12 +651,12 @@ def _long_attention_kernel(
 
 
 def _shadow_kernel(
-    base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, t_rows, n_rows,
+    base_ptr, rows_ptr, segs_ptr, pieces_ptr, k16_ptr, v16_ptr, n_rows,
     HD: tl.constexpr, P: tl.constexpr, LONG_MIN: tl.constexpr, ZERO: tl.constexpr, ALIGN: tl.constexpr,
     ON_GPU: tl.constexpr,
 ):  # fmt: skip
     """Program (packed row, KV head): a live row of a long segment copies its key and value from
-    its segment's own fp32 block into the bf16 shadow [NKV, t_rows, HD] at its packed row, rounded
+    its segment's own fp32 block into the bf16 shadow [t_rows, NKV, HD] at its packed row, rounded
     to nearest even exactly as `_bf16_operand` rounds them in registers (so the large-block kernel
     gives the same bits either way). Loaded as bf16, the tiles go to shared memory (cp.async
     when pipelined) and from there to the tensor cores, with no conversion in registers. Under
@@ -665,7 +669,7 @@ def _shadow_kernel(
     seg = tl.load(rows_ptr + row * 4, mask=live != 0, other=0)
     # short segments keep the 16-row kernel
     long = (live != 0) & (tl.load(segs_ptr + seg * 8 + 1, mask=live != 0, other=0) >= LONG_MIN)
-    to = (kv * t_rows + row) * HD + tl.arange(0, HD)
+    to = (row * tl.num_programs(1) + kv) * HD + tl.arange(0, HD)
     if long:
         local = tl.load(rows_ptr + row * 4 + 1)
         own = pieces_ptr + (seg * P + (P - 1)) * 4  # piece record: k_off, v_off, length, rows_per_head
@@ -814,12 +818,12 @@ def _split_kernel(
                     for j in range(a, tl.minimum(b, full)):
                         m, total, acc_lo, acc_hi = _long_tile(
                             q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                            HD, BL, DOTS, False, False, False, ON_GPU,
+                            HD, BL, DOTS, False, False, False, ON_GPU, HD,
                         )  # fmt: skip
                     for j in range(tl.maximum(a, full), b):
                         m, total, acc_lo, acc_hi = _long_tile(
                             q_lo, q_hi, k_base, v_base, j * BL, n, local, m, total, acc_lo, acc_hi, qk_scale,
-                            HD, BL, DOTS, True, False, False, ON_GPU,
+                            HD, BL, DOTS, True, False, False, ON_GPU, HD,
                         )  # fmt: skip
                     first += n_tiles
                 m = m * 0.6931471805599453  # natural units: x ln 2 (an empty range keeps -inf, total 0)
@@ -1071,7 +1075,7 @@ def forest_attention(
     if tiers and dots == "bf16" and any(c.bf16_kv for c in tiers):
         # transient bf16 copies of the long segments' own K/V (storage stays fp32); for the FMHA
         # tier the shadow zeroes every other row (`_shadow_kernel`'s ZERO)
-        k16 = torch.empty(num_kv_heads, kv_rows, hd, dtype=dt, device=q.device)
+        k16 = torch.empty(kv_rows, num_kv_heads, hd, dtype=dt, device=q.device)
         v16 = torch.empty_like(k16)
     staged = q.dtype == torch.float32  # bf16 queries are loaded as the staged copy would be
     if tiers and dots == "bf16" and staged and any(c.q16 for c in tiers):
@@ -1083,7 +1087,7 @@ def forest_attention(
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if tiers and k16 is not base:
             _shadow[(kv_rows, num_kv_heads)](
-                base, rows, segs, pieces, k16, v16, kv_rows, t,
+                base, rows, segs, pieces, k16, v16, t,
                 HD=hd, P=pieces.shape[1], LONG_MIN=long_min, ZERO=fmha_tier is not None, ALIGN=PIECE_ALIGN,
                 num_warps=1,
             )  # fmt: skip
@@ -1100,11 +1104,11 @@ def forest_attention(
             kv16 = dots == "bf16" and cfg.bf16_kv
             _long_attn[(nh, qblocks.shape[0])](
                 q, qg, base, segs, pieces, qblocks, out, k16 if kv16 else base, v16 if kv16 else base,
-                q16 if q16 is not base and cfg.q16 else base, lse, kv_rows, qg.stride(0), hd**-0.5 * _LOG2E,
+                q16 if q16 is not base and cfg.q16 else base, lse, qg.stride(0), hd**-0.5 * _LOG2E,
                 BM=cfg.block_m, BL=cfg.block_l, BLA=cfg.ancestor_l, LONG_MIN=cfg.min_length,
                 LONG_MAX=cfg.max_length, KV16=kv16, Q16=q16 is not base and cfg.q16, OWN_FMHA=own,
-                ALIGN=PIECE_ALIGN, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
-                **common,
+                ALIGN=PIECE_ALIGN, OWN_ROW=num_kv_heads * hd if kv16 else hd,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False, **common,
             )  # fmt: skip
     rank = ws_ml = ws_acc = ml = out  # not read without a split
     if scfg is not None:
@@ -1279,11 +1283,11 @@ def forest_fmha_reference(
 ) -> None:
     """What `cutlass_gemm.Library.forest_fmha` computes, in fp32 torch: for each listed tile
     (segment-local tile m, first packed row, length), its rows' causal softmax over the segment's
-    own keys from key 0 (k16 / v16 [nkv, rows, hd] at packed rows, q [rows, nh, hd]; bf16 values),
+    own keys from key 0 (k16 / v16 [rows, nkv, hd] at packed rows, q [rows, nh, hd]; bf16 values),
     the normalised output into out [rows, nh * hd] and the natural LSE of the scaled scores into
     lse [rows, nh], rows past the segment's length not written. The kernel's oracle, and its
     stand-in under the interpreter."""
-    nkv, _, hd = k16.shape
+    _, nkv, hd = k16.shape
     nh = q.shape[1]
     group = nh // nkv
     for m, row, length, _ in tiles[: int(count[0])].tolist():
@@ -1291,8 +1295,8 @@ def forest_fmha_reference(
         if lo >= hi:
             continue
         qs = q[row + lo : row + hi].float().transpose(0, 1)  # [nh, n, hd]
-        keys = k16[:, row : row + hi].float().repeat_interleave(group, dim=0)  # [nh, hi, hd]
-        values = v16[:, row : row + hi].float().repeat_interleave(group, dim=0)
+        keys = k16[row : row + hi].float().transpose(0, 1).repeat_interleave(group, dim=0)  # [nh, hi, hd]
+        values = v16[row : row + hi].float().transpose(0, 1).repeat_interleave(group, dim=0)
         scores = (qs @ keys.transpose(1, 2)) * hd**-0.5  # [nh, n, hi]
         seen = torch.arange(hi, device=q.device)[None, :] <= torch.arange(lo, hi, device=q.device)[:, None]
         scores = scores.masked_fill(~seen, float("-inf"))

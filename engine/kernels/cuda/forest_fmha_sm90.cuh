@@ -6,12 +6,15 @@
 // - `TileListScheduler`: the kernel asks its tile scheduler for each CTA's block coordinate
 //   (query tile, 0, (batch, head)). Ours reads it from a device-side list the engine's plan kernel
 //   writes (`forest_attention._fmha_plan_kernel`): (segment-local 128-row tile, the segment's first
-//   packed row, its length). The batch coordinate is that packed row, and the tensors are declared
-//   with a batch stride of ONE ROW, so every TMA tile the collective loads - Q rows m*128.., keys
-//   from 0 - is the segment's own, starting at its first token; the causal mask and the key loop's
-//   trip count (CausalFusion, positions relative to the tile coordinates) are the segment's own.
-//   One captured graph serves every forest of a bucket: the grid is the list's capacity, and a CTA
-//   past the list's count does nothing.
+//   packed row, its length). One launch serves every query head: the batch coordinate is that
+//   packed row times the KV heads plus the CTA's KV head, and the head coordinate its query head's
+//   place in the KV head's group. With K/V laid out [rows, NKV, 256] and Q [rows, NH, 256], a batch
+//   stride of 256 elements for K/V and of a group's G * 256 for Q then puts every TMA tile the
+//   collective loads - Q rows m*128.., keys from 0 - at the segment's own rows of the right heads,
+//   starting at its first token (the sequence strides are a packed row's, NKV * 256 and NH * 256);
+//   the causal mask and the key loop's trip count (CausalFusion, positions relative to the tile
+//   coordinates) are the segment's own. One captured graph serves every forest of a bucket: the
+//   grid is the list's capacity times the heads, and a CTA past the list's count does nothing.
 // - `RowMaskedEpilogue`: the example's epilogue stores O through TMA in the operand type, a whole
 //   tile, which would write a tail tile's rows past the segment onto the next segment's. Ours
 //   stores the normalised output in fp32 and the log-sum-exp straight from registers, only for
@@ -22,11 +25,11 @@
 // (rows past its end are other segments' or padding, and their outputs are never stored); a key
 // past a query's causal limit is set to -inf before the softmax (assignment, so whatever that key
 // holds is gone) and its probability is an exact 0, and the values the caller zero-pads are finite,
-// so 0 * v adds exactly nothing to the p v products. GQA: one launch per KV head, its G query heads
-// the head mode (stride one head), its K/V the head mode's stride 0.
+// so 0 * v adds exactly nothing to the p v products. GQA: the KV head in the batch coordinate (above),
+// its G query heads the head mode (stride one head for Q, 0 for K/V).
 //
 // Requirements the caller (`engine/kernels/forest_attention.py`) checks: bf16 Q [rows + 128, NH,
-// 256] and K/V [NKV, rows + 128, 256] (a tail tile reads up to 127 rows past the last row, and K/V's
+// 256] and K/V [rows + 128, NKV, 256] (a tail tile reads up to 127 rows past the last row, and K/V's
 // padding rows must be finite), fp32 out [rows, NH * 256], fp32 lse [rows, NH].
 #pragma once
 
@@ -55,8 +58,8 @@ struct Tile {
   int32_t unused;  // 16-byte entries
 };
 
-// Which CTA takes which (list entry, head). heads_first: the grid is (heads, capacity), so the
-// block scheduler, which starts CTAs in linear order as SMs free up, starts every head of the
+// Which CTA takes which (list entry, query head). heads_first: the grid is (heads, capacity), so
+// the block scheduler, which starts CTAs in linear order as SMs free up, starts every head of the
 // list's first (heaviest: the plan lists a segment's tiles last first) entry before any head of
 // the next one - longest first over the whole launch. Otherwise (capacity, heads): one head's
 // whole list, heavy to light, then the next head's, so the heaviest tiles of the last heads start
@@ -70,7 +73,8 @@ struct TileListScheduler {
     Tile const* tiles = nullptr;
     int32_t const* count = nullptr;
     int capacity = 0;
-    int heads = 0;
+    int heads = 0;     // query heads (the grid's)
+    int kv_heads = 1;  // KV heads: query head h reads KV head h / (heads / kv_heads)
     int heads_first = 0;
   };
 
@@ -80,13 +84,11 @@ struct TileListScheduler {
   CUTLASS_DEVICE explicit TileListScheduler(Params const& p)
       : params(p), valid_(list_index(p.heads_first) < *p.count) {}
 
-  // The list lives on the device; the caller fills tiles / count / capacity / heads_first after this.
+  // The list lives on the device; the caller fills every field after this.
   template <class ProblemSize, class ClusterShape, class TileShape>
-  static Params to_underlying_arguments(ProblemSize const& problem, cutlass::KernelHardwareInfo,
-                                        ClusterShape const&, TileShape const&) {
-    Params p;
-    p.heads = get<1>(problem);
-    return p;
+  static Params to_underlying_arguments(ProblemSize const&, cutlass::KernelHardwareInfo, ClusterShape const&,
+                                        TileShape const&) {
+    return Params{};
   }
 
   static dim3 get_grid_shape(Params const& p) {
@@ -95,9 +97,12 @@ struct TileListScheduler {
 
   CUTLASS_DEVICE bool is_valid() { return valid_; }
 
+  // (query tile, 0, (packed row * NKV + KV head, the query head's place in its group))
   CUTLASS_DEVICE auto get_block_coord() {
     Tile t = params.tiles[list_index(params.heads_first)];
-    return make_coord(t.m, _0{}, make_coord(t.row, head_index(params.heads_first)));
+    int const group = params.heads / params.kv_heads;
+    int const head = head_index(params.heads_first);
+    return make_coord(t.m, _0{}, make_coord(t.row * params.kv_heads + head / group, head % group));
   }
 
   CUTLASS_DEVICE TileListScheduler& operator++() {
@@ -116,12 +121,14 @@ struct RowMaskedEpilogue {
   static constexpr int TmaTransactionBytes = Base::TmaTransactionBytes;
 
   struct Arguments {
-    float* out = nullptr;       // [rows, NH * HD] fp32, at this launch's first head
+    float* out = nullptr;       // [rows, NH * HD] fp32
     int64_t out_row = 0;        // elements between rows
-    float* lse = nullptr;       // [rows, NH] fp32, at this launch's first head
+    float* lse = nullptr;       // [rows, NH] fp32
     int64_t lse_row = 0;        // elements between rows
     Tile const* tiles = nullptr;  // the scheduler's list (a row's segment length)
     int heads_first = 0;          // the scheduler's grid order (this CTA's list entry)
+    int kv_heads = 1;             // the scheduler's batch coordinate: packed row * kv_heads + KV head
+    int group = 1;                // query heads per KV head
   };
   using Params = Arguments;
 
@@ -143,8 +150,9 @@ struct RowMaskedEpilogue {
     Tensor coords_mn = make_tensor(coords.data(), layout_acc_mn(tiled_mma, coords.layout()));
     // this warp group's rows: the scheduler's tile times the warp groups, plus its own index
     int const first = get<0>(wg_coord) * int(get<0>(tile_shape));
-    int const row0 = get<0>(get<2>(wg_coord));
-    int const head = get<1>(get<2>(wg_coord));
+    int const batch = get<0>(get<2>(wg_coord));  // packed row * NKV + KV head
+    int const row0 = batch / params.kv_heads;
+    int const head = (batch % params.kv_heads) * params.group + get<1>(get<2>(wg_coord));
     int const length = params.tiles[list_index(params.heads_first)].length;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size<0>(acc_mn); ++i) {
@@ -176,8 +184,8 @@ using Operator = cutlass::device::Universal<Kernel>;
 
 }  // namespace prism::fmha
 
-// One call: every KV head's launch over the list. q bf16 [rows + 128, nh, 256]; k, v bf16
-// [nkv, kv_rows, 256] (kv_rows >= rows + 128); out fp32 [rows, nh * 256]; lse fp32 [rows, nh];
+// One call, one launch over the list for every head. q bf16 [rows + 128, nh, 256]; k, v bf16
+// [kv_rows, nkv, 256] (kv_rows >= rows + 128); out fp32 [rows, nh * 256]; lse fp32 [rows, nh];
 // tiles [capacity] and count [1] from the plan kernel; heads_first: the CTAs' order
 // (`TileListScheduler`). Returns 0, or a nonzero status (5: a list too long for heads_first's grid).
 extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, float* out, float* lse,
@@ -189,9 +197,9 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
   if (capacity <= 0 || rows <= 0) return 0;
   if (num_kv_heads < 1 || num_heads % num_kv_heads || kv_rows < rows + kTileRows) return 1;
   if (heads_first && capacity > 65535) return 5;  // a grid's y extent
-  // the problem: batch = packed rows (stride one row), heads = the KV head's query heads, and query
-  // and key extents of a whole padded call (every segment-local tile lies inside them; the causal
-  // walk, not the extent, bounds the key loop)
+  // the problem: batch = packed rows x KV heads, heads = a KV head's query heads, and query and key
+  // extents of a whole padded call (every segment-local tile lies inside them; the causal walk, not
+  // the extent, bounds the key loop)
   int const extent = (rows + kTileRows + 7) / 8 * 8;
   // the kernel's shared memory is above the 48 KB a launch gets unasked: the attribute is set once
   // per device (it is a property of the function on the current device, and one process may
@@ -212,24 +220,22 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
   }
   auto const* list = static_cast<prism::fmha::Tile const*>(tiles);
   int const q_row = num_heads * kHeadDim;
-  for (int kv = 0; kv < num_kv_heads; ++kv) {
-    Stride3 dq = make_stride(q_row, _1{}, make_stride(q_row, kHeadDim));
-    Stride3 dkv = make_stride(kHeadDim, _1{}, make_stride(kHeadDim, 0));
-    auto const* qh = static_cast<Element const*>(q) + kv * group * kHeadDim;
-    auto const* kh = static_cast<Element const*>(k) + int64_t(kv) * kv_rows * kHeadDim;
-    auto const* vh = static_cast<Element const*>(v) + int64_t(kv) * kv_rows * kHeadDim;
-    typename Kernel::Arguments args{
-        make_tuple(rows, group, extent, extent, kHeadDim),
-        {qh, dq, kh, dkv, vh, dkv},
-        {out + kv * group * kHeadDim, q_row, lse + kv * group, num_heads, list, heads_first},
-        cutlass::KernelHardwareInfo{}};
-    if (!Kernel::can_implement(args)) return 3;
-    typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-    params.tile_scheduler.tiles = list;
-    params.tile_scheduler.count = count;
-    params.tile_scheduler.capacity = capacity;
-    params.tile_scheduler.heads_first = heads_first;
-    if (Operator::run(params, stream) != cutlass::Status::kSuccess) return 4;
-  }
+  int const kv_row = num_kv_heads * kHeadDim;
+  Stride3 dq = make_stride(q_row, _1{}, make_stride(group * kHeadDim, kHeadDim));
+  Stride3 dkv = make_stride(kv_row, _1{}, make_stride(kHeadDim, 0));
+  typename Kernel::Arguments args{
+      make_tuple(rows * num_kv_heads, group, extent, extent, kHeadDim),
+      {static_cast<Element const*>(q), dq, static_cast<Element const*>(k), dkv, static_cast<Element const*>(v), dkv},
+      {out, q_row, lse, num_heads, list, heads_first, num_kv_heads, group},
+      cutlass::KernelHardwareInfo{}};
+  if (!Kernel::can_implement(args)) return 3;
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  params.tile_scheduler.tiles = list;
+  params.tile_scheduler.count = count;
+  params.tile_scheduler.capacity = capacity;
+  params.tile_scheduler.heads = num_heads;
+  params.tile_scheduler.kv_heads = num_kv_heads;
+  params.tile_scheduler.heads_first = heads_first;
+  if (Operator::run(params, stream) != cutlass::Status::kSuccess) return 4;
   return 0;
 }

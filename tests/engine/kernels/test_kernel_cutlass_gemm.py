@@ -230,8 +230,8 @@ def test_the_forest_fmha_refuses_operands_its_pointers_cannot_take() -> None:
     def operands() -> dict[str, torch.Tensor]:
         return {
             "q": torch.zeros(rows + pad, nh, hd, dtype=bf)[:rows],  # padding rows in its storage
-            "k": torch.zeros(nkv, rows + pad, hd, dtype=bf),
-            "v": torch.zeros(nkv, rows + pad, hd, dtype=bf),
+            "k": torch.zeros(rows + pad, nkv, hd, dtype=bf),
+            "v": torch.zeros(rows + pad, nkv, hd, dtype=bf),
             "out": torch.zeros(rows, nh, hd),
             "lse": torch.zeros(rows, nh),
             "tiles": torch.zeros(3, 4, dtype=torch.int32),
@@ -241,8 +241,8 @@ def test_the_forest_fmha_refuses_operands_its_pointers_cannot_take() -> None:
     cutlass_gemm.check_forest_fmha_operands(**operands(), rows=rows)
     broken = {
         "q": torch.zeros(rows, nh, hd, dtype=bf),  # no padding rows behind it
-        "k": torch.zeros(nkv, rows + pad - 1, hd, dtype=bf),
-        "v": torch.zeros(nkv, rows + pad, hd),  # fp32
+        "k": torch.zeros(rows + pad - 1, nkv, hd, dtype=bf),
+        "v": torch.zeros(rows + pad, nkv, hd),  # fp32
         "out": torch.zeros(rows, nh, hd, dtype=bf),
         "lse": torch.zeros(rows, nh + 1),
         "tiles": torch.zeros(3, 4, dtype=torch.int64),
@@ -255,7 +255,7 @@ def test_the_forest_fmha_refuses_operands_its_pointers_cannot_take() -> None:
         q = torch.zeros(rows + pad, nh, 128, dtype=bf)[:rows]
         cutlass_gemm.check_forest_fmha_operands(**{**operands(), "q": q}, rows=rows)
     with pytest.raises(ValueError, match="k and v"):  # 3 KV heads do not divide 4 query heads
-        kv3 = torch.zeros(3, rows + pad, hd, dtype=bf)
+        kv3 = torch.zeros(rows + pad, 3, hd, dtype=bf)
         cutlass_gemm.check_forest_fmha_operands(**{**operands(), "k": kv3, "v": kv3}, rows=rows)
 
 

@@ -1301,7 +1301,7 @@ def test_fmha_tier_refuses_a_library_without_it(monkeypatch: pytest.MonkeyPatch)
 
 
 # The FMHA kernel alone at its real size: segments of odd lengths (a tail tile of one row, one of
-# 127), several tiles, two KV heads' worth of launches at the 27B's 24 / 4 heads.
+# 127), several tiles, the 27B's 24 query heads over 4 KV heads in one launch.
 FMHA_SEGMENTS = [1025, 3000, 1151]
 
 
@@ -1309,7 +1309,7 @@ def _fmha_inputs(lengths: list[int], gen: torch.Generator, pad: int) -> tuple[to
     dev = torch.device("cuda")
     t = sum(lengths) + pad * (len(lengths) + 1)
     q = torch.randn(t + fa.FMHA_PAD, BIG_NH, BIG_HD, generator=gen).bfloat16().to(dev)
-    kv = torch.randn(2, BIG_NKV, t + fa.FMHA_PAD, BIG_HD, generator=gen).bfloat16().to(dev)
+    kv = torch.randn(2, t + fa.FMHA_PAD, BIG_NKV, BIG_HD, generator=gen).bfloat16().to(dev)
     segs, row = [], pad
     for n in lengths:
         segs.append(_seg_record(row, n, 1))
@@ -1374,9 +1374,9 @@ def test_27b_fmha_kernel_segment_bits_do_not_depend_on_the_launch(gen: torch.Gen
         row = int(segs[s, 0])
         q1 = torch.zeros(n + fa.FMHA_PAD, BIG_NH, BIG_HD, dtype=torch.bfloat16, device="cuda")
         q1[:n] = q[row : row + n]
-        k1 = torch.zeros(BIG_NKV, n + fa.FMHA_PAD, BIG_HD, dtype=torch.bfloat16, device="cuda")
+        k1 = torch.zeros(n + fa.FMHA_PAD, BIG_NKV, BIG_HD, dtype=torch.bfloat16, device="cuda")
         v1 = torch.zeros_like(k1)
-        k1[:, :n], v1[:, :n] = k[:, row : row + n], v[:, row : row + n]
+        k1[:n], v1[:n] = k[row : row + n], v[row : row + n]
         one = torch.tensor([_seg_record(0, n, 1)], dtype=torch.int64, device="cuda")
         tiles1, count1 = fa.fmha_plan(one, n, 1024)
         out1 = torch.zeros(n, BIG_NH * BIG_HD, device="cuda")
