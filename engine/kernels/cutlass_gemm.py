@@ -556,10 +556,10 @@ def check_forest_fmha_operands(
 
 
 # `prism_forest_fmha`'s parameters as ctypes reads them: (q, k, v, out, lse, tiles, count) pointers,
-# (capacity, rows, kv_rows, heads, kv heads, heads first) ints, the stream. ctypes cannot check
+# (capacity, rows, kv_rows, heads, kv heads) ints, the stream. ctypes cannot check
 # them against the C signature (a missing int would pass the stream where an int is read), so a
 # CPU test does, from the header's text.
-FOREST_FMHA_ARGTYPES = (ctypes.c_void_p,) * 7 + (ctypes.c_int,) * 6 + (ctypes.c_void_p,)
+FOREST_FMHA_ARGTYPES = (ctypes.c_void_p,) * 7 + (ctypes.c_int,) * 5 + (ctypes.c_void_p,)
 
 
 class Library:
@@ -607,15 +607,11 @@ class Library:
         tiles: torch.Tensor,
         count: torch.Tensor,
         rows: int,
-        heads_first: bool = False,
     ) -> None:
         """The long tier's own causal blocks (`cuda/forest_fmha_sm90.cuh`): q bf16 [>= rows + 128,
         nh, 256], k / v bf16 [kv_rows, nkv, 256] (kv_rows >= rows + 128), out fp32 [rows, nh * 256]
         and lse fp32 [rows, nh] get the listed tiles' rows (`forest_attention.fmha_plan`'s tiles
-        int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else.
-        heads_first: the CTAs take the list entry by entry, every head of one before the next
-        (else head by head); which CTA runs a tile, never its bits (the header's
-        `TileListScheduler`)."""
+        int32 [capacity, 4] and count int32 [1]); `check_forest_fmha_operands` says what else."""
         if self._forest_fmha is None:
             raise RuntimeError(f"{self.path} has no forest FMHA unit: rebuild it (`make cutlass`)")
         check_forest_fmha_operands(q, k, v, out, lse, tiles, count, rows)
@@ -623,7 +619,7 @@ class Library:
         with torch.cuda.device(q.device):
             rc = self._forest_fmha(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), tiles.data_ptr(),
-                count.data_ptr(), tiles.shape[0], rows, kv_rows, q.shape[1], nkv, int(heads_first),
+                count.data_ptr(), tiles.shape[0], rows, kv_rows, q.shape[1], nkv,
                 torch.cuda.current_stream(q.device).cuda_stream,
             )  # fmt: skip
         if rc != 0:

@@ -170,13 +170,6 @@ QUERIES_BF16 = True
 # interpreter runs `forest_fmha_reference`); False: never.
 FMHA_LONG_TIER: bool | None = None
 FMHA_TILE = FMHA_TILE_ROWS  # query rows of the FMHA kernel's tile: the unit of its work list
-# The order the FMHA kernel's CTAs take its work (`Library.forest_fmha`'s heads_first): True, every
-# head of the list's first entry before any of the next - the plan lists a segment's tiles last
-# first, and a causal tile's work grows with its index, so the whole launch runs longest first;
-# False, each head's whole list in turn, so the last heads' heaviest tiles start late and run on
-# alone at the launch's end (a greedy schedule of 8k's 64 tiles x 24 heads on 132 SMs: ~7% longer).
-# Which CTA runs a tile, never the tile's work: the same bits either way (CUDA test).
-FMHA_HEADS_FIRST = False
 # Rows past the call's last that a segment's tail tile may read: Q and the K/V shadow carry them
 # (K/V zeroed: a value the kernel multiplies by a probability of 0 must be finite).
 FMHA_PAD = FMHA_TILE_ROWS
@@ -1205,7 +1198,7 @@ def _fmha_own_blocks(
 
         lib = cutlass_gemm.library()
         assert lib is not None  # `_fmha_tier` checked
-        lib.forest_fmha(qp, k16, v16, out, lse, tiles, count, t, heads_first=FMHA_HEADS_FIRST)
+        lib.forest_fmha(qp, k16, v16, out, lse, tiles, count, t)
     else:
         forest_fmha_reference(qp, k16, v16, out, lse, tiles, count)
     return lse

@@ -3,7 +3,7 @@ setting captured in a CUDA graph, old configs against new ones in one process (C
 
     source ops/device/setup.sh
     PYTHONPATH=. python3 ops/bench/bench_attention.py [--reps 20] [--out $OUT/attn.json]
-        [--workload a --workload c ...] [--heads 27B --heads 4B] [--no-kernels] [--quick] [--fmha-orders]
+        [--workload a --workload c ...] [--heads 27B --heads 4B] [--no-kernels] [--quick]
 
 One attention layer (27B: 24 query heads over 4 KV heads of 256; 4B: 16 over 4), random q / k / v
 in fp32 K/V blocks laid out as `engine.run.body` lays them (one own block per segment, a cached
@@ -21,8 +21,7 @@ slowdown of (a)/(b) that way). Each setting's call is captured GRAPH_CALLS times
 a replay's time / GRAPH_CALLS is the layer's time ("us/layer", median of --reps replays).
 "kernels" splits one call into its launches' GPU time (torch.profiler over eager calls: the
 kernels' own durations, no launch gaps): 16-row kernel, large-block kernel(s), split, plan, shadow,
-the CUTLASS FMHA kernel ("fmha"). `--fmha-orders` times only the CUDA default, its FMHA kernel's
-CTAs head by head and heads first (`forest_attention.FMHA_HEADS_FIRST`), interleaved.
+the CUTLASS FMHA kernel ("fmha").
 
 Every setting is compared with the first ("s10": the session-10 engine: the single large-block
 config, no split, fp32 K/V copied 4 bytes at a time) on the same inputs: "bits" is "=" when the
@@ -254,15 +253,10 @@ def main() -> int:
     ap.add_argument("--heads", action="append", choices=sorted(HEADS), help="repeatable; default 27B, 4B")
     ap.add_argument("--no-kernels", action="store_true", help="no per-kernel profile")
     ap.add_argument("--quick", action="store_true", help="the split and tier settings only")
-    ap.add_argument(
-        "--fmha-orders", action="store_true", help="the CUDA default alone, its FMHA CTAs in both orders"
-    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_attention needs CUDA", file=sys.stderr)
         return 2
-    if args.fmha_orders:
-        return fmha_orders(args)
     out_path = args.out or (
         os.path.join(os.environ["OUT"], "bench_attention.json") if "OUT" in os.environ else None
     )
@@ -327,37 +321,6 @@ def main() -> int:
     if out_path:
         with open(out_path, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
-
-
-def fmha_orders(args: argparse.Namespace) -> int:
-    """The CUDA default (bf16 dots, the FMHA long tier where the library has it) with the FMHA
-    kernel's CTAs taking its list head by head and heads first (`forest_attention.FMHA_HEADS_FIRST`),
-    interleaved twice on the same inputs: us/layer (graph replays) and the FMHA kernel's own GPU
-    time, and whether the output's bits match the first run's (they must: only the order moves)."""
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    print("heads wl   heads_first  us/layer  fmha us  bits", flush=True)
-    for shape in args.heads or ["27B"]:
-        for w in args.workload or ["c"]:  # (a) and (b) have no segment long enough for the tier
-            d = build(w, HEADS[shape], gen)
-            first = None
-            for heads_first in (False, True, False, True):
-
-                def run(d: dict = d, heads_first: bool = heads_first) -> torch.Tensor:
-                    fa.FMHA_HEADS_FIRST = heads_first  # read at each call
-                    return forest_attention(
-                        d["q"], d["qg"], d["base"], d["rows"], d["segs"], d["pieces"], d["qblocks"],
-                        num_kv_heads=d["nkv"], dots="bf16",
-                    )  # fmt: skip
-
-                out = run()
-                torch.cuda.synchronize()
-                first = out if first is None else first
-                us = graph_us(run, args.reps)
-                kern = kernel_us(run)
-                fmha = kern.get("fmha", 0.0)
-                bits = "=" if torch.equal(out, first) else "DIFFER"
-                print(f"{shape:<5} {w:<4} {heads_first!s:<12} {us:>9.1f} {fmha:>8.1f}  {bits}", flush=True)
     return 0
 
 

@@ -1205,9 +1205,6 @@ VARIANTS: dict[str, dict | None] = {
     # the CUDA default with the decoder's conv and GDN steps dispatched row first
     # (`decode_gdn.BLOCKS_FIRST` False, the order before session 33): the same bits
     "tc64inv-steprows": _tc64inv(set={"engine.kernels.decode_gdn.BLOCKS_FIRST": False}),
-    # the CUDA default with the FMHA tier's CTAs taking its work list entry by entry, every head of
-    # one before the next (`forest_attention.FMHA_HEADS_FIRST`): the same bits
-    "tc64inv-fmhaheadsfirst": _tc64inv(set={"engine.kernels.forest_attention.FMHA_HEADS_FIRST": True}),
     # the CUDA default with the read rows' attention split over their keys as the decoder's is
     # (`decode_attention.SPLITS` programs per row and KV head; other fold order than unsplit)
     "tc64inv-reads16": _tc64inv(read_splits=16),

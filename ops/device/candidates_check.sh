@@ -147,9 +147,10 @@ first)
     h200=0
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
     JOBS=8 SUITE_TIMEOUT=280 bash ops/device/gpu_suite.sh 2>&1 | tail -12
-    # the default twice beside FIRST_CANDIDATE (a same-bits prefill candidate; session 34's: the
-    # FMHA tier's CTAs heads first, `forest_attention.FMHA_HEADS_FIRST`), which flips if it wins
-    cand=${FIRST_CANDIDATE:-tc64inv-fmhaheadsfirst}
+    # the default twice beside FIRST_CANDIDATE, a same-bits prefill candidate that flips if (c)
+    # lands within a few ms of 439.8 (the default: zeroed dead rows only and the gated norm in
+    # tiles of heads, session 30's D2 pair, ~2 ms of (c) on the H100)
+    cand=${FIRST_CANDIDATE:-tc64inv-prefill22}
     if [ "$h200" = 1 ]; then
         timeout 240 python3 ops/bench/bench_engine.py --shape 27B --skip-decode --skip-checks \
             --variants "tc64inv,$cand,tc64inv,$cand" \

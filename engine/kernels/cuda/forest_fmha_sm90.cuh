@@ -58,16 +58,6 @@ struct Tile {
   int32_t unused;  // 16-byte entries
 };
 
-// Which CTA takes which (list entry, query head). heads_first: the grid is (heads, capacity), so
-// the block scheduler, which starts CTAs in linear order as SMs free up, starts every head of the
-// list's first (heaviest: the plan lists a segment's tiles last first) entry before any head of
-// the next one - longest first over the whole launch. Otherwise (capacity, heads): one head's
-// whole list, heavy to light, then the next head's, so the heaviest tiles of the last heads start
-// late and finish after the rest of the GPU has gone idle. Only which CTA runs a tile changes,
-// never the tile's work: the same bits either way.
-CUTLASS_DEVICE int list_index(int heads_first) { return heads_first ? int(blockIdx.y) : int(blockIdx.x); }
-CUTLASS_DEVICE int head_index(int heads_first) { return heads_first ? int(blockIdx.x) : int(blockIdx.y); }
-
 struct TileListScheduler {
   struct Params {
     Tile const* tiles = nullptr;
@@ -75,14 +65,13 @@ struct TileListScheduler {
     int capacity = 0;
     int heads = 0;     // query heads (the grid's)
     int kv_heads = 1;  // KV heads: query head h reads KV head h / (heads / kv_heads)
-    int heads_first = 0;
   };
 
   Params params;
   bool valid_;
 
   CUTLASS_DEVICE explicit TileListScheduler(Params const& p)
-      : params(p), valid_(list_index(p.heads_first) < *p.count) {}
+      : params(p), valid_(int(blockIdx.x) < *p.count) {}
 
   // The list lives on the device; the caller fills every field after this.
   template <class ProblemSize, class ClusterShape, class TileShape>
@@ -91,17 +80,17 @@ struct TileListScheduler {
     return Params{};
   }
 
-  static dim3 get_grid_shape(Params const& p) {
-    return p.heads_first ? dim3(p.heads, p.capacity, 1) : dim3(p.capacity, p.heads, 1);
-  }
+  // (list entry, query head): one head's whole list, last tile (the longest causal walk) first, then
+  // the next head's
+  static dim3 get_grid_shape(Params const& p) { return dim3(p.capacity, p.heads, 1); }
 
   CUTLASS_DEVICE bool is_valid() { return valid_; }
 
   // (query tile, 0, (packed row * NKV + KV head, the query head's place in its group))
   CUTLASS_DEVICE auto get_block_coord() {
-    Tile t = params.tiles[list_index(params.heads_first)];
+    Tile t = params.tiles[blockIdx.x];
     int const group = params.heads / params.kv_heads;
-    int const head = head_index(params.heads_first);
+    int const head = int(blockIdx.y);
     return make_coord(t.m, _0{}, make_coord(t.row * params.kv_heads + head / group, head % group));
   }
 
@@ -126,7 +115,6 @@ struct RowMaskedEpilogue {
     float* lse = nullptr;       // [rows, NH] fp32
     int64_t lse_row = 0;        // elements between rows
     Tile const* tiles = nullptr;  // the scheduler's list (a row's segment length)
-    int heads_first = 0;          // the scheduler's grid order (this CTA's list entry)
     int kv_heads = 1;             // the scheduler's batch coordinate: packed row * kv_heads + KV head
     int group = 1;                // query heads per KV head
   };
@@ -153,7 +141,7 @@ struct RowMaskedEpilogue {
     int const batch = get<0>(get<2>(wg_coord));  // packed row * NKV + KV head
     int const row0 = batch / params.kv_heads;
     int const head = (batch % params.kv_heads) * params.group + get<1>(get<2>(wg_coord));
-    int const length = params.tiles[list_index(params.heads_first)].length;
+    int const length = params.tiles[blockIdx.x].length;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size<0>(acc_mn); ++i) {
       int const local = first + int(get<0>(coords_mn(i, 0)));
@@ -186,17 +174,14 @@ using Operator = cutlass::device::Universal<Kernel>;
 
 // One call, one launch over the list for every head. q bf16 [rows + 128, nh, 256]; k, v bf16
 // [kv_rows, nkv, 256] (kv_rows >= rows + 128); out fp32 [rows, nh * 256]; lse fp32 [rows, nh];
-// tiles [capacity] and count [1] from the plan kernel; heads_first: the CTAs' order
-// (`TileListScheduler`). Returns 0, or a nonzero status (5: a list too long for heads_first's grid).
+// tiles [capacity] and count [1] from the plan kernel. Returns 0, or a nonzero CUTLASS status.
 extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, float* out, float* lse,
                                  const void* tiles, const int32_t* count, int capacity, int rows,
-                                 int kv_rows, int num_heads, int num_kv_heads, int heads_first,
-                                 cudaStream_t stream) {
+                                 int kv_rows, int num_heads, int num_kv_heads, cudaStream_t stream) {
   using namespace prism::fmha;
   int const group = num_heads / num_kv_heads;
   if (capacity <= 0 || rows <= 0) return 0;
   if (num_kv_heads < 1 || num_heads % num_kv_heads || kv_rows < rows + kTileRows) return 1;
-  if (heads_first && capacity > 65535) return 5;  // a grid's y extent
   // the problem: batch = packed rows x KV heads, heads = a KV head's query heads, and query and key
   // extents of a whole padded call (every segment-local tile lies inside them; the causal walk, not
   // the extent, bounds the key loop)
@@ -226,7 +211,7 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
   typename Kernel::Arguments args{
       make_tuple(rows * num_kv_heads, group, extent, extent, kHeadDim),
       {static_cast<Element const*>(q), dq, static_cast<Element const*>(k), dkv, static_cast<Element const*>(v), dkv},
-      {out, q_row, lse, num_heads, list, heads_first, num_kv_heads, group},
+      {out, q_row, lse, num_heads, list, num_kv_heads, group},
       cutlass::KernelHardwareInfo{}};
   if (!Kernel::can_implement(args)) return 3;
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
@@ -235,7 +220,6 @@ extern "C" int prism_forest_fmha(const void* q, const void* k, const void* v, fl
   params.tile_scheduler.capacity = capacity;
   params.tile_scheduler.heads = num_heads;
   params.tile_scheduler.kv_heads = num_kv_heads;
-  params.tile_scheduler.heads_first = heads_first;
   if (Operator::run(params, stream) != cutlass::Status::kSuccess) return 4;
   return 0;
 }
