@@ -29,7 +29,7 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
   and query blocks run last first (the longest causal walks start first). An 8,192-token
   segment at 64 rows streams a quarter of the 16-row kernel's K/V traffic. K/V stay fp32 in
   storage (the prefix cache and the decoder read them). Under bf16 dots `_shadow_kernel` first
-  rounds the long segments' own K/V into a transient bf16 copy [NKV, T, HD] (per call, indexed
+  rounds the long segments' own K/V into a transient bf16 copy [T, NKV, HD] (per call, indexed
   by packed row), which the kernel loads straight into shared memory; ancestors are rounded in
   registers as they are loaded, in tiles of `ancestor_block_l` keys. Either way a value is
   rounded to nearest even once, so the bits do not depend on which path read it.
@@ -46,10 +46,11 @@ The prefill counterpart of `engine.kernels.decode_attention`, reading the forest
 - `_fmha_plan_kernel` + the CUTLASS FMHA kernel (`FMHA_LONG_TIER`, head_dim 256, bf16 dots): the
   last tier's own causal blocks in CUTLASS's Hopper FMHA example kernel with a tile scheduler and
   an epilogue of ours (`cuda/forest_fmha_sm90.cuh`): the plan lists each long segment's 128-row
-  query tiles, the kernel reads its queries and bf16 K/V shadow rows from the segment's first
-  packed row (a batch stride of one row) and writes the normalised output and its LSE for the
-  segment's rows only; the tier's `_long_attention_kernel` launch (`OWN_FMHA`, `FMHA_FOLD`'s
-  light blocks) then walks the ancestors and folds that output in as one more piece.
+  query tiles, one launch for every head reads its queries and bf16 K/V shadow rows from the
+  segment's first packed row (the KV head in the kernel's batch coordinate, the shadow laid out
+  [T, NKV, HD]) and writes the normalised output and its LSE for the segment's rows only; the
+  tier's `_long_attention_kernel` launch (`OWN_FMHA`, `FMHA_FOLD`'s light blocks) then walks the
+  ancestors and folds that output in as one more piece.
 
 Length tiers (`long_configs`, `LongConfig.max_length`): the large-block kernel may run once per
 tier of segment lengths, each tier with its own block config (short evidence in smaller blocks,
