@@ -10,7 +10,8 @@ Why a separate, optional library: CUTLASS is C++ templates compiled by nvcc for 
 neither CI nor every GPU host has. `make cutlass` (`ops/build_cutlass.py`) writes one translation
 unit per config, compiles them in parallel and links one shared library under
 `.cache/cutlass/<digest>/`, the digest taken over the header and the configs, so an edited header
-is never served by a stale build. `int8_gemm` calls it through ctypes on an sm_90 GPU where the
+is never served by a stale build; each compiled unit is kept by what went into it (`OBJECTS`), so
+a build compiles only the units an edit changed. `int8_gemm` calls it through ctypes on an sm_90 GPU where the
 table names a config and the library is built; otherwise the Triton kernel runs (same bits).
 `PRISM_CUTLASS=0` turns it off; `PRISM_CUTLASS_LIB` points at a library built elsewhere. The
 ctypes call is a plain kernel launch on torch's current stream, so CUDA graphs capture it.
@@ -57,6 +58,10 @@ FMHA_HEADER = HEADER.parent / "forest_fmha_sm90.cuh"
 FMHA_UNIT = "forest_fmha"
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "cutlass"
+# Compiled translation units, each named by what went into it (`_unit_key`), shared by every build:
+# an edit of the FMHA header recompiles its one unit, not the GEMMs (~1.5 minutes each on two
+# cores). Beside CACHE, not in it, since CACHE's libraries travel to the GPU machine.
+OBJECTS = REPO / ".cache" / "cutlass-objects"
 LIBRARY_NAME = "libprism_int8_gemm.so"
 # Where `make cutlass` (`ops/build_cutlass.py --toolchain`) unpacks NVIDIA's nvcc and CUTLASS
 # wheels: a folder of its own (pip --target, no dependencies), never the venv, because those
@@ -443,10 +448,26 @@ def _cutlass_include() -> list[Path]:
     return [root / "include", root / "tools" / "util" / "include", root / "examples" / "88_hopper_fmha"]
 
 
+def _unit_key(source: str, header: Path, command: list[str]) -> str:
+    """Names a translation unit's object: its source, the header of ours it includes (the GEMMs'
+    or the FMHA's; neither includes the other), and the whole nvcc command but for its file names
+    (the compiler, the flags, the CUTLASS include folders), with the pinned toolchain wheels for
+    what those folders hold."""
+    h = hashlib.sha256(source.encode())
+    h.update(header.read_bytes())
+    h.update("\0".join(command).encode())
+    h.update("\0".join(TOOLCHAIN_WHEELS).encode())
+    return h.hexdigest()[:16]
+
+
 def build(
-    out: Path | None = None, jobs: int | None = None, configs: tuple[CutlassConfig, ...] = CONFIGS
+    out: Path | None = None,
+    jobs: int | None = None,
+    configs: tuple[CutlassConfig, ...] = CONFIGS,
+    objects: Path | None = OBJECTS,
 ) -> Path:
-    """Compile `configs` into one shared library; returns its path (kept if already built)."""
+    """Compile `configs` into one shared library; returns its path (kept if already built). A unit
+    whose object `objects` holds (`_unit_key`) is not compiled again; None compiles every unit."""
     lib = out or default_library(configs)
     if lib.exists():
         return lib
@@ -463,18 +484,29 @@ def build(
     ] + [f"-I{p}" for p in _cutlass_include()]  # fmt: skip
     # (name, source, extra flags): the GEMMs without FMA contraction (their epilogue's bits); the
     # FMHA unit with it, as CUTLASS builds it (its bits need only be the same run to run)
-    units = [(c.name, c.source(), ["-fmad=false"]) for c in configs]
-    units.append((FMHA_UNIT, f'#include "{FMHA_HEADER.name}"\n', []))
+    units = [(c.name, c.source(), ["-fmad=false"], HEADER) for c in configs]
+    units.append((FMHA_UNIT, f'#include "{FMHA_HEADER.name}"\n', [], FMHA_HEADER))
 
-    def compile_one(unit: tuple[str, str, list[str]]) -> Path:
-        name, source, extra = unit
+    def compile_one(unit: tuple[str, str, list[str], Path]) -> Path:
+        name, source, extra, header = unit
         src = work / f"{name}.cu"
         src.write_text(source)
         obj = work / f"{name}.o"
+        # the key leaves out the work folder: another digest's build of the same unit is the same
+        key = _unit_key(source, header, [nvcc, *[f for f in flags if f != f"-I{work}"], *extra])
+        kept = objects / f"{name}-{key}.o" if objects is not None else None
+        if kept is not None and kept.exists():
+            shutil.copy(kept, obj)
+            return obj
         cmd = [nvcc, *flags, *extra, "-c", str(src), "-o", str(obj)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError(f"nvcc failed on {name}:\n{run.stderr[-4000:]}")
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copy(obj, tmp)
+            tmp.rename(kept)  # whole or absent, for a build running beside this one
         return obj
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:

@@ -27,6 +27,9 @@ if [ -d .cache/cutlass-toolchain ]; then
     unpack=
 fi
 if [ -d .cache/cutlass ]; then cp -r .cache/cutlass "$OLD/.cache/cutlass"; fi
+# compiled units, named by their source, header and command (`cutlass_gemm._unit_key`): shared, so
+# the old tree compiles only the units its headers changed (trees from session 34 on use them)
+mkdir -p .cache/cutlass-objects && ln -s "$ROOT/.cache/cutlass-objects" "$OLD/.cache/cutlass-objects"
 lib=$(cd "$OLD" && PYTHONPATH=$PWD "$ROOT/.venv/bin/python" ops/build_cutlass.py $unpack | tail -1)
 digest=$(basename "$(dirname "$lib")")
 mkdir -p ".cache/cutlass/$digest"

@@ -287,14 +287,54 @@ def _toolchain() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _toolchain(), reason="needs nvcc and CUTLASS's headers (make cutlass)")
 def test_a_build_exports_what_the_loader_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real build links every symbol `Library` binds; a second build whose FMHA header differs
+    compiles that one unit again and takes the GEMM's object from the kept ones (`build`'s
+    objects), and still exports everything."""
     one = (CutlassConfig(64, 128, 128, "pingpong"),)
-    lib_path = cutlass_gemm.build(tmp_path / "lib" / cutlass_gemm.LIBRARY_NAME, jobs=1, configs=one)
+    objects = tmp_path / "objects"
+    name = cutlass_gemm.LIBRARY_NAME
+    lib_path = cutlass_gemm.build(tmp_path / "lib" / name, jobs=1, configs=one, objects=objects)
     lib = ctypes.CDLL(str(lib_path))  # static cudart: loads without a GPU
     assert hasattr(lib, "prism_int8_gemm_p64x128x128")
     assert hasattr(lib, "prism_int8_gemm_p64x128x128_workspace")
     assert hasattr(lib, "prism_int8_gemm_swiglu_pairs_p64x128x128")
     assert hasattr(lib, "prism_forest_fmha")
     assert cutlass_gemm.build(lib_path, configs=one) == lib_path  # built once
+    kept = sorted(o.name.split("-")[0] for o in objects.glob("*.o"))
+    assert kept == [cutlass_gemm.FMHA_UNIT, "p64x128x128"]
+
+    edited = tmp_path / "edited" / cutlass_gemm.FMHA_HEADER.name
+    edited.parent.mkdir()
+    edited.write_text(cutlass_gemm.FMHA_HEADER.read_text() + "// an edit\n")
+    monkeypatch.setattr(cutlass_gemm, "FMHA_HEADER", edited)
+    compiled: list[str] = []
+    real_run = subprocess.run
+
+    def run(cmd: list[str], *args: object, **kwargs: object) -> subprocess.CompletedProcess:
+        if "-c" in cmd:
+            compiled.append(Path(cmd[cmd.index("-o") + 1]).stem)
+        return real_run(cmd, *args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(cutlass_gemm.subprocess, "run", run)
+    again = cutlass_gemm.build(tmp_path / "again" / name, jobs=1, configs=one, objects=objects)
+    assert compiled == [cutlass_gemm.FMHA_UNIT]
+    lib = ctypes.CDLL(str(again))
+    assert hasattr(lib, "prism_int8_gemm_p64x128x128") and hasattr(lib, "prism_forest_fmha")
+    assert len(list(objects.glob("*.o"))) == 3
+
+
+def test_a_units_object_is_named_by_everything_that_went_into_it(tmp_path: Path) -> None:
+    """`_unit_key`, which names a kept object: the same source, header text and command give the
+    same key (another build folder does not enter it), and any one of them changed gives another."""
+    header = tmp_path / "h.cuh"
+    header.write_text("// one\n")
+    command = ["nvcc", "-O3", "-fmad=false"]
+    key = cutlass_gemm._unit_key("#include h\n", header, command)
+    assert cutlass_gemm._unit_key("#include h\n", header, list(command)) == key
+    assert cutlass_gemm._unit_key("#include h \n", header, command) != key
+    assert cutlass_gemm._unit_key("#include h\n", header, ["nvcc", "-O2", "-fmad=false"]) != key
+    header.write_text("// two\n")
+    assert cutlass_gemm._unit_key("#include h\n", header, command) != key
 
 
 def test_the_build_finds_cutlass_from_its_wheel_or_home(
