@@ -482,8 +482,9 @@ def build(
         "-gencode=arch=compute_90a,code=sm_90a", "-Xcompiler", "-fPIC",
         f"-I{work}",
     ] + [f"-I{p}" for p in _cutlass_include()]  # fmt: skip
-    # (name, source, extra flags): the GEMMs without FMA contraction (their epilogue's bits); the
-    # FMHA unit with it, as CUTLASS builds it (its bits need only be the same run to run)
+    # (name, source, extra flags, the header of ours it includes): the GEMMs without FMA contraction
+    # (their epilogue's bits); the FMHA unit with it, as CUTLASS builds it (its bits need only be
+    # the same run to run)
     units = [(c.name, c.source(), ["-fmad=false"], HEADER) for c in configs]
     units.append((FMHA_UNIT, f'#include "{FMHA_HEADER.name}"\n', [], FMHA_HEADER))
 
