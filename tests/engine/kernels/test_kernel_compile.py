@@ -2,11 +2,12 @@
 
 The interpreter the other kernel tests use accepts programs the compiler rejects (unsupported
 constructs, dot shapes, types) and knows nothing of shared memory. `ops/bench/kernel_resources.py`
-compiles each distinct launch the engine makes, with its real constexprs, for the model shapes
-we serve: the compiler is the oracle, plus the per-block shared-memory limit of an H200. It runs
-in a fresh process (this one imported triton in interpreter mode) with an empty kernel cache,
-compiling in one worker per core (up to 4): each compile is single-threaded, and the rest of the
-suite leaves the other cores idle while this test runs.
+compiles each distinct launch the engine makes, with its real constexprs, at the 27B (the largest
+shape we serve; the tiny test shape's launches compile in the GPU suite, and here they doubled the
+test's minutes on CI's two cores): the compiler is the oracle, plus the per-block shared-memory
+limit of an H200. It runs in a fresh process (this one imported triton in interpreter mode) with an
+empty kernel cache, compiling in one worker per core (up to 4): each compile is single-threaded,
+and the rest of the suite leaves the other cores idle while this test runs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def test_every_engine_kernel_compiles_for_hopper(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run(
         [
-            *(sys.executable, "ops/bench/kernel_resources.py", "--shape", "tiny", "--shape", "27B"),
+            *(sys.executable, "ops/bench/kernel_resources.py", "--shape", "27B"),
             *("--jobs", str(max(1, min(4, len(os.sched_getaffinity(0)))))),
         ],
         cwd=REPO,
@@ -44,4 +45,4 @@ def test_every_engine_kernel_compiles_for_hopper(tmp_path: Path) -> None:
     assert run.returncode == 0, out[-4000:]
     assert "FAILED" not in out and "over the H200" not in out, out[-4000:]
     for kernel in ("_forest_conv_kernel", "_forest_gdn_kernel", "_prep_kernel", "_attention_kernel"):
-        assert out.count(kernel) >= 2, (kernel, out[-4000:])  # compiled at both shapes
+        assert kernel in out, (kernel, out[-4000:])
