@@ -5,6 +5,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The suite runs in one pytest process per core, up to 4 (pytest-xdist): the tests hold torch to
+# one intra-op thread, so a single process left CI's second core idle for most of the run.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 4 ? n : 4)))
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: install kafka-jars test test-fast demo lint schemas cutlass clean
 
@@ -33,10 +37,10 @@ cutlass: install
 test: install kafka-jars
 	$(VENV)/bin/ruff check engine schemas prism_pipeline ops tests
 	@df -h . "$${TMPDIR:-/tmp}" | sed 's/^/disk before the tests: /'
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-fast: install kafka-jars
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(XDIST) -m "not slow"
 
 demo: install kafka-jars
 	$(PY) -m prism_pipeline.cli demo $(ARGS)

@@ -28,6 +28,34 @@ torch.set_num_threads(int(os.environ.get("PRISM_TEST_THREADS", "1")))
 settings.register_profile("prism", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("prism")
 
+# ---- pytest-xdist: which tests share a worker ----
+
+# Test files that share an expensive session fixture, by group: a group runs whole on one worker,
+# so the fixture is built once (the body's decisions are minutes of interpreted kernels).
+SHARED_WORKER = {
+    "tests/engine/body/test_body_engine.py": "body-decisions",
+    "tests/engine/body/test_body_tp.py": "body-decisions",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` (`make test` runs one pytest process per core, `-n`): each test file runs
+    whole on one worker (its module fixtures are built once) and the files of a `SHARED_WORKER`
+    group together, in collection order, the next one to the first worker free. (xdist's
+    `--dist loadgroup` reads marks into node ids in a way pytest 9 no longer allows, so the grouping
+    is the scheduler's.) Any other `--dist` is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_WORKER.get(path, path)
+
+    return FileGroupScheduling(config, log)
+
+
 # ---- a module's own files, gone when its tests are done ----
 
 
