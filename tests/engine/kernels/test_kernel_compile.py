@@ -3,11 +3,10 @@
 The interpreter the other kernel tests use accepts programs the compiler rejects (unsupported
 constructs, dot shapes, types) and knows nothing of shared memory. `ops/bench/kernel_resources.py`
 compiles each distinct launch the engine makes, with its real constexprs, at the 27B (the largest
-shape we serve; the tiny test shape's launches compile in the GPU suite, and here they doubled the
-test's minutes on CI's two cores): the compiler is the oracle, plus the per-block shared-memory
+shape we serve; the tiny test shape's launches compile in the GPU suite, and here they took ~40%
+of the test's minutes on CI's two cores): the compiler is the oracle, plus the per-block shared-memory
 limit of an H200. It runs in a fresh process (this one imported triton in interpreter mode) with an
-empty kernel cache, compiling in one worker per core (up to 4): each compile is single-threaded,
-and the rest of the suite leaves the other cores idle while this test runs.
+empty kernel cache, compiling in one worker per core (up to 4): each compile is single-threaded.
 """
 
 from __future__ import annotations
