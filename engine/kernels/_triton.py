@@ -86,6 +86,7 @@ class LazyKernel:
                 )
             meta["ON_GPU"] = not interp
             if interp:
+                reuse_the_launchs_language_patch(REUSE_LANGUAGE_PATCH)
                 meta = {k: v for k, v in meta.items() if k not in _COMPILE_ONLY}
             return jitted[grid](*args, **meta)
 
@@ -127,6 +128,82 @@ def bind(fn: Callable[..., Any]) -> None:
     for name, value in list(module_globals.items()):
         if isinstance(value, LazyHelper):
             module_globals[name] = value.jitted()
+
+
+# ------------------------------------------------------------------ the interpreter's patching
+# Whether interpreted launches reuse their patch of `triton.language` in their helpers (below);
+# False: triton's own patching, at every helper call (the oracle of the reuse's test).
+REUSE_LANGUAGE_PATCH = True
+_REUSE: dict[str, Any] = {}  # the interpreter's own functions, while the reuse is in force
+
+
+def reuse_the_launchs_language_patch(enabled: bool = True) -> bool:
+    """Under Triton's interpreter, a launch patches `triton.language` (its builtins swapped for
+    numpy-backed ones) once, and every call of a jitted helper inside it (`_round_int8`,
+    `tl.zeros`, ...) patches it again: a `inspect.getmembers` scan of the language modules and a
+    few hundred `setattr`s, per helper call, per program. Our kernels call helpers in their inner
+    blocks, so that re-patching was over half of an interpreted kernel's time (a pass of the
+    tiny body: ~2.5x faster without it, 2026-12-07). Inside a launch the helper's language
+    modules are the kernel's own, already patched, so the re-patch changes nothing: this makes a
+    helper's call skip it when every language module the helper sees is patched for the launch,
+    and patch as before otherwise (a helper that sees `tl.core` where the kernel saw only `tl`).
+    The values every op computes are the same (tests/engine/kernels/test_interpreter_patch.py);
+    only CPU runs of the kernels, the tests', interpret. Every interpreted launch calls this
+    with `REUSE_LANGUAGE_PATCH`; `enabled=False` puts triton's own functions back. Returns
+    whether the reuse is in force: it is left out, and triton kept as it is, where triton's
+    interpreter lacks the two functions it wraps."""
+    from triton.runtime import interpreter
+
+    if not enabled:
+        if _REUSE:
+            interpreter._patch_lang = _REUSE.pop("patch_lang")
+            interpreter.GridExecutor.__call__ = _REUSE.pop("launch")
+        return False
+    if _REUSE:
+        return True
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    launch = executor.__dict__.get("__call__") if isinstance(executor, type) else None
+    if patch_lang is None or launch is None:
+        return False
+    import triton.language as tl
+
+    patched: list[set[int]] = []  # per launch in progress: the language modules patched for it
+    seen: dict[Any, frozenset[int]] = {}
+
+    def languages(fn: Any) -> frozenset[int]:
+        """The language modules `_patch_lang` patches for fn: those its globals name."""
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        return seen[fn]
+
+    def patch_lang_once(fn: Any) -> Any:
+        need = languages(fn)
+        if patched and patched[-1] and need <= patched[-1]:
+            return _NothingToRestore()  # a helper inside the launch: its languages are patched
+        scope = patch_lang(fn)
+        if patched:
+            patched[-1] |= need
+        return scope
+
+    def launch_patching_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        patched.append(set())  # the launch's own `_patch_lang` comes first and patches in full
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    _REUSE.update(patch_lang=patch_lang, launch=launch)
+    interpreter._patch_lang = patch_lang_once
+    interpreter.GridExecutor.__call__ = launch_patching_once
+    return True
+
+
+class _NothingToRestore:
+    """The scope of a patch that was skipped: restoring it is restoring nothing."""
+
+    def restore(self) -> None:
+        return None
 
 
 def triton_loaded() -> bool:
