@@ -18,7 +18,7 @@ source ops/device/setup.sh
 #   JOBS=8 bash ops/device/gpu_suite.sh     # all of it in 8 processes (below), if it fits one call
 K=tests/engine/kernels
 KERNELS_1="$K/test_kernel_compile.py $K/test_kernel_cutlass_gemm.py $K/test_kernel_decode.py $K/test_kernel_forest_attention.py"
-KERNELS_2="$K/test_kernel_forest_gdn.py $K/test_kernel_int8_gemm.py $K/test_kernel_int8_gemm_swiglu.py $K/test_kernel_norm.py $K/test_kernel_quant.py $K/test_kernel_vocab_mass.py $K/test_kernel_top_k.py $K/test_kernel_draw.py $K/test_attached.py"
+KERNELS_2="$K/test_kernel_forest_gdn.py $K/test_kernel_int8_gemm.py $K/test_kernel_int8_gemm_swiglu.py $K/test_kernel_norm.py $K/test_kernel_quant.py $K/test_kernel_vocab_mass.py $K/test_kernel_top_k.py $K/test_kernel_draw.py $K/test_attached.py $K/test_interpreter_patch.py"
 REST="tests/engine/body tests/engine/decode tests/engine/test_batch_sampling.py tests/engine/test_quant.py tests/engine/test_int8_invariance.py tests/engine/test_tp.py"
 case "${PART:-all}" in
     1) DEFAULT_SUITE="$KERNELS_1" ;;
