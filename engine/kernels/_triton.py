@@ -142,11 +142,12 @@ def reuse_the_launchs_language_patch(enabled: bool = True) -> bool:
     numpy-backed ones) once, and every call of a jitted helper inside it (`_round_int8`,
     `tl.zeros`, ...) patches it again: a `inspect.getmembers` scan of the language modules and a
     few hundred `setattr`s, per helper call, per program. Our kernels call helpers in their inner
-    blocks, so that re-patching was over half of an interpreted kernel's time (a pass of the
-    tiny body: ~2.5x faster without it, 2026-12-07). Inside a launch the helper's language
-    modules are the kernel's own, already patched, so the re-patch changes nothing: this makes a
-    helper's call skip it when every language module the helper sees is patched for the launch,
-    and patch as before otherwise (a helper that sees `tl.core` where the kernel saw only `tl`).
+    blocks, so that re-patching was about half of an interpreted kernel's time (the norm-quant
+    kernel ~2x faster without it, whole CPU tests 1.3-1.6x: RESULTS, session 36). Inside a
+    launch the helper's language modules are the kernel's own, already patched, so the re-patch
+    changes nothing: this makes a helper's call skip it when every language module the helper
+    sees is patched for the launch, and patch as before otherwise (a helper that sees `tl.core`
+    where the kernel saw only `tl`).
     The values every op computes are the same (tests/engine/kernels/test_interpreter_patch.py);
     only CPU runs of the kernels, the tests', interpret. Every interpreted launch calls this
     with `REUSE_LANGUAGE_PATCH`; `enabled=False` puts triton's own functions back. Returns
