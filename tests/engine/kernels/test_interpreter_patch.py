@@ -20,12 +20,20 @@ from engine.kernels.quant import (
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="compiled kernels: no interpreter")
 
 
+def _skip_without_the_reuse() -> None:
+    """A triton whose interpreter lacks the functions the reuse wraps keeps its own patching (a
+    speed, not a promise): nothing to compare there."""
+    if not _triton.reuse_the_launchs_language_patch(True):
+        pytest.skip("this triton's interpreter has no `_patch_lang` / `GridExecutor.__call__` to wrap")
+
+
 @pytest.fixture
 def counted_patches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many times triton's own `_patch_lang` runs, with launches patching as triton does
     (`REUSE_LANGUAGE_PATCH` off) until the test turns the reuse on."""
     from triton.runtime import interpreter
 
+    _skip_without_the_reuse()
     _triton.reuse_the_launchs_language_patch(False)
     calls = [0]
     own = interpreter._patch_lang
@@ -82,7 +90,8 @@ def test_reusing_the_launchs_patch_gives_the_bits_of_patching_at_every_helper(
 def test_putting_triton_back_restores_its_own_functions() -> None:
     from triton.runtime import interpreter
 
-    _launches(torch.Generator().manual_seed(6))  # a launch puts the reuse in force
+    _skip_without_the_reuse()
+    _launches(torch.Generator().manual_seed(6))  # a launch keeps the reuse in force
     assert _triton.reuse_the_launchs_language_patch(True)
     wrapped = interpreter._patch_lang
     _triton.reuse_the_launchs_language_patch(False)
